@@ -1,0 +1,186 @@
+"""The inbox stream: landing tables -> (dedup, cursors, padding audit, TTL clamp) -> inbox.
+
+    source     spark.readStream.format("relay_landing")       delta_tables/landing_source.py
+    transform  jobs/inbox_transform.transform (pure, Arrow)   unit-tested without Spark I/O
+    sink       foreachBatch -> delta-rs, one commit per table with an app transaction marker
+
+Exactly once: every table write of batch N carries `Transaction(app_id, N)` in the same
+commit as its data, and a table whose marker is already >= N is skipped, so a batch replayed
+after a crash at any point writes nothing twice. The order is rejects, padding_audit, inbox;
+the transform is deterministic (it sees the batch timestamp from Spark's offset log, not the
+wall clock), so a replay recomputes exactly what was partly written. `app_id` embeds the
+checkpoint's query id: a new checkpoint is a new stream and never skips on old markers.
+
+The per-mailbox cursors and the dedup index live in the driver as a cache of the inbox table
+(rebuilt from it at start). That is by design, not by accident of `local[*]`: foreachBatch
+always runs on the driver, and the stream is the inbox's only appender.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+from delta_tables.group_commit import fsync_version
+from delta_tables.landing_source import SOURCE_NAME
+from delta_tables.layout import Layout
+from delta_tables.schema import C, INBOX, PADDING_AUDIT, REJECTS, TableDef
+
+from .inbox_transform import InboxState, StreamRules, transform
+
+log = logging.getLogger("relay.stream")
+BATCH_TS = "__batch_ts"
+QUERY_NAME = "inbox_stream"
+
+
+def load_state(inbox_path: Path, now: datetime | None = None) -> InboxState:
+    """Rebuild the stream's memory from the inbox table (tombstones included)."""
+    now_us = int((now or datetime.now(timezone.utc)).timestamp() * 1_000_000)
+    state = InboxState()
+    dt = DeltaTable(str(inbox_path))
+    t = dt.to_pyarrow_table(columns=[C.EVENT_ID, C.PROTOCOL, C.MAILBOX, C.CURSOR, C.SEQ,
+                                     C.EXPIRES_AT])
+    if t.num_rows == 0:
+        return state
+    state.last_seq = int(pc.max(t.column(C.SEQ)).as_py())
+    last = t.group_by([C.PROTOCOL, C.MAILBOX], use_threads=False).aggregate([(C.CURSOR, "max")])
+    state.last_cursor = {(p, m): c for p, m, c in zip(
+        last.column(C.PROTOCOL).to_pylist(), last.column(C.MAILBOX).to_pylist(),
+        last.column(f"{C.CURSOR}_max").to_pylist())}
+    exp = pc.cast(t.column(C.EXPIRES_AT), pa.int64())
+    live = t.filter(pc.greater(exp, now_us))
+    for e, x in zip(live.column(C.EVENT_ID).to_pylist(),
+                    pc.cast(live.column(C.EXPIRES_AT), pa.int64()).to_pylist()):
+        state.remember(e, x)
+    return state
+
+
+@dataclass
+class BatchStats:
+    batch_id: int
+    rows_in: int = 0
+    accepted: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    skipped_replay: bool = False
+    seconds: float = 0.0
+
+
+class InboxSink:
+    """The foreachBatch function. Holds the driver-side state and table handles."""
+
+    def __init__(self, layout: Layout, rules: StreamRules, checkpoint: Path,
+                 app_id_prefix: str = "relay-inbox-stream", fsync: bool = True,
+                 refresh_every: int = 50):
+        self.layout = layout
+        self.rules = rules
+        self.checkpoint = Path(checkpoint)
+        self.app_id_prefix = app_id_prefix
+        self.fsync = fsync
+        self.refresh_every = refresh_every
+        self._app_id: str | None = None
+        self._handles: dict[str, DeltaTable] = {}
+        self._uses = 0
+        self.state = load_state(layout.inbox)
+        self.history: list[BatchStats] = []
+        self.on_batch = None  # optional callback(BatchStats) for metrics
+
+    @property
+    def app_id(self) -> str:
+        if self._app_id is None:
+            meta = json.loads((self.checkpoint / "metadata").read_text())
+            self._app_id = f"{self.app_id_prefix}:{meta['id']}"
+        return self._app_id
+
+    def _table(self, tdef: TableDef) -> DeltaTable:
+        if self._uses >= self.refresh_every:
+            self._handles.clear()
+            self._uses = 0
+        dt = self._handles.get(tdef.name)
+        if dt is None:
+            dt = self._handles[tdef.name] = DeltaTable(str(self.layout.table(tdef)))
+        return dt
+
+    def _write(self, tdef: TableDef, data: pa.Table, batch_id: int) -> bool:
+        dt = self._table(tdef)
+        done = dt.transaction_version(self.app_id)
+        if done is not None and done >= batch_id:
+            return False
+        if data.num_rows == 0:
+            return True
+        write_deltalake(dt, data, mode="append", commit_properties=CommitProperties(
+            app_transactions=[Transaction(self.app_id, batch_id)]))
+        if self.fsync:
+            fsync_version(self.layout.table(tdef), dt.version())
+        return True
+
+    def __call__(self, batch_df, batch_id: int) -> None:
+        t0 = time.perf_counter()
+        stats = BatchStats(batch_id)
+        self._uses += 1
+        inbox_done = self._table(INBOX).transaction_version(self.app_id)
+        if inbox_done is not None and inbox_done >= batch_id:
+            stats.skipped_replay = True
+            log.info("batch already committed", extra={"event": "stream_batch_replay_skipped",
+                                                       "batch_id": batch_id})
+            return
+        table = batch_df.toArrow()
+        stats.rows_in = table.num_rows
+        if table.num_rows:
+            batch_ts = table.column(BATCH_TS)[0].as_py()
+            result = transform(table.drop_columns([BATCH_TS]), self.state, self.rules,
+                               batch_id, batch_ts)
+            self._write(REJECTS, result.rejects, batch_id)
+            self._write(PADDING_AUDIT, result.audit, batch_id)
+            self._write(INBOX, result.inbox, batch_id)
+            self.state.apply(result)
+            self.state.evict(int(batch_ts.timestamp() * 1_000_000))
+            stats.accepted = result.inbox.num_rows
+            for reason in result.rejects.column(C.REASON).to_pylist():
+                stats.rejected[reason] = stats.rejected.get(reason, 0) + 1
+        stats.seconds = time.perf_counter() - t0
+        self.history = (self.history + [stats])[-200:]
+        log.info("batch committed", extra={
+            "event": "stream_batch", "batch_id": batch_id, "rows_in": stats.rows_in,
+            "accepted": stats.accepted, "rejected": stats.rejected,
+            "ms": round(stats.seconds * 1000, 1)})
+        if self.on_batch:
+            self.on_batch(stats)
+
+
+def landing_stream(spark, layout: Layout, stream_conf, start_versions: str | None = None):
+    """The source DataFrame, with Spark's batch timestamp attached (replay-stable)."""
+    from pyspark.sql import functions as F
+    reader = (spark.readStream.format(SOURCE_NAME)
+              .option("data_dir", str(layout.root))
+              .option("maxFilesPerTrigger", str(stream_conf.max_files_per_trigger))
+              .option("maxPartitions", str(stream_conf.max_partitions)))
+    if start_versions:
+        reader = reader.option("startVersions", start_versions)
+    return reader.load().withColumn(BATCH_TS, F.current_timestamp())
+
+
+def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
+                       available_now: bool = False, fsync: bool = True,
+                       start_versions: str | None = None):
+    """Wire source -> sink with the knobs from conf/; returns (query, sink)."""
+    layout = Layout(settings.data_dir)
+    layout.ensure_shared_tables()
+    checkpoint = Path(checkpoint or settings.stream_checkpoint)
+    rules = StreamRules.from_conf(settings.stream,
+                                  max_envelope={"trueseal": settings.trueseal.max_envelope})
+    sink = InboxSink(layout, rules, checkpoint, settings.stream.app_id, fsync=fsync)
+    writer = (landing_stream(spark, layout, settings.stream, start_versions).writeStream
+              .queryName(QUERY_NAME)
+              .foreachBatch(sink)
+              .option("checkpointLocation", str(checkpoint)))
+    writer = (writer.trigger(availableNow=True) if available_now else
+              writer.trigger(processingTime=f"{settings.stream.trigger_interval_ms} milliseconds"))
+    return writer.start(), sink

@@ -1,0 +1,180 @@
+"""Settings for every relay process: defaults here, `conf/relay.toml` over them, env over both.
+
+One dataclass tree is the single source of truth; `conf/relay.toml` documents it and a test
+keeps the two equal. Environment variables named in the issue (`RELAY_DATA_DIR`, ports, ...)
+override the file so an operator can move a port without editing config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class TruesealConf:
+    push_port: int = 7701
+    receive_port: int = 7700
+    # 65,535 - 16 (AEAD tag) - 5 (frame header) - 32 (recipient): the largest envelope that
+    # fits one Noise transport message (trueseal-interop §5). A larger value is unreachable.
+    max_envelope: int = 65482
+    # Ack only counts once the landing commit returned; this bounds how long a push may wait.
+    ttl_seconds: int = 30 * 24 * 3600
+    heartbeat_idle_seconds: float = 30.0
+    # A session that does not echo a heartbeat within this many seconds is closed.
+    heartbeat_timeout_seconds: float = 30.0
+    handshake_timeout_seconds: float = 10.0
+    max_connections: int = 1000  # per listener, as the public relay
+
+
+@dataclass
+class IngressConf:
+    node_id: str = "node-0"
+    # Group commit: flush as soon as the previous commit returned, with at most this many rows.
+    max_rows_per_commit: int = 20000
+    # Rotate to a new landing generation after this many commits: keeps the log short, so commit
+    # latency stays flat, and lets compaction drop consumed generations as whole directories.
+    commits_per_generation: int = 5000
+    # Reopen the delta-rs handle every N commits (a long-lived handle slows: DESIGN.md).
+    refresh_handle_every: int = 100
+    checkpoint_interval: int = 100
+
+
+@dataclass
+class StreamConf:
+    trigger_interval_ms: int = 100
+    # Bounds a micro-batch: every batch passes through driver memory (DESIGN.md).
+    max_files_per_trigger: int = 2000
+    max_partitions: int = 4
+    checkpoint_dir: str = ""  # default: <data_dir>/checkpoints/inbox_stream
+    max_ttl_seconds: int = 30 * 24 * 3600
+    padding_buckets: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
+    # Known fixed overhead per protocol added on top of a padded plaintext (bytes).
+    padding_overhead: dict[str, int] = field(default_factory=lambda: {"trueseal": 0})
+    # Cursors start at 1 unless a protocol says otherwise (Heya sequence numbers start at 0).
+    cursor_start: dict[str, int] = field(default_factory=lambda: {"heya": 0})
+    app_id: str = "relay-inbox-stream"
+    master: str = "local[2]"
+
+
+@dataclass
+class EgressConf:
+    # Per mailbox, at most this many envelopes are held in memory; the rest stay in Delta and
+    # are paged in as the held ones are acked.
+    max_pending_per_mailbox: int = 1000
+    poll_interval_ms: int = 50
+    ack_max_rows_per_commit: int = 20000
+
+
+@dataclass
+class CompactionConf:
+    interval_seconds: int = 300
+    # Acked envelopes stay this long before deletion (a late duplicate DeliverAck is harmless).
+    ack_grace_seconds: int = 60
+    # VACUUM retention (delta-rs takes whole hours): how long removed files, i.e. delivered
+    # ciphertext, stay on disk for readers that lag. 0 removes them at once.
+    vacuum_retention_hours: int = 1
+    target_file_mb: int = 64
+
+
+@dataclass
+class Settings:
+    data_dir: str = "./data"
+    bind: str = "127.0.0.1"
+    trueseal: TruesealConf = field(default_factory=TruesealConf)
+    ingress: IngressConf = field(default_factory=IngressConf)
+    stream: StreamConf = field(default_factory=StreamConf)
+    egress: EgressConf = field(default_factory=EgressConf)
+    compaction: CompactionConf = field(default_factory=CompactionConf)
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.data_dir).resolve()
+
+    @property
+    def stream_checkpoint(self) -> Path:
+        return Path(self.stream.checkpoint_dir) if self.stream.checkpoint_dir else (
+            self.data_path / "checkpoints" / "inbox_stream")
+
+
+# Environment overrides named by the issues; each maps to a dotted settings path.
+ENV_OVERRIDES = {
+    "RELAY_DATA_DIR": "data_dir",
+    "RELAY_BIND": "bind",
+    "RELAY_TRUESEAL_PUSH_PORT": "trueseal.push_port",
+    "RELAY_TRUESEAL_RECEIVE_PORT": "trueseal.receive_port",
+    "RELAY_TRUESEAL_MAX_ENVELOPE": "trueseal.max_envelope",
+    "RELAY_NODE_ID": "ingress.node_id",
+    "RELAY_SPARK_MASTER": "stream.master",
+    "RELAY_TRIGGER_INTERVAL_MS": "stream.trigger_interval_ms",
+}
+
+
+def _apply(obj: Any, data: dict[str, Any], where: str = "") -> None:
+    for key, value in data.items():
+        if not hasattr(obj, key):
+            raise ValueError(f"unknown setting {where}{key}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current):
+            _apply(current, value, f"{where}{key}.")
+        else:
+            setattr(obj, key, _coerce(current, value, f"{where}{key}"))
+
+
+def _coerce(current: Any, value: Any, name: str) -> Any:
+    if isinstance(current, bool):
+        if isinstance(value, str):
+            return value.lower() in ("1", "true", "yes", "on")
+        return bool(value)
+    if isinstance(current, int) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(current, float):
+        return float(value)
+    if isinstance(current, (list, dict)) and not isinstance(value, type(current)):
+        raise ValueError(f"setting {name} must be a {type(current).__name__}")
+    return value
+
+
+def default_conf_file() -> Path | None:
+    """`RELAY_CONF` if set, else `conf/relay.toml` in the working directory if present."""
+    env = os.environ.get("RELAY_CONF")
+    if env:
+        return Path(env)
+    local = Path("conf/relay.toml")
+    return local if local.exists() else None
+
+
+def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = None,
+         **overrides: Any) -> Settings:
+    """Build settings: defaults, then the TOML file, then environment, then keyword overrides
+    given as dotted paths with `__` (`trueseal__push_port=0`)."""
+    settings = Settings()
+    conf = Path(path) if path else default_conf_file()
+    if conf is not None:
+        with open(conf, "rb") as fh:
+            _apply(settings, tomllib.load(fh))
+    env = os.environ if env is None else env
+    for var, dotted in ENV_OVERRIDES.items():
+        if var in env:
+            _set_dotted(settings, dotted, env[var])
+    for key, value in overrides.items():
+        _set_dotted(settings, key.replace("__", "."), value)
+    return settings
+
+
+def _set_dotted(settings: Settings, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    obj: Any = settings
+    for p in parents:
+        obj = getattr(obj, p)
+    if not hasattr(obj, leaf):
+        raise ValueError(f"unknown setting {dotted}")
+    setattr(obj, leaf, _coerce(getattr(obj, leaf), value, dotted))
+
+
+def as_dict(settings: Settings) -> dict[str, Any]:
+    return dataclasses.asdict(settings)
