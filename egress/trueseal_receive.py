@@ -1,0 +1,243 @@
+"""asyncio shell of the trueseal receive listener (:7700): sockets, timers and the hub.
+
+The protocol is `engine.trueseal.receive.ReceiveSession`. After the XX handshake the device's
+static key is its mailbox (interop §3); the shell opens a `DeliverySession` on the hub and runs
+three tasks per connection until one of them ends:
+
+* reader: bytes into the core; each DeliverAck becomes `session.ack(blob_id)`, which the hub
+  scopes to this mailbox (the public relay deletes any id from anyone, interop §7);
+* deliverer: `session.next()` in cursor order, one Deliver per envelope, blob_id = seq;
+  the hub hands each seq to a session once, so a blob is not re-sent within one session;
+* heartbeat: after `heartbeat_idle_seconds` with nothing received, send a Heartbeat; if
+  nothing at all arrives within `heartbeat_timeout_seconds`, close (the real client echoes,
+  interop §7).
+
+Writes are serialised without a lock: the core encrypts into its own buffer in nonce order,
+and `data_to_send()` + `writer.write()` run with no await in between, so frames from the
+deliverer and the heartbeat echo can never interleave or swap nonces (the public relay's
+race, interop §7).
+
+On close: acks already under way finish, then `session.close()` releases what was delivered
+and not acked, for the next session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Protocol
+
+from engine.noise_session import StaticKey
+from engine.trueseal.events import (ConnectionClosed, DeliverAckReceived, HandshakeComplete,
+                                    HeartbeatReceived)
+from engine.trueseal.ids import PROTOCOL
+from engine.trueseal.receive import ReceiveSession
+from engine.trueseal.session import State
+from relay.config import Settings
+from relay.keys import RelayKey
+
+log = logging.getLogger("relay.egress.trueseal_receive")
+
+READ_SIZE = 65536
+
+
+class Hub(Protocol):   # egress.pending.MailboxHub
+    def open_session(self, protocol: str, mailbox: bytes): ...
+
+
+class ReceiveServer:
+    def __init__(self, settings: Settings, hub: Hub, key: RelayKey, *,
+                 host: str | None = None, port: int | None = None):
+        self.conf = settings.trueseal
+        self.hub = hub
+        self._static = StaticKey(key.private_bytes)
+        self.host = settings.bind if host is None else host
+        self.port = self.conf.receive_port if port is None else port
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task] = set()
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
+        log.info("trueseal receive listener started",
+                 extra={"event": "listener_started", "listener": "trueseal_receive",
+                        "port": self.bound_port})
+
+    @property
+    def bound_port(self) -> int:
+        assert self._server is not None, "not started"
+        return self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def _on_connect(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        if self.connections >= self.conf.max_connections:
+            # interop §1: past the cap, accept and close at once, sending nothing.
+            log.warning("connection cap reached", extra={"event": "connection_refused",
+                                                         "listener": "trueseal_receive"})
+            writer.close()
+            return
+        self.connections += 1
+        task = asyncio.current_task()
+        self._handlers.add(task)
+        try:
+            await _ReceiveConnection(self, reader, writer).run()
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._handlers.discard(task)
+            self.connections -= 1
+
+
+class _ReceiveConnection:
+    def __init__(self, server: ReceiveServer, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter):
+        self.server = server
+        self.conf = server.conf
+        self.reader = reader
+        self.writer = writer
+        self.core = ReceiveSession(server._static)
+        self.session = None
+        self.acks: set[asyncio.Task] = set()
+        self.loop = asyncio.get_running_loop()
+        self.last_rx = self.loop.time()
+
+    async def run(self) -> None:
+        tasks: list[asyncio.Task] = []
+        try:
+            if not await self._handshake():
+                return
+            tasks = [asyncio.create_task(self._read_loop(), name="trueseal-read"),
+                     asyncio.create_task(self._deliver_loop(), name="trueseal-deliver"),
+                     asyncio.create_task(self._heartbeat_loop(), name="trueseal-heartbeat")]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    log.error("receive session task failed",
+                              extra={"event": "receive_task_failed", "task": task.get_name()},
+                              exc_info=task.exception())
+        finally:
+            try:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                # Let durable acks finish before the unacked claims are released.
+                await asyncio.gather(*self.acks, return_exceptions=True)
+            finally:
+                if self.session is not None:
+                    self.session.close()
+                self.core.close()
+                self._handle_events()
+                data = self.core.data_to_send()   # e.g. a Deliver queued just before the close
+                if data and not self.writer.is_closing():
+                    self.writer.write(data)
+                self.writer.close()
+
+    async def _handshake(self) -> bool:
+        deadline = self.loop.time() + self.conf.handshake_timeout_seconds
+        while self.core.state is State.HANDSHAKE:
+            try:
+                data = await asyncio.wait_for(self.reader.read(READ_SIZE),
+                                              deadline - self.loop.time())
+            except (TimeoutError, asyncio.TimeoutError):
+                log.info("receive handshake timed out",
+                         extra={"event": "handshake_timeout", "listener": "trueseal_receive"})
+                return False
+            except (ConnectionError, OSError):
+                return False
+            self._feed(data)
+            await self._flush()
+        return self.core.state is State.OPEN
+
+    def _feed(self, data: bytes) -> None:
+        self.last_rx = self.loop.time()
+        if data:
+            self.core.receive_data(data)
+        else:
+            self.core.receive_eof()
+        self._handle_events()
+
+    def _handle_events(self) -> None:
+        for ev in self.core.events_received():
+            if isinstance(ev, DeliverAckReceived):
+                task = asyncio.create_task(self._ack(ev.blob_id))
+                self.acks.add(task)
+                task.add_done_callback(self.acks.discard)
+            elif isinstance(ev, HandshakeComplete):
+                # Opened here, before any frame that followed msg 3 in the same read is handled.
+                self.session = self.server.hub.open_session(PROTOCOL, ev.remote_static)
+                log.debug("receive session open", extra={"event": "receive_session_open"})
+            elif isinstance(ev, HeartbeatReceived):
+                pass   # the core already echoed it, or it answered ours
+            elif isinstance(ev, ConnectionClosed):
+                log.debug("receive session closed", extra={"event": "receive_session_closed",
+                                                           "reason": ev.reason.value})
+
+    async def _ack(self, blob_id: int) -> None:
+        try:
+            if not await self.session.ack(blob_id):
+                log.debug("DeliverAck for a blob not pending here", extra={"event": "ack_ignored"})
+        except Exception as exc:
+            # Not acked means redelivered later; the client dedups (000 "Deliver").
+            log.error("ack failed", extra={"event": "ack_failed", "error": type(exc).__name__})
+
+    async def _flush(self) -> None:
+        data = self.core.data_to_send()   # nonce order; written before any other task runs
+        if data and not self.writer.is_closing():
+            self.writer.write(data)
+            try:
+                await self.writer.drain()
+            except (ConnectionError, OSError):
+                self.core.close()
+
+    async def _read_loop(self) -> None:
+        while self.core.state is State.OPEN:
+            try:
+                data = await self.reader.read(READ_SIZE)
+            except (ConnectionError, OSError):
+                return
+            self._feed(data)
+            await self._flush()
+
+    async def _deliver_loop(self) -> None:
+        while self.core.state is State.OPEN:
+            for env in await self.session.next():
+                try:
+                    if not self.core.deliver(env.seq, env.envelope):
+                        return
+                except ValueError:
+                    log.error("envelope cannot be delivered as one frame",
+                              extra={"event": "deliver_skipped", "size": len(env.envelope)})
+                    continue
+                await self._flush()
+
+    async def _heartbeat_loop(self) -> None:
+        idle, timeout = self.conf.heartbeat_idle_seconds, self.conf.heartbeat_timeout_seconds
+        while self.core.state is State.OPEN:
+            wait = self.last_rx + idle - self.loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+                continue
+            self.core.send_heartbeat()
+            await self._flush()
+            sent = self.loop.time()
+            await asyncio.sleep(timeout)
+            if self.last_rx < sent:
+                log.info("heartbeat not answered; closing",
+                         extra={"event": "heartbeat_timeout"})
+                return
+
+
+async def start_receive_server(settings: Settings, hub: Hub, key: RelayKey, *,
+                               host: str | None = None, port: int | None = None) -> ReceiveServer:
+    server = ReceiveServer(settings, hub, key, host=host, port=port)
+    await server.start()
+    return server
