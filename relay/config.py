@@ -41,7 +41,6 @@ class IngressConf:
     commits_per_generation: int = 5000
     # Reopen the delta-rs handle every N commits (a long-lived handle slows: DESIGN.md).
     refresh_handle_every: int = 100
-    checkpoint_interval: int = 100
 
 
 @dataclass

@@ -1,0 +1,163 @@
+"""Follow the inbox table and feed the hub; read back what the hub paged out; write acks.
+
+At start the hub is rebuilt from the inbox snapshot minus `acks` (tombstones and expired rows
+left out). Afterwards only the stream's appends (`WRITE` commits) are read, version by
+version, from the files they add; compaction's UPDATE/DELETE/OPTIMIZE commits rewrite rows
+egress already knows and are skipped. Blocking delta-rs reads run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
+
+from delta_tables.group_commit import GroupCommitAppender
+from delta_tables.landing_source import latest_version
+from delta_tables.schema import C
+
+from .pending import MailboxHub, PendingEnvelope
+
+log = logging.getLogger("relay.egress")
+_COLS = [C.PROTOCOL, C.MAILBOX, C.SEQ, C.CURSOR, C.EVENT_ID, C.ENVELOPE, C.EXPIRES_AT]
+
+
+def _envelopes(t: pa.Table) -> dict[tuple[str, bytes], list[PendingEnvelope]]:
+    """Group rows by mailbox in cursor order, leaving out tombstones."""
+    t = t.filter(pc.is_valid(t.column(C.ENVELOPE)))
+    t = t.sort_by([(C.PROTOCOL, "ascending"), (C.MAILBOX, "ascending"), (C.CURSOR, "ascending")])
+    out: dict[tuple[str, bytes], list[PendingEnvelope]] = {}
+    cols = [t.column(c).to_pylist() for c in _COLS]
+    for p, m, seq, cur, eid, env, exp in zip(*cols):
+        out.setdefault((p, m), []).append(PendingEnvelope(seq, cur, eid, env, exp))
+    return out
+
+
+class InboxTail:
+    def __init__(self, inbox_path: Path, acks_path: Path, hub: MailboxHub,
+                 protocols: set[str] | None = None):
+        self.inbox_path = Path(inbox_path)
+        self.acks_path = Path(acks_path)
+        self.hub = hub
+        self.protocols = protocols
+        self.version = -1
+        self.lag_versions = 0
+
+    def _wanted(self, t: pa.Table) -> pa.Table:
+        if self.protocols is None:
+            return t
+        return t.filter(pc.is_in(t.column(C.PROTOCOL), pa.array(sorted(self.protocols))))
+
+    def _acked_seqs(self, mailbox: bytes | None = None) -> pa.Array:
+        dset = DeltaTable(str(self.acks_path)).to_pyarrow_dataset()
+        flt = (ds.field(C.MAILBOX) == mailbox) if mailbox is not None else None
+        return dset.to_table(columns=[C.SEQ], filter=flt).column(C.SEQ).combine_chunks()
+
+    def _bootstrap_read(self) -> tuple[int, pa.Table]:
+        dt = DeltaTable(str(self.inbox_path))
+        version = dt.version()
+        now = pa.scalar(datetime.now(timezone.utc), pa.timestamp("us", tz="UTC"))
+        t = dt.to_pyarrow_dataset().to_table(
+            columns=_COLS, filter=ds.field(C.ENVELOPE).is_valid() & (ds.field(C.EXPIRES_AT) > now))
+        t = self._wanted(t)
+        acked = self._acked_seqs()
+        if len(acked):
+            t = t.filter(pc.invert(pc.is_in(t.column(C.SEQ), acked)))
+        return version, t
+
+    async def bootstrap(self) -> int:
+        version, t = await asyncio.to_thread(self._bootstrap_read)
+        for (p, m), envs in _envelopes(t).items():
+            self.hub.add(p, m, envs)
+        self.version = version
+        log.info("egress rebuilt from inbox", extra={"event": "egress_bootstrap",
+                                                     "version": version, "rows": t.num_rows})
+        return t.num_rows
+
+    def _read_new(self) -> pa.Table | None:
+        latest = latest_version(self.inbox_path)
+        self.lag_versions = max(0, latest - self.version)
+        if latest <= self.version:
+            return None
+        tables = []
+        for v in range(self.version + 1, latest + 1):
+            log_file = self.inbox_path / "_delta_log" / f"{v:020d}.json"
+            try:
+                actions = [json.loads(line) for line in log_file.read_text().splitlines()]
+            except FileNotFoundError:
+                # Log cleaned up under us (we lagged past retention): rebuild from a snapshot.
+                raise LookupError(v)
+            op = next((a["commitInfo"].get("operation") for a in actions if "commitInfo" in a),
+                      None)
+            if op != "WRITE":
+                continue
+            for a in actions:
+                if "add" in a:
+                    try:
+                        tables.append(pq.read_table(self.inbox_path / a["add"]["path"],
+                                                    columns=_COLS))
+                    except FileNotFoundError:
+                        raise LookupError(v)  # vacuumed before we read it: rebuild
+        self.version = latest
+        return pa.concat_tables(tables) if tables else None
+
+    async def poll_once(self) -> int:
+        try:
+            t = await asyncio.to_thread(self._read_new)
+        except LookupError:
+            log.warning("inbox tail lost its place, rebuilding", extra={"event": "egress_rebuild"})
+            return await self.bootstrap()
+        if t is None:
+            return 0
+        t = self._wanted(t)
+        for (p, m), envs in _envelopes(t).items():
+            self.hub.add(p, m, envs)
+        return t.num_rows
+
+    async def run(self, interval: float, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.poll_once()
+            except Exception:
+                log.exception("inbox tail poll failed", extra={"event": "egress_poll_failed"})
+            try:
+                await asyncio.wait_for(stop.wait(), interval)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- the hub's loader: page in an overflowing mailbox -------------------------------------
+    def _load(self, protocol: str, mailbox: bytes, after: int, limit: int) -> list[PendingEnvelope]:
+        dset = DeltaTable(str(self.inbox_path)).to_pyarrow_dataset()
+        t = dset.to_table(columns=_COLS, filter=(ds.field(C.MAILBOX) == mailbox)
+                          & (ds.field(C.PROTOCOL) == protocol) & (ds.field(C.CURSOR) > after)
+                          & ds.field(C.ENVELOPE).is_valid())
+        acked = self._acked_seqs(mailbox)
+        if len(acked):
+            t = t.filter(pc.invert(pc.is_in(t.column(C.SEQ), acked)))
+        t = t.sort_by([(C.CURSOR, "ascending")]).slice(0, limit)
+        return _envelopes(t).get((protocol, mailbox), [])
+
+    async def load(self, protocol: str, mailbox: bytes, after: int,
+                   limit: int) -> list[PendingEnvelope]:
+        return await asyncio.to_thread(self._load, protocol, mailbox, after, limit)
+
+
+class AckWriter:
+    """The hub's ack sink: one `acks` row per acknowledged envelope, group-committed."""
+
+    def __init__(self, appender: GroupCommitAppender):
+        self.appender = appender
+
+    async def __call__(self, protocol: str, mailbox: bytes, env: PendingEnvelope,
+                       device: bytes | None) -> None:
+        await self.appender.append({
+            C.PROTOCOL: protocol, C.MAILBOX: mailbox, C.EVENT_ID: env.event_id, C.SEQ: env.seq,
+            C.CURSOR: env.cursor, C.DEVICE: device, C.ACKED_AT: datetime.now(timezone.utc)})

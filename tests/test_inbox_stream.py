@@ -1,0 +1,142 @@
+"""The inbox stream through real Spark Structured Streaming and real Delta tables."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pytest
+from deltalake import DeltaTable
+
+from delta_tables.schema import C, INBOX, REJECTS
+from jobs.inbox_stream import InboxSink, start_inbox_stream
+from jobs.inbox_transform import StreamRules
+
+from conftest import envelope, land, landing_row
+
+MB = [bytes([i]) * 32 for i in range(1, 6)]
+
+
+def run_available_now(spark, settings):
+    query, sink = start_inbox_stream(spark, settings, available_now=True, fsync=False)
+    query.awaitTermination(120)
+    assert query.exception() is None
+    return sink
+
+
+def read(path):
+    return DeltaTable(str(path)).to_pyarrow_table()
+
+
+def assert_gap_free(inbox, start=1):
+    per = {}
+    for r in inbox.select([C.PROTOCOL, C.MAILBOX, C.CURSOR]).to_pylist():
+        per.setdefault((r[C.PROTOCOL], r[C.MAILBOX]), []).append(r[C.CURSOR])
+    for key, cursors in per.items():
+        assert sorted(cursors) == list(range(start, start + len(cursors))), key
+    seqs = inbox.column(C.SEQ).to_pylist()
+    assert len(set(seqs)) == len(seqs)
+    return per
+
+
+def test_two_nodes_dedup_gap_free_and_restart(spark, settings, layout):
+    rows = [landing_row(MB[i % 5], envelope(i)) for i in range(300)]
+    land(layout, rows[:200], node="node-a", per_commit=20)
+    # node-b lands the last 100 and re-lands 50 of node-a's (client retries to another node)
+    land(layout, rows[200:] + rows[:50], node="node-b", per_commit=30)
+    sink = run_available_now(spark, settings)
+    inbox = read(layout.inbox)
+    assert inbox.num_rows == 300
+    assert len(set(inbox.column(C.EVENT_ID).to_pylist())) == 300
+    assert_gap_free(inbox)
+    rejects = read(layout.rejects)
+    assert rejects.column(C.REASON).to_pylist() == ["duplicate"] * 50
+    assert sum(s.rows_in for s in sink.history) == 350
+
+    # a restart (new sink, state rebuilt from the inbox) continues each mailbox's cursors
+    more = [landing_row(MB[i % 5], envelope(1000 + i)) for i in range(50)] + rows[100:110]
+    land(layout, more, node="node-a", per_commit=15)
+    run_available_now(spark, settings)
+    inbox = read(layout.inbox)
+    assert inbox.num_rows == 350
+    per = assert_gap_free(inbox)
+    assert all(max(c) == 70 for c in per.values())
+    assert read(layout.rejects).num_rows == 60
+    audit = read(layout.padding_audit)
+    assert pc.sum(audit.column(C.ENVELOPES)).as_py() == 350
+    # the source recorded what it consumed (compaction drops landing only up to there)
+    assert layout.read_landing_consumed()
+
+
+def test_spark_replay_of_a_committed_batch_writes_nothing(spark, settings, layout):
+    land(layout, [landing_row(MB[0], envelope(i)) for i in range(40)], per_commit=10)
+    run_available_now(spark, settings)
+    before = read(layout.inbox).num_rows
+    commits = Path(settings.stream_checkpoint) / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    (commits / str(last)).unlink()              # Spark forgets it finished the batch
+    (commits / f".{last}.crc").unlink(missing_ok=True)
+    sink = run_available_now(spark, settings)   # ... and runs it again
+    assert [s.batch_id for s in sink.history] == [] or all(s.rows_in == 0 for s in sink.history)
+    assert read(layout.inbox).num_rows == before == 40
+    assert_gap_free(read(layout.inbox))
+
+
+class CrashBeforeInbox(InboxSink):
+    """Fault injection: the process dies after rejects and padding_audit committed."""
+
+    def _write(self, tdef, data, batch_id):
+        if tdef is INBOX:
+            raise SystemExit("crash")
+        return super()._write(tdef, data, batch_id)
+
+
+def test_replay_after_partial_commit_is_exactly_once(spark, settings, layout, tmp_path):
+    rows = [landing_row(MB[1], envelope(i)) for i in range(20)]
+    rows.append(dict(rows[0]))  # one duplicate so that rejects is written
+    land(layout, rows)
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text('{"id":"test-query"}')
+    df = spark.read.format("parquet").load(
+        [str(p) for p in Path(layout.landing_root).rglob("*.parquet")])
+    from pyspark.sql import functions as F
+    from delta_tables.layout import Layout
+    df = df.withColumn(C.LANDING_TABLE, F.lit("node-t/g000001")) \
+           .withColumn(C.LANDING_VERSION, F.lit(1).cast("long")) \
+           .withColumn("__batch_ts", F.current_timestamp())
+    df = df.select(*(INBOX.names[:7]), C.LANDING_TABLE, C.LANDING_VERSION, "__batch_ts")
+    df = spark.createDataFrame(df.toArrow())     # freeze the batch timestamp, as Spark's log does
+    rules = StreamRules.from_conf(settings.stream, {"trueseal": 65482})
+    with pytest.raises(SystemExit):
+        CrashBeforeInbox(layout, rules, checkpoint, fsync=False)(df, 7)
+    assert read(layout.rejects).num_rows == 1 and read(layout.inbox).num_rows == 0
+    InboxSink(layout, rules, checkpoint, fsync=False)(df, 7)    # restart replays batch 7
+    InboxSink(layout, rules, checkpoint, fsync=False)(df, 7)    # and once more
+    assert read(layout.rejects).num_rows == 1
+    inbox = read(layout.inbox)
+    assert inbox.num_rows == 20
+    assert_gap_free(inbox)
+
+
+@pytest.mark.cluster
+def test_stream_on_local_cluster(settings, layout, tmp_path):
+    """The same job on a real (local) cluster: executors in separate JVMs and Python workers."""
+    rows = [landing_row(MB[i % 3], envelope(i)) for i in range(120)]
+    land(layout, rows, node="node-a", per_commit=10)
+    land(layout, rows[:30], node="node-b", per_commit=10)
+    env = dict(os.environ, RELAY_SPARK_MASTER="local-cluster[2,1,1024]",
+               SPARK_WORKER_DIR=str(tmp_path / "worker"))
+    proc = subprocess.run([sys.executable, "-m", "relay.cli", "--data-dir", settings.data_dir,
+                           "stream", "--available-now"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    inbox = read(layout.inbox)
+    assert inbox.num_rows == 120
+    assert_gap_free(inbox)
+    assert read(layout.rejects).num_rows == 30
