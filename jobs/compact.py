@@ -1,0 +1,405 @@
+"""Compaction: turn acks and expiries into deletes, drop consumed landing generations, and keep
+every table small and its log short, so delivered ciphertext leaves the disk.
+
+One run, in order (each step prints one progress line, counts only):
+
+1. purge acked   inbox rows acked at least `ack_grace_seconds` ago lose their envelope (set to
+                 NULL: a tombstone). The row itself stays until it expires: the stream
+                 deduplicates event_ids against inbox history within the TTL and continues each
+                 mailbox's cursor from the inbox.
+2. expire        inbox rows with expires_at <= now are deleted, except each (protocol, mailbox)'s
+                 highest-cursor row, kept as a tombstone so cursors never restart (which also
+                 keeps the relay-wide max seq).
+3. acks          acks whose inbox row is gone, or older than the max TTL + grace, are deleted.
+4. landing       sealed (not the node's newest) and fully consumed landing generations are
+                 removed as whole directories.
+5. tables        OPTIMIZE (small-file compaction), checkpoint, expired-log cleanup and VACUUM on
+                 inbox, acks, rejects and padding_audit.
+
+Rows to change are found with DataFusion SQL over a snapshot (delta-rs `QueryBuilder`, no
+pyarrow dataset scan) and changed with one MERGE per step, joined on the relay-wide unique seq
+and checked on (protocol, mailbox) in the clauses: no mailbox key is ever spelled into a
+predicate, so none reaches the Delta log or an error text.
+
+Concurrency: the stream appends to inbox and egress to acks while this runs. In delta-rs 1.6 a
+commit that removes files (MERGE, DELETE, UPDATE) and an append racing it cannot both win: the
+appender gets `CommitFailedError` ("a concurrent transaction deleted data this operation read")
+and must retry on a fresh handle, and so must any appender whose handle predates such a commit.
+The MERGE here loses only if a concurrent append matches its recorded pruning predicate (see
+`_merge`); then the step is recomputed on fresh handles a few times, and if it still loses it is
+skipped until the next run. Appended rows are never touched: a MERGE only rewrites files of its
+own snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Callable, TypeVar
+
+import pyarrow as pa
+from deltalake import DeltaTable, QueryBuilder
+from deltalake.exceptions import CommitFailedError
+
+from delta_tables.layout import GENERATION_RE, Layout
+from delta_tables.schema import ACKS, INBOX, PADDING_AUDIT, REJECTS, C
+from relay.config import Settings
+
+log = logging.getLogger("relay.compaction")
+
+Progress = Callable[[str], None]
+T = TypeVar("T")
+
+# A step that loses a commit race is recomputed on fresh handles this many times in total.
+COMMIT_ATTEMPTS = 5
+RETRY_BACKOFF_SECONDS = 0.05
+# Full VACUUM also deletes files no log entry references (failed writes, removes whose
+# tombstones aged out of the checkpoints, which a lite VACUUM can no longer see). It judges
+# those by file age alone, so an in-flight append's file is fair game below this floor.
+FULL_VACUUM_MIN_HOURS = 1
+
+_S, _T = "s", "t"  # merge aliases: source, target
+_SAME_MAILBOX = " AND ".join(f"{_T}.{c} = {_S}.{c}" for c in (C.PROTOCOL, C.MAILBOX))
+
+
+@dataclass
+class CompactionReport:
+    tombstoned_acked: int = 0     # envelopes nulled because they were acked (step 1)
+    expired_deleted: int = 0      # inbox rows deleted because they expired (step 2)
+    tombstones_kept: int = 0      # expired rows kept as their mailbox's max-cursor tombstone
+    acks_removed: int = 0
+    landing_dropped: int = 0      # landing generation directories removed
+    files_compacted: int = 0      # small files rewritten by OPTIMIZE
+    files_vacuumed: int = 0
+    bytes_before: int = 0         # everything under <data>/tables
+    bytes_after: int = 0
+    conflicts_retried: int = 0    # commit races lost and recomputed
+    skipped: list[str] = field(default_factory=list)  # steps that lost every attempt
+    seconds: float = 0.0
+
+    def format(self) -> str:
+        lines = [
+            f"acked envelopes tombstoned   {self.tombstoned_acked}",
+            f"expired rows deleted         {self.expired_deleted}",
+            f"max-cursor tombstones kept   {self.tombstones_kept}",
+            f"acks removed                 {self.acks_removed}",
+            f"landing generations dropped  {self.landing_dropped}",
+            f"files compacted              {self.files_compacted}",
+            f"files vacuumed               {self.files_vacuumed}",
+            f"tables on disk               {_human(self.bytes_before)} -> "
+            f"{_human(self.bytes_after)}",
+            f"commit conflicts retried     {self.conflicts_retried}",
+        ]
+        if self.skipped:
+            lines.append(f"skipped (lost to writers)    {', '.join(self.skipped)}")
+        lines.append(f"took                         {self.seconds:.2f} s")
+        return "\n".join(lines)
+
+
+class _LostRace(Exception):
+    """A step lost its commit to concurrent writers on every attempt."""
+
+
+def run_compaction(settings: Settings, *, now: datetime | None = None,
+                   progress: Progress | None = None) -> CompactionReport:
+    """One compaction pass over `settings.data_dir`; see the module docstring."""
+    say = progress or log.info
+    now = now or datetime.now(timezone.utc)
+    if now.tzinfo is None:
+        raise ValueError("now must be timezone-aware")
+    conf = settings.compaction
+    layout = Layout(settings.data_dir)
+    layout.ensure_shared_tables()
+    report = CompactionReport(bytes_before=_du(layout.tables))
+    started = time.monotonic()
+
+    ack_cutoff = now - timedelta(seconds=conf.ack_grace_seconds)
+    # No inbox row outlives the max TTL, so no ack is needed for longer.
+    stale_ack_cutoff = now - timedelta(seconds=settings.stream.max_ttl_seconds
+                                       + conf.ack_grace_seconds)
+
+    def step(name: str, fn: Callable[[], str]) -> None:
+        t0 = time.monotonic()
+        try:
+            detail = fn()
+        except _LostRace:
+            report.skipped.append(name)
+            detail = f"skipped: lost {COMMIT_ATTEMPTS} commit races to concurrent writers"
+        say(f"{name}: {detail} ({time.monotonic() - t0:.2f} s)")
+
+    def purge() -> str:
+        report.tombstoned_acked = _retry(report, lambda: _purge_acked(layout, ack_cutoff, now))
+        return f"{report.tombstoned_acked} acked envelopes tombstoned"
+
+    def expire() -> str:
+        report.expired_deleted, report.tombstones_kept = _retry(
+            report, lambda: _expire(layout, now))
+        return (f"{report.expired_deleted} expired rows deleted, "
+                f"{report.tombstones_kept} max-cursor tombstones kept")
+
+    def acks() -> str:
+        report.acks_removed = _retry(report, lambda: _clean_acks(layout, stale_ack_cutoff))
+        return f"{report.acks_removed} acks removed"
+
+    def landing() -> str:
+        report.landing_dropped = _drop_landing(layout)
+        return f"{report.landing_dropped} consumed landing generations dropped"
+
+    step("purge acked", purge)
+    step("expire", expire)
+    step("acks", acks)
+    step("landing", landing)
+    target = conf.target_file_mb * 1024 * 1024
+    for tdef in (INBOX, ACKS, REJECTS, PADDING_AUDIT):
+        step(f"tables/{tdef.name}",
+             lambda tdef=tdef: _maintain(layout.table(tdef), target,
+                                         conf.vacuum_retention_hours, report))
+
+    report.bytes_after = _du(layout.tables)
+    report.seconds = time.monotonic() - started
+    say(f"done: tables {_human(report.bytes_before)} -> {_human(report.bytes_after)} "
+        f"in {report.seconds:.2f} s")
+    return report
+
+
+def compaction_loop(settings: Settings, stop_event: threading.Event,
+                    progress: Progress | None = None) -> None:
+    """Run `run_compaction` now and then every `interval_seconds` until `stop_event` is set
+    (used by `relay up`). A failed run is logged and the next one happens on schedule."""
+    interval = settings.compaction.interval_seconds
+    while not stop_event.is_set():
+        try:
+            report = run_compaction(settings, progress=progress)
+            log.info("compaction: %d tombstoned, %d expired, %d acks, %d landing, "
+                     "%d files compacted, %d vacuumed in %.2f s%s",
+                     report.tombstoned_acked, report.expired_deleted, report.acks_removed,
+                     report.landing_dropped, report.files_compacted, report.files_vacuumed,
+                     report.seconds,
+                     f"; skipped {', '.join(report.skipped)}" if report.skipped else "")
+        except Exception as exc:  # keep the relay up; the next run retries
+            log.error("compaction run failed (%s); next run in %d s",
+                      type(exc).__name__, interval, exc_info=True)
+        stop_event.wait(interval)
+
+
+# --- steps ---------------------------------------------------------------------------------
+
+def _purge_acked(layout: Layout, cutoff: datetime, now: datetime) -> int:
+    inbox = DeltaTable(str(layout.inbox))
+    acks = DeltaTable(str(layout.acks))
+    # Only rows that still carry an envelope (an empty source means no commit at all) and
+    # have not expired: the expire step deletes or nulls those in its own single rewrite.
+    source = _query({"inbox": inbox, "acks": acks}, f"""
+        SELECT DISTINCT i.{C.SEQ}, i.{C.PROTOCOL}, i.{C.MAILBOX}
+        FROM acks a JOIN inbox i
+          ON a.{C.PROTOCOL} = i.{C.PROTOCOL} AND a.{C.MAILBOX} = i.{C.MAILBOX}
+         AND a.{C.SEQ} = i.{C.SEQ}
+        WHERE a.{C.ACKED_AT} <= {_ts(cutoff)} AND i.{C.ENVELOPE} IS NOT NULL
+          AND i.{C.EXPIRES_AT} > {_ts(now)}""")
+    if source.num_rows == 0:
+        return 0
+    metrics = (_merge(inbox, source)
+               .when_matched_update({C.ENVELOPE: "NULL"},
+                                    f"{_SAME_MAILBOX} AND {_T}.{C.ENVELOPE} IS NOT NULL")
+               .execute())
+    return int(metrics["num_target_rows_updated"])
+
+
+def _expire(layout: Layout, now: datetime) -> tuple[int, int]:
+    """Returns (rows deleted, expired max-cursor rows kept as tombstones)."""
+    inbox = DeltaTable(str(layout.inbox))
+    expired = _query({"inbox": inbox}, f"""
+        WITH top AS (
+          SELECT {C.PROTOCOL}, {C.MAILBOX}, max({C.CURSOR}) AS top_cursor
+          FROM inbox GROUP BY {C.PROTOCOL}, {C.MAILBOX})
+        SELECT i.{C.SEQ}, i.{C.PROTOCOL}, i.{C.MAILBOX},
+               i.{C.CURSOR} = top.top_cursor AS keep,
+               i.{C.ENVELOPE} IS NULL AS tombstone
+        FROM inbox i JOIN top
+          ON i.{C.PROTOCOL} = top.{C.PROTOCOL} AND i.{C.MAILBOX} = top.{C.MAILBOX}
+        WHERE i.{C.EXPIRES_AT} <= {_ts(now)}""")
+    keep = expired.column("keep").to_pylist()
+    tombstone = expired.column("tombstone").to_pylist()
+    kept = sum(keep)
+    # Rows to touch: every expired non-max row, and max rows that still carry an envelope.
+    todo = [not k or not t for k, t in zip(keep, tombstone)]
+    if not any(todo):
+        return 0, kept
+    # A row that is not its mailbox's max in this snapshot never becomes the max later
+    # (cursors only grow), so deleting it stays right whatever the stream appends meanwhile.
+    metrics = (_merge(inbox, expired.filter(pa.array(todo)).drop_columns(["tombstone"]))
+               .when_matched_delete(f"{_SAME_MAILBOX} AND NOT {_S}.keep")
+               .when_matched_update({C.ENVELOPE: "NULL"},
+                                    f"{_SAME_MAILBOX} AND {_S}.keep "
+                                    f"AND {_T}.{C.ENVELOPE} IS NOT NULL")
+               .execute())
+    return int(metrics["num_target_rows_deleted"]), kept
+
+
+def _clean_acks(layout: Layout, stale_cutoff: datetime) -> int:
+    # acks' snapshot first, inbox's after: an ack in this snapshot was written after its row
+    # was delivered from the inbox, so a later inbox snapshot lacks that row only if
+    # compaction deleted it. The other order would drop acks of rows the stream just added.
+    acks = DeltaTable(str(layout.acks))
+    inbox = DeltaTable(str(layout.inbox))
+    # One source row per (seq, acked_at) to delete, carrying the inbox row of that seq (seq
+    # is relay-wide unique there), or NULL if there is none: an ack goes when its (protocol,
+    # mailbox, seq) names no inbox row, or when it is older than any TTL. Joining on acked_at
+    # too keeps egress's fresh acks (acked_at after every source row's) outside the MERGE's
+    # pruning predicate; joined on seq alone, a busy egress made it lose every attempt.
+    source = _query({"inbox": inbox, "acks": acks}, f"""
+        SELECT DISTINCT a.{C.SEQ}, a.{C.ACKED_AT}, i.{C.PROTOCOL}, i.{C.MAILBOX}
+        FROM acks a LEFT JOIN inbox i ON a.{C.SEQ} = i.{C.SEQ}
+        WHERE i.{C.SEQ} IS NULL OR a.{C.PROTOCOL} <> i.{C.PROTOCOL}
+           OR a.{C.MAILBOX} <> i.{C.MAILBOX} OR a.{C.ACKED_AT} < {_ts(stale_cutoff)}""")
+    if source.num_rows == 0:
+        return 0
+    metrics = (_merge(acks, source, (C.SEQ, C.ACKED_AT))
+               .when_matched_delete(f"{_S}.{C.MAILBOX} IS NULL OR NOT ({_SAME_MAILBOX}) "
+                                    f"OR {_T}.{C.ACKED_AT} < {_ts(stale_cutoff)}")
+               .execute())
+    return int(metrics["num_target_rows_deleted"])
+
+
+def _drop_landing(layout: Layout) -> int:
+    """Remove generations that are sealed (a newer one exists for the node, so ingress no
+    longer writes there) and whose every version the stream has committed."""
+    consumed = layout.read_landing_consumed()
+    dropped = 0
+    for key, path in layout.landing_tables().items():
+        node, gen_name = key.split("/")
+        gen = int(GENERATION_RE.match(gen_name).group(1))
+        if gen >= max(layout.generations(node), default=gen) or key not in consumed:
+            continue
+        try:
+            version = DeltaTable(str(path)).version()
+        except Exception:  # vanished or half-created: not ours to judge
+            continue
+        if version <= consumed[key]:
+            shutil.rmtree(path, ignore_errors=True)
+            dropped += not path.exists()
+    return dropped
+
+
+def _maintain(path: Path, target_size: int, retention_hours: int,
+              report: CompactionReport) -> str:
+    metrics = _retry(report, lambda: DeltaTable(str(path)).optimize.compact(
+        target_size=target_size))
+    compacted = int(metrics.get("numFilesRemoved", 0))
+    report.files_compacted += compacted
+
+    dt = DeltaTable(str(path))
+    if _last_checkpoint(path) != dt.version():  # an idle table keeps its checkpoint
+        dt.create_checkpoint()
+    dt.cleanup_metadata()
+
+    vacuumed = 0
+    if retention_hours < FULL_VACUUM_MIN_HOURS:
+        # Lite: only files the log says were removed, so it cannot hit an in-flight write.
+        vacuumed += _vacuum(dt, path, retention_hours, full=False)
+    vacuumed += _vacuum(dt, path, max(retention_hours, FULL_VACUUM_MIN_HOURS), full=True)
+    report.files_vacuumed += vacuumed
+    return f"{compacted} files compacted, checkpoint at v{dt.version()}, {vacuumed} vacuumed"
+
+
+def _vacuum(dt: DeltaTable, path: Path, hours: int, *, full: bool) -> int:
+    """VACUUM, counting only files that were on disk and are gone now. delta-rs 1.6 lite
+    VACUUM keeps returning (and committing VACUUM START/END for) removed files it already
+    deleted, for as long as their remove tombstones stay in the snapshot: a dry run first
+    keeps those phantom runs out of the counts and out of the log."""
+    planned = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False,
+                        full=full)
+    present = [f for f in (path / p for p in planned) if f.exists()]  # p may be absolute
+    if not present:
+        return 0
+    dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
+              full=full)
+    return sum(not f.exists() for f in present)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def _last_checkpoint(path: Path) -> int | None:
+    try:
+        return json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+def _retry(report: CompactionReport, attempt: Callable[[], T]) -> T:
+    """Run `attempt` (which opens its own fresh handles) until its commit wins."""
+    for n in range(COMMIT_ATTEMPTS):
+        try:
+            return attempt()
+        except CommitFailedError:
+            report.conflicts_retried += 1
+            log.debug("commit conflict, attempt %d of %d", n + 1, COMMIT_ATTEMPTS)
+            time.sleep(RETRY_BACKOFF_SECONDS * (n + 1))
+    raise _LostRace()
+
+
+def _merge(target: DeltaTable, source: pa.Table, on: tuple[str, ...] = (C.SEQ,)):
+    """MERGE joined on `on` (seq, relay-wide unique, plus acked_at for acks).
+
+    With `streamed_exec=False` delta-rs derives a pruning predicate from the join columns'
+    min/max in the source, records it in the commit, and checks concurrent appends against
+    it: `seq >= a AND seq <= b` never matches the stream's appends (higher seqs) and names no
+    mailbox. Joining on the mailbox too would write two mailbox keys into every commit's
+    operationParameters, so the clauses check protocol and mailbox (`_SAME_MAILBOX`)."""
+    keys = source.select(list(on)).group_by(list(on)).aggregate([])
+    if keys.num_rows != source.num_rows:
+        # One target row matched by two source rows would be rewritten twice.
+        raise RuntimeError(f"merge key {on} is not unique in {target.metadata().name}'s "
+                           "compaction source: refusing to merge")
+    match = " AND ".join(f"{_T}.{c} = {_S}.{c}" for c in on)
+    return target.merge(source, match, source_alias=_S, target_alias=_T, streamed_exec=False)
+
+
+def _query(tables: dict[str, DeltaTable], sql: str) -> pa.Table:
+    qb = QueryBuilder()
+    for name, dt in tables.items():
+        qb.register(name, dt)
+    out = pa.table(qb.execute(sql).read_all())
+    # DataFusion answers with view types; merge sources want the tables' own types.
+    return out.cast(pa.schema([
+        pa.field(f.name, _unview(f.type), f.nullable) for f in out.schema]))
+
+
+def _unview(t: pa.DataType) -> pa.DataType:
+    if t == pa.binary_view():
+        return pa.binary()
+    if t == pa.string_view():
+        return pa.string()
+    return t
+
+
+def _ts(moment: datetime) -> str:
+    """A SQL literal of the tables' timestamp type (microseconds, UTC)."""
+    iso = moment.astimezone(timezone.utc).isoformat()
+    return f"arrow_cast('{iso}', 'Timestamp(Microsecond, Some(\"UTC\"))')"
+
+
+def _du(root: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:  # removed by a concurrent writer or vacuum
+                pass
+    return total
+
+
+def _human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
