@@ -26,11 +26,17 @@ from typing import Any, Mapping
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError
 
 from .layout import Layout, ensure_table
 from .schema import LANDING, TableDef
 
 log = logging.getLogger("relay.group_commit")
+
+# delta-rs refuses an append made through a handle older than a commit that removed files
+# (compaction's MERGE/DELETE), and retrying through the same handle fails again. A failed
+# commit writes nothing to the log, so reopening the table and retrying is safe.
+COMMIT_ATTEMPTS = 5
 
 
 def _fsync_path(path: Path) -> None:
@@ -89,8 +95,15 @@ class DeltaAppendTarget:
 
     def commit(self, table: pa.Table) -> CommitResult:
         t0 = time.perf_counter()
-        dt = self._handle()
-        write_deltalake(dt, table, mode="append")
+        for attempt in range(COMMIT_ATTEMPTS):
+            dt = self._handle()
+            try:
+                write_deltalake(dt, table, mode="append")
+                break
+            except CommitFailedError:
+                if attempt == COMMIT_ATTEMPTS - 1:
+                    raise
+                self._dt = None   # reopen at the newest version and try again
         version = dt.version()
         if self.fsync:
             fsync_version(self.path, version)

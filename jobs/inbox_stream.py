@@ -29,7 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from delta_tables.group_commit import fsync_version
+from deltalake.exceptions import CommitFailedError
+
+from delta_tables.group_commit import COMMIT_ATTEMPTS, fsync_version
 from delta_tables.landing_source import SOURCE_NAME
 from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX, PADDING_AUDIT, REJECTS, TableDef
@@ -109,14 +111,23 @@ class InboxSink:
         return dt
 
     def _write(self, tdef: TableDef, data: pa.Table, batch_id: int) -> bool:
-        dt = self._table(tdef)
-        done = dt.transaction_version(self.app_id)
-        if done is not None and done >= batch_id:
-            return False
-        if data.num_rows == 0:
-            return True
-        write_deltalake(dt, data, mode="append", commit_properties=CommitProperties(
-            app_transactions=[Transaction(self.app_id, batch_id)]))
+        for attempt in range(COMMIT_ATTEMPTS):
+            dt = self._table(tdef)
+            done = dt.transaction_version(self.app_id)
+            if done is not None and done >= batch_id:
+                return False
+            if data.num_rows == 0:
+                return True
+            try:
+                write_deltalake(dt, data, mode="append", commit_properties=CommitProperties(
+                    app_transactions=[Transaction(self.app_id, batch_id)]))
+                break
+            except CommitFailedError:
+                # compaction removed files since this handle was opened (group_commit.py):
+                # reopen, re-check the marker (exactly once), retry
+                self._handles.pop(tdef.name, None)
+                if attempt == COMMIT_ATTEMPTS - 1:
+                    raise
         if self.fsync:
             fsync_version(self.layout.table(tdef), dt.version())
         return True

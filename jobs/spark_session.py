@@ -12,6 +12,8 @@ def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | N
     # Executors must run the same interpreter that has the project installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Everything runs on this machine by default: never bind Spark to a public interface.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     builder = (SparkSession.builder.master(master).appName(app_name)
