@@ -10,6 +10,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import ACKS
 from relay import keys
 from relay.config import Settings
+from relay.listener import serve_until
 
 from .inbox_tail import AckWriter, InboxTail
 from .pending import MailboxHub
@@ -55,12 +56,6 @@ class EgressNode:
 
 async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:
     node = EgressNode(settings)
-    await node.start()
-    if ready:
-        ready(node.listening())
-    try:
-        await stop.wait()
-    finally:
-        await node.close()
-        log.info("egress stopped", extra={"event": "egress_stopped",
-                                          "delivered": node.hub.delivered, "acked": node.hub.acked})
+    await serve_until(node, stop, ready)
+    log.info("egress stopped", extra={"event": "egress_stopped",
+                                      "delivered": node.hub.delivered, "acked": node.hub.acked})

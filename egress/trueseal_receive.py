@@ -35,6 +35,7 @@ from engine.trueseal.receive import ReceiveSession
 from engine.trueseal.session import State
 from relay.config import Settings
 from relay.keys import RelayKey
+from relay.listener import Listener
 
 log = logging.getLogger("relay.egress.trueseal_receive")
 
@@ -45,56 +46,20 @@ class Hub(Protocol):   # egress.pending.MailboxHub
     def open_session(self, protocol: str, mailbox: bytes): ...
 
 
-class ReceiveServer:
+class ReceiveServer(Listener):
+    name = "trueseal_receive"
+
     def __init__(self, settings: Settings, hub: Hub, key: RelayKey, *,
                  host: str | None = None, port: int | None = None):
         self.conf = settings.trueseal
+        super().__init__(settings.bind if host is None else host,
+                         self.conf.receive_port if port is None else port,
+                         self.conf.max_connections)
         self.hub = hub
         self._static = StaticKey(key.private_bytes)
-        self.host = settings.bind if host is None else host
-        self.port = self.conf.receive_port if port is None else port
-        self.connections = 0
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task] = set()
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
-        log.info("trueseal receive listener started",
-                 extra={"event": "listener_started", "listener": "trueseal_receive",
-                        "port": self.bound_port})
-
-    @property
-    def bound_port(self) -> int:
-        assert self._server is not None, "not started"
-        return self._server.sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._handlers):
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-
-    async def _on_connect(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        if self.connections >= self.conf.max_connections:
-            # interop §1: past the cap, accept and close at once, sending nothing.
-            log.warning("connection cap reached", extra={"event": "connection_refused",
-                                                         "listener": "trueseal_receive"})
-            writer.close()
-            return
-        self.connections += 1
-        task = asyncio.current_task()
-        self._handlers.add(task)
-        try:
-            await _ReceiveConnection(self, reader, writer).run()
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self._handlers.discard(task)
-            self.connections -= 1
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _ReceiveConnection(self, reader, writer).run()
 
 
 class _ReceiveConnection:

@@ -9,6 +9,7 @@ from delta_tables.group_commit import GroupCommitAppender, LandingTarget
 from delta_tables.layout import Layout
 from relay import keys
 from relay.config import Settings
+from relay.listener import serve_until
 
 from .trueseal_push import PushServer
 
@@ -42,12 +43,6 @@ class IngressNode:
 
 async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:
     node = IngressNode(settings)
-    await node.start()
-    if ready:
-        ready(node.listening())
-    try:
-        await stop.wait()
-    finally:
-        await node.close()
-        log.info("ingress stopped", extra={"event": "ingress_stopped",
-                                           "rows": node.appender.rows_committed})
+    await serve_until(node, stop, ready)
+    log.info("ingress stopped", extra={"event": "ingress_stopped",
+                                       "rows": node.appender.rows_committed})

@@ -4,7 +4,8 @@ The protocol is `engine.trueseal.push.PushSession`; this module only moves bytes
 each PushReceived into a landing row. Each Push is stored concurrently with the ones before
 it (`appender.append` group-commits them), and the core is told `accept` once the commit has
 returned, so an Ack always means durable (DESIGN.md "Ack = durable"); the core keeps the Acks
-in Push order. A failed store is answered Error, as the public relay does (interop §6).
+in Push order. A failed store closes the connection after the replies before it: Error
+would tell the real client to drop the blob for good (000), a close makes it retry.
 
 Limits:
 * `handshake_timeout_seconds` bounds the NK handshake; after it, like the public relay, a
@@ -36,6 +37,7 @@ from engine.trueseal.push import PushSession
 from engine.trueseal.session import State
 from relay.config import Settings
 from relay.keys import RelayKey
+from relay.listener import Listener
 
 log = logging.getLogger("relay.ingress.trueseal_push")
 
@@ -64,63 +66,28 @@ def landing_row(recipient: bytes, envelope: bytes, received_at: datetime,
     }
 
 
-class PushServer:
+class PushServer(Listener):
+    name = "trueseal_push"
+
     def __init__(self, settings: Settings, appender: Appender, key: RelayKey, *,
                  host: str | None = None, port: int | None = None, max_in_flight: int = 256,
                  clock: Callable[[], datetime] = utc_now):
         self.conf = settings.trueseal
+        super().__init__(settings.bind if host is None else host,
+                         self.conf.push_port if port is None else port,
+                         self.conf.max_connections)
         self.appender = appender
         self._static = StaticKey(key.private_bytes)
-        self.host = settings.bind if host is None else host
-        self.port = self.conf.push_port if port is None else port
         self.max_in_flight = max_in_flight
         self.clock = clock
-        self.connections = 0
-        self._server: asyncio.Server | None = None
-        self._handlers: set[asyncio.Task] = set()
         self._stores: set[asyncio.Task] = set()   # every connection's, for a clean shutdown
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
-        log.info("trueseal push listener started",
-                 extra={"event": "listener_started", "listener": "trueseal_push",
-                        "port": self.bound_port})
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _PushConnection(self, reader, writer).run()
 
-    @property
-    def bound_port(self) -> int:
-        assert self._server is not None, "not started"
-        return self._server.sockets[0].getsockname()[1]
-
-    async def close(self) -> None:
-        """Stop accepting, end the open sessions, and wait for the stores under way (they
-        are already queued for commit; close the appender after this)."""
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._handlers):
-            task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
+    async def _after_connections_closed(self) -> None:
+        # Stores under way are already queued for commit; close the appender after this.
         await asyncio.gather(*self._stores, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-
-    async def _on_connect(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        if self.connections >= self.conf.max_connections:
-            # interop §1: past the cap, accept and close at once, sending nothing.
-            log.warning("connection cap reached", extra={"event": "connection_refused",
-                                                         "listener": "trueseal_push"})
-            writer.close()
-            return
-        self.connections += 1
-        task = asyncio.current_task()
-        self._handlers.add(task)
-        try:
-            await _PushConnection(self, reader, writer).run()
-        except asyncio.CancelledError:
-            pass
-        finally:
-            self._handlers.discard(task)
-            self.connections -= 1
 
 
 class _PushConnection:
