@@ -1,0 +1,461 @@
+"""asyncio shell of the Heya listener (:8337, TLS 1.3, a client certificate from everyone).
+
+The protocol is `engine.heya.session.HeyaSession`; this module owns the socket, the clocks,
+the stores and the views, and carries out each command the core reports:
+
+* Identity: SHA-256 of the client certificate's DER (`relay/tls.py`, interop §1).
+* SEND is checked against the send token (known, not revoked, `start <= now <= end`: interop
+  §5.1) and stored as a landing row (protocol "heya", mailbox = send token, envelope = body)
+  through the ingress `GroupCommitAppender`; RECV goes out only after `append` returned, i.e.
+  after the landing commit (DESIGN.md "Ack = durable"). SENDs of one connection are stored
+  concurrently (`max_in_flight`); the core keeps the replies in command order.
+* Sequence numbers are the inbox cursors the stream assigns (`ingress/heya_inbox.py`); HAVE
+  follows the inbox commit and reaches every connected session of the owner.
+* Control commands go through `ingress/heya_control.py` (durable before the reply).
+* A command that cannot be carried out (unknown inbox token, a send token that is not
+  yours / revoked / outside its times, a push token you never registered, ...) is refused:
+  the connection closes after the replies owed before it (there is no error line in Heya).
+
+Limits (interop §5.9, §5.10: the public server has one global command goroutine, blocking
+writes with no deadline, a 1 s body deadline and no handshake deadline):
+
+* `handshake_timeout_seconds` for TLS; `idle_timeout_seconds` between commands;
+  `command_timeout_seconds` + length / `min_body_bytes_per_second` from a command's first byte
+  to its last; `write_timeout_seconds` for any write to drain. Each connection has its own
+  tasks and deadlines, so a slow or stalled client only ever closes itself.
+* Reading stops while `max_in_flight` replies are owed or unwritten output passes
+  `OUTPUT_HIGH_WATER`; `max_in_flight_bytes` bounds the SEND bodies being stored by all
+  connections together; `max_connections` bounds connections (past it: closed at once).
+* A closed connection is closed for real: close_notify, then the transport is aborted if the
+  peer does not let it finish within the write timeout (no CLOSE-WAIT leak, interop §0).
+
+Never logged: tokens, certificate digests, push tokens, bodies, client addresses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+from delta_tables.layout import Layout
+from delta_tables.schema import C
+from egress.inbox_tail import InboxTail
+from engine.heya import frames
+from engine.heya.events import CommandReceived, ConnectionClosed
+from engine.heya.frames import (MAX_UINT, Auth, Dall, Deau, Extd, Inco, Iosa, Iosd, Iosl,
+                                ListTokens, Send, Trim, Want)
+from engine.heya.ids import PROTOCOL, event_id
+from engine.heya.session import HeyaSession, Phase
+from relay import tls
+from relay.config import Settings
+from relay.listener import Listener
+
+from .heya_control import HeyaControl
+from .heya_inbox import HeyaInbox
+
+log = logging.getLogger("relay.ingress.heya")
+
+READ_SIZE = 65536
+OUTPUT_HIGH_WATER = 1 << 20   # unwritten reply bytes past which a connection stops reading
+
+
+def landing_row(token: bytes, digest: bytes, body: bytes, received_at: datetime,
+                ttl_seconds: int) -> dict[str, Any]:
+    """One LANDING row: the mailbox of a Heya message is its send token."""
+    return {
+        C.EVENT_ID: event_id(token, digest),
+        C.PROTOCOL: PROTOCOL,
+        C.MAILBOX: token,
+        C.ENVELOPE: body,
+        C.META: None,
+        C.RECEIVED_AT: received_at,
+        C.EXPIRES_AT: received_at + timedelta(seconds=ttl_seconds),
+    }
+
+
+class _ByteBudget:
+    """Bytes of SEND bodies being stored, all connections together."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self._cond = asyncio.Condition()
+
+    async def acquire(self, n: int) -> int:
+        n = min(n, self.limit)
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.used + n <= self.limit)
+            self.used += n
+        return n
+
+    async def release(self, n: int) -> None:
+        async with self._cond:
+            self.used -= n
+            self._cond.notify_all()
+
+
+class HeyaServer(Listener):
+    name = "heya"
+    protocol = PROTOCOL
+
+    def __init__(self, settings: Settings, appender, *, fsync: bool = True,
+                 host: str | None = None, port: int | None = None,
+                 clock: Callable[[], float] = time.time):
+        """`appender`: the node's landing `GroupCommitAppender`. `clock`: unix seconds (send
+        token times; tests move it)."""
+        self.conf = settings.heya
+        super().__init__(settings.bind if host is None else host,
+                         self.conf.port if port is None else port, self.conf.max_connections)
+        self.settings = settings
+        self.appender = appender
+        self.clock = clock
+        self.layout = Layout(settings.data_dir)
+        self.control = HeyaControl(self.layout, fsync=fsync)
+        self.inbox = HeyaInbox(self.layout.inbox, self.control, cache_bytes=self.conf.cache_bytes)
+        self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.inbox,
+                              protocols={PROTOCOL})
+        self.cert_file, self.key_file = tls.load_or_create_server_cert(
+            settings.data_dir, self.conf.cert_file, self.conf.key_file)
+        self.ssl_context = tls.server_context(self.cert_file, self.key_file)
+        self.budget = _ByteBudget(self.conf.max_in_flight_bytes)
+        self._stores: set[asyncio.Task] = set()
+        self._stop = asyncio.Event()
+        self._tail_task: asyncio.Task | None = None
+
+    def _server_options(self) -> dict:
+        return {"ssl": self.ssl_context,
+                "ssl_handshake_timeout": self.conf.handshake_timeout_seconds}
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.layout.ensure_shared_tables)
+        await self.control.load()
+        self.tail.version = await self.inbox.bootstrap()
+        self._stop = asyncio.Event()
+        self._tail_task = asyncio.create_task(
+            self.tail.run(self.settings.egress.poll_interval_ms / 1000, self._stop),
+            name="heya-inbox-tail")
+        await super().start()
+
+    async def close(self) -> None:
+        await super().close()
+        self._stop.set()
+        if self._tail_task is not None:
+            await self._tail_task
+            self._tail_task = None
+
+    async def _after_connections_closed(self) -> None:
+        # Stores under way are queued for commit; the node closes the appender after this.
+        await asyncio.gather(*self._stores, return_exceptions=True)
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _HeyaConnection(self, reader, writer).run()
+
+    def set_mailbox(self, owner: bytes, mailbox: bool, origin: "_HeyaConnection") -> None:
+        """INCO / DALL on one connection: the certificate's other connections follow."""
+        for session in self.inbox.sessions_of(owner):
+            if session is not origin:
+                session.core.set_mailbox(mailbox)
+
+
+class _HeyaConnection:
+    def __init__(self, server: HeyaServer, reader: asyncio.StreamReader,
+                 writer: asyncio.StreamWriter):
+        self.server = server
+        self.conf = server.conf
+        self.control = server.control
+        self.inbox = server.inbox
+        self.reader = reader
+        self.writer = writer
+        self.core = HeyaSession(max_body=self.conf.max_body)
+        self.owner = b""
+        self.loop = asyncio.get_running_loop()
+        self.stores: set[asyncio.Task] = set()
+        self._wake = asyncio.Event()       # output to write
+        self._drained = asyncio.Event()    # the writer caught up
+        self._progress = asyncio.Event()   # a store finished
+        self._aborted = False
+        self._handlers = {
+            Inco: self._inco, Auth: self._auth, Deau: self._deau, Extd: self._extd,
+            ListTokens: self._list, Send: self._send, Want: self._want, Trim: self._trim,
+            Iosa: self._iosa, Iosd: self._iosd, Iosl: self._iosl, Dall: self._dall,
+        }
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    async def run(self) -> None:
+        ssl_object = self.writer.get_extra_info("ssl_object")
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        if not der:   # CERT_REQUIRED makes this unreachable; never serve without identity
+            self.writer.transport.abort()
+            return
+        self.owner = tls.cert_digest(der)
+        mailbox = self.control.is_mailbox(self.owner)
+        last = ([(t.token, self.inbox.next_seq(t.token))
+                 for t in self.control.tokens_of(self.owner)] if mailbox else [])
+        # Registered and greeted with no await in between: no HAVE can fall in the gap.
+        self.inbox.register(self.owner, self)
+        self.core.greet(last, mailbox)
+        writer_task = asyncio.create_task(self._write_loop(), name="heya-write")
+        self._wake.set()
+        try:
+            await self._read_loop()
+        finally:
+            try:
+                if self.stores and not self.core.closed:
+                    # RECVs owed for SENDs being stored still go out (QUIT/EOF drain).
+                    await asyncio.gather(*self.stores, return_exceptions=True)
+                if not self.core.closed:
+                    self.core.close()
+                self._wake.set()
+                await writer_task
+            finally:
+                self.inbox.unregister(self.owner, self)
+                if not writer_task.done():
+                    writer_task.cancel()
+                await self._close_transport()
+
+    def notify_have(self, token: bytes, next_seq: int) -> None:
+        if self.core.have(token, next_seq):
+            self._wake.set()
+
+    async def _close_transport(self) -> None:
+        if self._aborted:
+            return
+        if not self.writer.transport.is_closing():
+            self.writer.close()
+        try:
+            await asyncio.wait_for(self.writer.wait_closed(), self.conf.write_timeout_seconds)
+        except (asyncio.TimeoutError, TimeoutError, ConnectionError, OSError, ssl.SSLError):
+            self._abort()
+
+    def _abort(self) -> None:
+        self._aborted = True
+        self.core.close()
+        self.writer.transport.abort()
+        self._drained.set()
+        self._progress.set()
+
+    # --- reading -------------------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        conf = self.conf
+        idle_since = self.loop.time()
+        started = idle_since
+        while self.core.phase is Phase.READY:
+            await self._room()
+            if self.core.phase is not Phase.READY:
+                return
+            if self.core.partial:
+                deadline = (started + conf.command_timeout_seconds
+                            + self.core.body_length / conf.min_body_bytes_per_second)
+                what = "command"
+            else:
+                deadline = idle_since + conf.idle_timeout_seconds
+                what = "idle"
+            try:
+                data = await asyncio.wait_for(self.reader.read(READ_SIZE),
+                                              max(0.0, deadline - self.loop.time()))
+            except (asyncio.TimeoutError, TimeoutError):
+                log.info("heya connection timed out", extra={"event": "heya_timeout",
+                                                             "waiting_for": what})
+                self.server.rejected[f"{what}_timeout"] += 1
+                self.core.close()
+                return
+            except (ConnectionError, OSError, ssl.SSLError):
+                self.core.close()
+                return
+            arrived = self.loop.time()
+            was_partial, before = self.core.partial, self.core.commands_completed
+            if data:
+                self.core.receive_data(data)
+            else:
+                self.core.receive_eof()
+            if self.core.partial and (not was_partial or self.core.commands_completed != before):
+                started = arrived   # a new command began in this read
+            await self._handle_events()
+            self._wake.set()
+            if not self.core.partial:
+                idle_since = self.loop.time()
+
+    async def _room(self) -> None:
+        """Wait while this connection owes `max_in_flight` replies or has more than
+        `OUTPUT_HIGH_WATER` bytes unwritten: a client that pipelines faster than it reads
+        (WANT after WANT) is held at its own socket, in bounded memory."""
+        while not (self._aborted or self.core.closed):
+            if self.core.outstanding >= self.conf.max_in_flight and self.stores:
+                self._progress.clear()
+                await self._progress.wait()
+            elif (self.core.buffered_output + self.writer.transport.get_write_buffer_size()
+                  > OUTPUT_HIGH_WATER):
+                self._drained.clear()
+                self._wake.set()
+                await self._drained.wait()
+            else:
+                return
+
+    async def _handle_events(self) -> None:
+        for ev in self.core.events_received():
+            if isinstance(ev, CommandReceived):
+                await self._room()
+                if self.core.is_live(ev.request_id):
+                    await self._handlers[type(ev.command)](ev.request_id, ev.command)
+                    self._wake.set()
+            elif isinstance(ev, ConnectionClosed):
+                if ev.reason.value not in ("eof", "quit", "local", "refused"):
+                    self.server.rejected[ev.reason.value] += 1
+                log.debug("heya connection closing", extra={"event": "heya_closed",
+                                                            "reason": ev.reason.value})
+
+    def _refuse(self, request_id: int, reason: str) -> None:
+        log.info("heya command refused", extra={"event": "heya_refused", "reason": reason})
+        self.server.rejected[reason] += 1
+        self.core.refuse(request_id)
+
+    # --- writing -------------------------------------------------------------------------------
+    async def _write_loop(self) -> None:
+        """The only writer of this connection: whole replies and HAVEs in core order."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            data = self.core.data_to_send()
+            if data and not self._aborted:
+                self.writer.write(data)
+            if not self._aborted and (data or self.writer.transport.get_write_buffer_size()):
+                try:
+                    await asyncio.wait_for(self.writer.drain(), self.conf.write_timeout_seconds)
+                except (asyncio.TimeoutError, TimeoutError):
+                    log.info("heya client not reading; closing", extra={
+                        "event": "heya_write_timeout"})
+                    self.server.rejected["write_timeout"] += 1
+                    self._abort()
+                    return
+                except (ConnectionError, OSError, ssl.SSLError):
+                    self._abort()
+                    return
+            self._drained.set()
+            if self.core.closed or self._aborted:
+                if not self._aborted and not self.writer.transport.is_closing():
+                    self.writer.close()   # close_notify; wakes a read still waiting
+                return
+
+    # --- commands ------------------------------------------------------------------------------
+    def _mailbox(self) -> bool:
+        """The control plane is authoritative (another connection may have run DALL)."""
+        return self.control.is_mailbox(self.owner)
+
+    async def _inco(self, rid: int, cmd: Inco) -> None:
+        if not await self.control.inco(self.owner, cmd.token):
+            self._refuse(rid, "inbox_token")   # README "INCO": unknown -> close
+            return
+        self.server.set_mailbox(self.owner, True, self)
+        self.core.reply(rid, frames.inco(cmd.token))
+
+    async def _auth(self, rid: int, cmd: Auth) -> None:
+        # interop §5.1: the public server accepts end < start and ends in the past.
+        if not self._mailbox() or cmd.start > cmd.end or cmd.end < int(self.server.clock()):
+            self._refuse(rid, "auth")
+            return
+        tok = await self.control.auth(self.owner, cmd.start, cmd.end)
+        self.core.reply(rid, frames.auth(tok.token, cmd.start, cmd.end))
+
+    async def _deau(self, rid: int, cmd: Deau) -> None:
+        if not await self.control.deau(self.owner, cmd.token):
+            self._refuse(rid, "send_token")   # interop §5.12: not yours / already revoked
+            return
+        self.inbox.forget(cmd.token)
+        self.core.reply(rid, frames.deau(cmd.token))
+
+    async def _extd(self, rid: int, cmd: Extd) -> None:
+        end = await self.control.extd(self.owner, cmd.token, cmd.seconds, MAX_UINT)
+        if end is None:
+            self._refuse(rid, "send_token")
+            return
+        self.core.reply(rid, frames.extd(cmd.token, end))
+
+    async def _list(self, rid: int, cmd: ListTokens) -> None:
+        entries = [(t.token, self.inbox.next_seq(t.token), t.start, t.end)
+                   for t in self.control.tokens_of(self.owner)]
+        self.core.reply(rid, frames.list_tokens(entries))
+
+    async def _send(self, rid: int, cmd: Send) -> None:
+        tok = self.control.send_token(cmd.token)
+        if tok is None or not tok.valid_at(self.server.clock()):
+            self._refuse(rid, "send_token")   # README "SEND": error -> close
+            return
+        while len(self.stores) >= self.conf.max_in_flight:
+            await asyncio.wait(self.stores, return_when=asyncio.FIRST_COMPLETED)
+        held = await self.server.budget.acquire(len(cmd.body))
+        task = asyncio.create_task(self._store(rid, cmd, held))
+        for tasks in (self.stores, self.server._stores):
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+    async def _store(self, rid: int, cmd: Send, held: int) -> None:
+        row = landing_row(cmd.token, cmd.digest, cmd.body, datetime.now(timezone.utc),
+                          self.conf.ttl_seconds)
+        try:
+            await self.server.appender.append(row)
+        except Exception as exc:
+            # No RECV: the client's retry is the only way the message can still arrive.
+            log.error("heya store failed; closing", extra={"event": "heya_store_failed",
+                                                          "size": len(cmd.body),
+                                                          "error": type(exc).__name__})
+            self._refuse(rid, "store_failed")
+        else:
+            self.server.accepted += 1
+            self.core.reply(rid, frames.recv(cmd.digest))
+        finally:
+            await self.server.budget.release(held)
+            self._progress.set()
+            self._wake.set()
+
+    async def _want(self, rid: int, cmd: Want) -> None:
+        # Only the token's owner reads its messages; anyone else hears GONE (interop §3 WANT).
+        body = None
+        if self.control.owner_of(cmd.token) == self.owner:
+            body = await self.inbox.body(cmd.token, cmd.seq)
+        self.core.reply(rid, frames.gone(cmd.token, cmd.seq) if body is None
+                        else frames.give(cmd.token, cmd.seq, body))
+
+    async def _trim(self, rid: int, cmd: Trim) -> None:
+        # interop §5.2: scoped to its token (the public server trims every token). Only
+        # messages that exist are trimmed, so a TRIM ahead of the stream never eats later ones.
+        if self.control.owner_of(cmd.token) != self.owner:
+            self._refuse(rid, "send_token")
+            return
+        before = self.control.trimmed(cmd.token)
+        up_to = min(cmd.seq, self.inbox.next_seq(cmd.token) - 1)
+        count = max(0, up_to - before)
+        if count and not await self.control.trim(self.owner, cmd.token, up_to):
+            self._refuse(rid, "send_token")
+            return
+        self.inbox.trim(cmd.token, up_to)
+        self.core.reply(rid, frames.trim(cmd.token, cmd.seq, count))
+
+    async def _iosa(self, rid: int, cmd: Iosa) -> None:
+        if not self._mailbox():
+            self._refuse(rid, "not_a_mailbox")   # README "IOSA ... non-mailbox will close"
+            return
+        await self.control.iosa(self.owner, cmd.device_token)
+        self.core.reply(rid, frames.iosa(cmd.device_token))
+
+    async def _iosd(self, rid: int, cmd: Iosd) -> None:
+        if not await self.control.iosd(self.owner, cmd.device_token):
+            self._refuse(rid, "push_token")   # interop §5.12: unknown push token
+            return
+        self.core.reply(rid, frames.iosd(cmd.device_token))
+
+    async def _iosl(self, rid: int, cmd: Iosl) -> None:
+        self.core.reply(rid, frames.iosl(self.control.push_tokens(self.owner)))
+
+    async def _dall(self, rid: int, cmd: Dall) -> None:
+        tokens = await self.control.dall(self.owner)
+        if tokens is None:
+            self._refuse(rid, "not_a_mailbox")   # interop §3 DALL: requires a mailbox
+            return
+        for token in tokens:
+            self.inbox.forget(token)
+        self.server.set_mailbox(self.owner, False, self)
+        self.core.reply(rid, frames.dall())

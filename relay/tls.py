@@ -1,0 +1,174 @@
+"""TLS for the Heya listener: the server certificate, and a context that demands a client
+certificate from everyone but accepts any (self-signed, expired, unknown issuer).
+
+* Server certificate: `heya.cert_file` / `heya.key_file` if configured; otherwise
+  `<data>/keys/heya_server.crt` and `.key`, created on first start (ECDSA P-256, self-signed,
+  10 years), the key with mode 0600. Created once, exclusively, never rewritten: clients that
+  pin it keep working across restarts. `relay keys` prints its SHA-256.
+* Client certificates: the public server uses Go's `RequireAnyClientCert` (interop §1): a
+  certificate is mandatory, it is not verified, TLS only proves the client holds its key.
+  Python's `ssl` has no switch for that (CERT_REQUIRED verifies against a CA store and aborts
+  on a self-signed certificate), so `_accept_any_client_certificate` sets OpenSSL's verify
+  callback on the context's SSL_CTX through ctypes, to one that accepts every chain. CPython
+  keeps an existing callback when it sets the verify mode (`_ssl.c` `_set_verify_mode`), and a
+  self-check refuses to start if the pointer does not look like the context's SSL_CTX.
+  OpenSSL still checks the client's CertificateVerify signature, so the key is proven.
+* TLS 1.3 only, as the public server (interop §1: a TLS 1.2 client gets `protocol_version`).
+
+The mailbox identity is SHA-256 of the client certificate's DER (interop §1), see
+`cert_digest`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import secrets
+import ssl
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+log = logging.getLogger("relay.tls")
+
+CERT_FILE = "heya_server.crt"
+KEY_FILE = "heya_server.key"
+CERT_YEARS = 10
+
+_SSL_VERIFY_PEER = 0x01
+_SSL_VERIFY_FAIL_IF_NO_PEER_CERT = 0x02
+_VERIFY_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+
+
+@_VERIFY_CB
+def _accept_chain(preverify_ok: int, store_ctx: int) -> int:   # noqa: ARG001
+    return 1
+
+
+def cert_digest(der: bytes) -> bytes:
+    """The Heya mailbox identity: SHA-256 of the whole DER certificate, so a renewed
+    certificate (even for the same key) is a different mailbox (interop §1, §5.13)."""
+    return hashlib.sha256(der).digest()
+
+
+def server_cert_paths(data_dir: str | os.PathLike, cert_file: str = "",
+                      key_file: str = "") -> tuple[Path, Path]:
+    keys = Path(data_dir).resolve() / "keys"
+    return (Path(cert_file) if cert_file else keys / CERT_FILE,
+            Path(key_file) if key_file else keys / KEY_FILE)
+
+
+def load_or_create_server_cert(data_dir: str | os.PathLike, cert_file: str = "",
+                               key_file: str = "") -> tuple[Path, Path]:
+    """Paths of the server certificate and key; created under `<data>/keys/` on first start
+    when none is configured. A configured pair that does not exist is an error, not created."""
+    cert, key = server_cert_paths(data_dir, cert_file, key_file)
+    if cert_file or key_file:
+        if not (cert.exists() and key.exists()):
+            raise FileNotFoundError("heya.cert_file / heya.key_file: both must exist")
+        return cert, key
+    if not cert.exists():
+        _create(cert, key)
+        # Lost a creation race: the winner links its certificate right after its key. A key
+        # whose certificate never follows is what a crash between the two links leaves.
+        deadline = time.monotonic() + 5
+        while not cert.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not cert.exists():
+            log.warning("heya server key without certificate; creating a new pair",
+                        extra={"event": "heya_cert_recreated"})
+            key.unlink(missing_ok=True)
+            _create(cert, key)
+    return cert, key
+
+
+def server_cert_der(cert: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(cert.read_text())
+
+
+def _create(cert: Path, key: Path) -> None:
+    """Key first (exclusive, 0600), then the certificate linked into place: a process that
+    loses the race loads the winner's pair, and nobody reads a half-written file."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    cert.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "spark-relay heya")])
+    now = datetime.now(timezone.utc)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                   .public_key(private.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - timedelta(hours=1))
+                   .not_valid_after(now + timedelta(days=365 * CERT_YEARS))
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), True)
+                   .sign(private, hashes.SHA256()))
+    key_pem = private.private_bytes(serialization.Encoding.PEM,
+                                    serialization.PrivateFormat.PKCS8,
+                                    serialization.NoEncryption())
+    cert_pem = certificate.public_bytes(serialization.Encoding.PEM)
+    suffix = f".{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp_key, tmp_cert = key.with_name(key.name + suffix), cert.with_name(cert.name + suffix)
+    try:
+        for path, data, mode in ((tmp_key, key_pem, 0o600), (tmp_cert, cert_pem, 0o644)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        try:
+            os.link(tmp_key, key)
+        except FileExistsError:
+            return   # another process is creating the pair; its certificate follows
+        os.link(tmp_cert, cert)
+        dir_fd = os.open(cert.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        log.info("created heya server certificate", extra={"event": "heya_cert_created",
+                                                           "path": str(cert)})
+    finally:
+        tmp_key.unlink(missing_ok=True)
+        tmp_cert.unlink(missing_ok=True)
+
+
+def server_context(cert: Path, key: Path) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    ctx.load_cert_chain(str(cert), str(key))
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    _accept_any_client_certificate(ctx)
+    return ctx
+
+
+def _libssl() -> ctypes.CDLL:
+    import _ssl
+    lib = ctypes.CDLL(_ssl.__file__)   # resolves libssl's symbols through _ssl's own link
+    lib.SSL_CTX_set_verify.argtypes = [ctypes.c_void_p, ctypes.c_int, _VERIFY_CB]
+    lib.SSL_CTX_set_verify.restype = None
+    lib.SSL_CTX_get_verify_mode.argtypes = [ctypes.c_void_p]
+    lib.SSL_CTX_get_verify_mode.restype = ctypes.c_int
+    lib.SSL_CTX_get_verify_callback.argtypes = [ctypes.c_void_p]
+    lib.SSL_CTX_get_verify_callback.restype = ctypes.c_void_p
+    return lib
+
+
+def _accept_any_client_certificate(ctx: ssl.SSLContext) -> None:
+    """RequireAnyClientCert for Python's ssl (see the module docstring)."""
+    lib = _libssl()
+    # PySSLContext is `PyObject_HEAD; SSL_CTX *ctx; ...` (Modules/_ssl.c): the pointer
+    # follows the object header.
+    header = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
+    ssl_ctx = ctypes.c_void_p.from_address(id(ctx) + header).value
+    mode = _SSL_VERIFY_PEER | _SSL_VERIFY_FAIL_IF_NO_PEER_CERT
+    if not ssl_ctx or lib.SSL_CTX_get_verify_mode(ssl_ctx) != mode:
+        raise RuntimeError("cannot reach the SSL_CTX of this Python's ssl module; the Heya "
+                           "listener cannot accept self-signed client certificates")
+    lib.SSL_CTX_set_verify(ssl_ctx, mode, _accept_chain)
+    if lib.SSL_CTX_get_verify_callback(ssl_ctx) != ctypes.cast(_accept_chain,
+                                                                ctypes.c_void_p).value:
+        raise RuntimeError("setting the client certificate verify callback failed")
