@@ -1,0 +1,99 @@
+"""How far the inbox stream is behind the landing tables, from the files alone.
+
+Landing lag = the landing commits that exist but the stream has not committed yet: per table,
+its newest version minus the last version the stream committed. That comes from the stream's
+Spark checkpoint (the end offsets of its newest committed batch: `offsets/<N>` once
+`commits/<N>` exists), or from `<data>/state/landing_consumed.json` if that is further on.
+The JSON file alone would overstate the lag: Spark tells a source that batch N is committed
+only when it plans batch N+1, so at idle the last batch is never recorded there.
+
+In seconds it is the age of the oldest such commit (its `commitInfo.timestamp`), i.e. how long
+the longest-waiting acked envelope has not been in the inbox. Read by the stream's metrics,
+`relay status` and the operations notebook; needs no Spark and no open Delta handle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .layout import Layout
+
+
+@dataclass
+class LandingLag:
+    versions: int = 0          # landing commits not yet in the inbox, all tables together
+    seconds: float = 0.0       # age of the oldest of them (0 when caught up)
+    tables: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (latest, consumed)
+
+
+def latest_version(table_path: Path) -> int:
+    """Newest committed version from the names in `_delta_log`; -1 if the table vanished."""
+    try:
+        names = os.listdir(table_path / "_delta_log")
+    except FileNotFoundError:
+        return -1
+    best = -1
+    for n in names:
+        if n.endswith(".json") and n[:20].isdigit() and len(n) == 25:
+            best = max(best, int(n[:20]))
+    return best
+
+
+def commit_time(table_path: Path, version: int) -> float | None:
+    """Unix seconds of a commit, from its commitInfo (the file's mtime if it has none)."""
+    log_file = table_path / "_delta_log" / f"{version:020d}.json"
+    try:
+        with open(log_file) as fh:
+            for line in fh:
+                info = json.loads(line).get("commitInfo")
+                if info and "timestamp" in info:
+                    return info["timestamp"] / 1000.0
+        return log_file.stat().st_mtime
+    except FileNotFoundError:
+        return None   # cleaned up or dropped meanwhile
+
+
+def checkpoint_offsets(checkpoint: Path) -> dict[str, int]:
+    """End offsets `{"<node>/g<N>": version}` of the newest batch the stream committed."""
+    try:
+        done = [int(n) for n in os.listdir(Path(checkpoint) / "commits") if n.isdigit()]
+    except FileNotFoundError:
+        return {}
+    for batch in sorted(done, reverse=True):
+        try:
+            lines = (Path(checkpoint) / "offsets" / str(batch)).read_text().splitlines()
+            return {k: int(v) for k, v in json.loads(lines[-1]).get("v", {}).items()}
+        except (FileNotFoundError, ValueError, IndexError, AttributeError):
+            continue   # being written or purged: an older batch still tells where we are
+    return {}
+
+
+def landing_lag(layout: Layout, checkpoint: Path | None = None,
+                now: float | None = None) -> LandingLag:
+    """`checkpoint`: the stream's (default `<data>/checkpoints/inbox_stream`)."""
+    now = time.time() if now is None else now
+    consumed = layout.read_landing_consumed()
+    ckpt = checkpoint_offsets(checkpoint or layout.root / "checkpoints" / "inbox_stream")
+    for key, version in ckpt.items():
+        consumed[key] = max(version, consumed.get(key, -1))
+    lag = LandingLag()
+    oldest: float | None = None
+    for key, path in layout.landing_tables().items():
+        latest = latest_version(path)
+        if latest < 0:
+            continue
+        # version 0 is the table's creation (layout.ensure_table), never data: a generation
+        # the stream has not seen yet lags by its commits after that
+        done = consumed.get(key, 0)
+        lag.tables[key] = (latest, done)
+        if latest > done:
+            lag.versions += latest - done
+            t = commit_time(path, done + 1)
+            if t is not None and (oldest is None or t < oldest):
+                oldest = t
+    lag.seconds = max(0.0, now - oldest) if oldest is not None else 0.0
+    return lag

@@ -1,0 +1,230 @@
+"""`relay status`: the relay at a glance, from its tables and its running processes.
+
+From the tables (DataFusion through delta-rs; no Spark, no running relay needed):
+  per protocol: inbox rows, pending (an envelope, not expired, not acked), the oldest pending
+  envelope's age, acks, rejects by reason; landing lag in commits and seconds; bytes on disk.
+From each role's /metrics (`[metrics]` ports), when it answers: what that process counted
+since it started. A role that does not answer is shown as `down` (or `off` with port 0).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+
+import pyarrow as pa
+from deltalake import DeltaTable, QueryBuilder
+
+from delta_tables.landing_lag import landing_lag
+from delta_tables.layout import Layout
+from delta_tables.schema import C
+
+from . import metrics
+from .config import Settings
+
+
+@dataclass
+class ProtocolStatus:
+    inbox_rows: int = 0
+    pending: int = 0
+    oldest_pending_s: float | None = None
+    acks: int = 0
+    rejects: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class RoleStatus:
+    role: str
+    endpoint: str
+    state: str                    # up | down | off | other (another relay's process answers)
+    numbers: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Status:
+    data_dir: str
+    at: str
+    tables_bytes: int
+    protocols: dict[str, ProtocolStatus]
+    landing_lag_versions: int
+    landing_lag_seconds: float
+    landing_tables: int
+    roles: list[RoleStatus]
+
+
+def _sql(tables: dict[str, DeltaTable], sql: str) -> list[dict]:
+    qb = QueryBuilder()
+    for name, dt in tables.items():
+        qb.register(name, dt)
+    return pa.table(qb.execute(sql).read_all()).to_pylist()
+
+
+def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
+    layout.ensure_shared_tables()
+    inbox, acks = DeltaTable(str(layout.inbox)), DeltaTable(str(layout.acks))
+    rejects = DeltaTable(str(layout.rejects))
+    now_lit = f"arrow_cast('{now.isoformat()}', 'Timestamp(Microsecond, Some(\"UTC\"))')"
+    out: dict[str, ProtocolStatus] = {}
+
+    def get(p: str) -> ProtocolStatus:
+        return out.setdefault(p, ProtocolStatus())
+
+    for r in _sql({"inbox": inbox}, f"SELECT {C.PROTOCOL} AS p, count(*) AS n FROM inbox "
+                                    f"GROUP BY {C.PROTOCOL}"):
+        get(r["p"]).inbox_rows = r["n"]
+    for r in _sql({"inbox": inbox, "acks": acks}, f"""
+            SELECT i.{C.PROTOCOL} AS p, count(*) AS n, min(i.{C.RECEIVED_AT}) AS oldest
+            FROM inbox i LEFT JOIN acks a
+              ON a.{C.SEQ} = i.{C.SEQ} AND a.{C.PROTOCOL} = i.{C.PROTOCOL}
+             AND a.{C.MAILBOX} = i.{C.MAILBOX}
+            WHERE i.{C.ENVELOPE} IS NOT NULL AND i.{C.EXPIRES_AT} > {now_lit}
+              AND a.{C.SEQ} IS NULL
+            GROUP BY i.{C.PROTOCOL}"""):
+        s = get(r["p"])
+        s.pending = r["n"]
+        s.oldest_pending_s = (now - r["oldest"]).total_seconds() if r["oldest"] else None
+    for r in _sql({"acks": acks}, f"SELECT {C.PROTOCOL} AS p, count(*) AS n FROM acks "
+                                  f"GROUP BY {C.PROTOCOL}"):
+        get(r["p"]).acks = r["n"]
+    for r in _sql({"rejects": rejects}, f"SELECT {C.PROTOCOL} AS p, {C.REASON} AS r, "
+                                        f"count(*) AS n FROM rejects GROUP BY 1, 2"):
+        get(r["p"]).rejects[r["r"]] = r["n"]
+    return dict(sorted(out.items()))
+
+
+def _du(path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def role_status(settings: Settings, role: str, timeout: float = 1.0) -> RoleStatus:
+    port = settings.metrics.port(role)
+    endpoint = f"{settings.metrics.bind}:{port}"
+    if port <= 0:
+        return RoleStatus(role, "-", "off")
+    try:
+        s = metrics.scrape(f"http://{endpoint}/metrics", timeout)
+    except OSError:
+        return RoleStatus(role, endpoint, "down")
+    if metrics.total(s, "relay_process_info", role=role,
+                     data_dir=str(settings.data_path)) != 1:
+        return RoleStatus(role, endpoint, "other", {})   # another relay's process answers
+    n: dict[str, object] = {}
+    if role == "ingress":
+        n["accepted"] = metrics.by_label(s, "relay_ingress_accepted_total", "protocol")
+        n["rejected"] = metrics.by_label(s, "relay_ingress_rejected_total", "reason")
+        n["commit_p50_s"] = metrics.histogram_quantile(s, "relay_commit_latency_seconds", 0.5)
+        n["commit_p99_s"] = metrics.histogram_quantile(s, "relay_commit_latency_seconds", 0.99)
+    elif role == "egress":
+        n["delivered"] = metrics.by_label(s, "relay_egress_delivered_total", "protocol")
+        n["acked"] = metrics.by_label(s, "relay_egress_acked_total", "protocol")
+        n["pending"] = metrics.by_label(s, "relay_egress_pending", "protocol")
+        n["inbox_lag_versions"] = metrics.total(s, "relay_egress_inbox_lag_versions")
+    elif role == "stream":
+        n["batches"] = metrics.total(s, "relay_stream_batches_total")
+        n["rows"] = metrics.total(s, "relay_stream_rows_total")
+        n["accepted"] = metrics.by_label(s, "relay_stream_accepted_total", "protocol")
+        n["rejected"] = metrics.by_label(s, "relay_stream_rejected_total", "reason")
+        n["batch_p50_s"] = metrics.histogram_quantile(
+            s, "relay_stream_batch_duration_seconds", 0.5)
+        n["input_rows_per_s"] = metrics.total(s, "relay_stream_input_rows_per_second")
+        n["processed_rows_per_s"] = metrics.total(s, "relay_stream_processed_rows_per_second")
+    elif role == "compact":
+        n["runs"] = metrics.by_label(s, "relay_compaction_runs_total", "outcome")
+        n["removed"] = metrics.by_label(s, "relay_compaction_removed_total", "kind")
+        n["last_run_s"] = metrics.total(s, "relay_compaction_duration_seconds")
+    if role in ("ingress", "egress"):
+        n["sessions"] = metrics.total(s, "relay_sessions_open")
+    return RoleStatus(role, endpoint, "up", n)
+
+
+def collect(settings: Settings, now: datetime | None = None) -> Status:
+    now = now or datetime.now(timezone.utc)
+    layout = Layout(settings.data_dir)
+    lag = landing_lag(layout, settings.stream_checkpoint, now.timestamp())
+    return Status(
+        data_dir=str(layout.root), at=now.isoformat(timespec="seconds"),
+        tables_bytes=_du(layout.tables), protocols=table_status(layout, now),
+        landing_lag_versions=lag.versions, landing_lag_seconds=round(lag.seconds, 3),
+        landing_tables=len(lag.tables),
+        roles=[role_status(settings, r) for r in metrics.ROLES])
+
+
+# --- printing ---------------------------------------------------------------------------------
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _kv(d: dict) -> str:
+    return " ".join(f"{k}={v:g}" for k, v in sorted(d.items()) if v) or "0"
+
+
+def _ms(s: float | None) -> str:
+    return "-" if s is None or s == float("inf") else f"<={s * 1000:g}ms"
+
+
+def _role_line(r: RoleStatus) -> str:
+    n = r.numbers
+    if r.state != "up":
+        return f"  {r.role:<8} {r.endpoint:<16} {r.state}"
+    if r.role == "ingress":
+        detail = (f"accepted {_kv(n['accepted'])} | rejected {_kv(n['rejected'])} | "
+                  f"sessions {n['sessions']:g} | commit p50 {_ms(n['commit_p50_s'])} "
+                  f"p99 {_ms(n['commit_p99_s'])}")
+    elif r.role == "egress":
+        detail = (f"delivered {_kv(n['delivered'])} | acked {_kv(n['acked'])} | "
+                  f"pending {_kv(n['pending'])} | sessions {n['sessions']:g} | "
+                  f"inbox lag {n['inbox_lag_versions']:g} commits")
+    elif r.role == "stream":
+        detail = (f"batches {n['batches']:g} | rows {n['rows']:g} | accepted "
+                  f"{_kv(n['accepted'])} | rejected {_kv(n['rejected'])} | batch p50 "
+                  f"{_ms(n['batch_p50_s'])} | in {n['input_rows_per_s']:.0f}/s "
+                  f"processed {n['processed_rows_per_s']:.0f}/s")
+    else:
+        detail = (f"runs {_kv(n['runs'])} | removed {_kv(n['removed'])} | "
+                  f"last run {n['last_run_s']:.1f}s")
+    return f"  {r.role:<8} {r.endpoint:<16} up    {detail}"
+
+
+def format_status(st: Status) -> str:
+    lines = [f"relay status  {st.at}  {st.data_dir}  (tables {_bytes(st.tables_bytes)})", "",
+             "  protocol    inbox rows   pending  oldest pending     acks  rejects"]
+    for p, s in st.protocols.items():
+        lines.append(f"  {p:<10} {s.inbox_rows:>11} {s.pending:>9}  {_age(s.oldest_pending_s):>14} "
+                     f"{s.acks:>8}  {_kv(s.rejects)}")
+    if not st.protocols:
+        lines.append("  (no envelopes yet)")
+    lines += ["", f"  landing lag  {st.landing_lag_versions} commits, "
+                  f"{st.landing_lag_seconds:.1f} s  ({st.landing_tables} landing tables)", "",
+              "  role     metrics          state"]
+    lines += [_role_line(r) for r in st.roles]
+    return "\n".join(lines)
+
+
+def to_json(st: Status) -> str:
+    return json.dumps(asdict(st), default=str, indent=1)
