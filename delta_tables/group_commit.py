@@ -22,7 +22,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -114,10 +114,13 @@ class DeltaAppendTarget:
 
 class LandingTarget:
     """The landing table of one ingress node, rotated to a new generation every
-    `commits_per_generation` commits. A fresh generation keeps the log (and commit latency)
-    small, and lets compaction delete a fully consumed generation as one directory."""
+    `commits_per_generation` commits. delta-rs does work proportional to a table's file count
+    on every commit (one small file per group commit), so latency climbs with age: measured
+    here, p50 19 -> 68 ms over 4,000 commits in one table, 24 -> 42 ms with 1,000 commits per
+    generation, flat at 13-21 ms with 250. Rotation also lets compaction delete a fully
+    consumed generation as one directory."""
 
-    def __init__(self, layout: Layout, node: str, *, commits_per_generation: int = 5000,
+    def __init__(self, layout: Layout, node: str, *, commits_per_generation: int = 250,
                  refresh_every: int = 100, fsync: bool = True):
         self.layout = layout
         self.node = node
@@ -173,6 +176,9 @@ class GroupCommitAppender:
         self.rows_committed = 0
         self.commits = 0
         self.failures = 0
+        # Optional callback(CommitResult) after each commit that released its callers: the
+        # metrics endpoint's commit-latency histogram (relay/metrics.py).
+        self.on_commit: Callable[[CommitResult], None] | None = None
 
     async def start(self) -> None:
         if self._task is None:
@@ -227,6 +233,8 @@ class GroupCommitAppender:
                 self.commits += 1
                 self.rows_committed += len(rows)
                 self.commit_seconds.append(result.seconds)
+                if self.on_commit is not None:
+                    self.on_commit(result)
                 for f in futs:
                     if not f.done():
                         f.set_result(result)

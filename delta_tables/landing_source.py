@@ -15,7 +15,6 @@ disappears was dropped by compaction after the stream consumed it, and is skippe
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -27,6 +26,7 @@ from pyspark.sql.streaming.datasource import (
     ReadAllAvailable, ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow,
 )
 
+from .landing_lag import latest_version
 from .layout import Layout
 from .schema import C, LANDING, LANDING_SOURCE
 
@@ -48,20 +48,6 @@ class LandingPartition(InputPartition):
     def __init__(self, files: list[FileRef]):
         super().__init__(None)
         self.files = files
-
-
-def latest_version(table_path: Path) -> int:
-    """Newest committed version, from the names in `_delta_log` (cheaper than opening the
-    table on every trigger). -1 if the table vanished."""
-    try:
-        names = os.listdir(table_path / "_delta_log")
-    except FileNotFoundError:
-        return -1
-    best = -1
-    for n in names:
-        if n.endswith(".json") and n[:20].isdigit() and len(n) == 25:
-            best = max(best, int(n[:20]))
-    return best
 
 
 def version_adds(table_path: Path, version: int) -> list[str]:
@@ -94,6 +80,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.start_versions = options.get("startVersions", "")
         self._target: dict[str, int] | None = None
         self._adds_cache: dict[tuple[str, int], list[str]] = {}
+        self._sealed: dict[str, int] = {}   # generation -> its final version
 
     # -- offsets ----------------------------------------------------------------------------
     def initialOffset(self) -> dict:
@@ -103,8 +90,23 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"v": json.loads(self.start_versions) if self.start_versions else {}}
 
     def _latest(self) -> dict[str, int]:
-        return {key: v for key, path in self.layout.landing_tables().items()
-                if (v := latest_version(path)) >= 0}
+        tables = self.layout.landing_tables()
+        newest: dict[str, str] = {}
+        for key in tables:                      # keys sort by node, then generation
+            newest[key.split("/")[0]] = key
+        out = {}
+        for key, path in tables.items():
+            v = self._sealed.get(key)
+            if v is None:
+                v = latest_version(path)
+                if v >= 0 and newest[key.split("/")[0]] != key:
+                    # The node writes a newer generation: this one never changes again.
+                    self._sealed[key] = v
+            if v >= 0:
+                out[key] = v
+        for key in [k for k in self._sealed if k not in tables]:
+            del self._sealed[key]               # dropped by compaction
+        return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxFiles(self.max_files)
@@ -144,13 +146,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- planning and reading ----------------------------------------------------------------
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin = start.get("v", {})
-        files: list[FileRef] = []
-        for key, last in sorted(end.get("v", {}).items()):
-            table_path = self.layout.landing_root / key
-            if not (table_path / "_delta_log").exists():
-                continue  # dropped by compaction after it was consumed
-            for version in range(begin.get(key, -1) + 1, last + 1):
-                files.extend(FileRef(key, version, p) for p in self._adds(key, version))
+        files = batch_files(self.layout, start, end, self._adds)
         for k in [k for k in self._adds_cache if k[1] <= begin.get(k[0], -1)]:
             del self._adds_cache[k]
         if not files:
@@ -166,6 +162,21 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Compaction drops a sealed landing generation only once it is consumed (layout.py).
         if self.record_consumed:
             self.layout.write_landing_consumed(end.get("v", {}))
+
+
+def batch_files(layout: Layout, start: dict, end: dict, adds=None) -> list[FileRef]:
+    """The data files of the versions in (start, end] of every landing table, in table and
+    version order: what one micro-batch reads, wherever it is read."""
+    begin = start.get("v", {})
+    files: list[FileRef] = []
+    for key, last in sorted(end.get("v", {}).items()):
+        table_path = layout.landing_root / key
+        if not (table_path / "_delta_log").exists():
+            continue  # dropped by compaction after it was consumed
+        for version in range(begin.get(key, -1) + 1, last + 1):
+            paths = adds(key, version) if adds else version_adds(table_path, version)
+            files.extend(FileRef(key, version, p) for p in paths)
+    return files
 
 
 def read_files(files: list[FileRef]) -> Iterator[pa.RecordBatch]:

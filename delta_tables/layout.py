@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 from deltalake import DeltaTable, write_deltalake
 
 from .schema import ACKS, INBOX, LANDING, PADDING_AUDIT, REJECTS, TableDef
@@ -133,3 +134,13 @@ def empty(tdef: TableDef) -> pa.Table:
 
 def append(path: Path, table: pa.Table, **kwargs) -> None:
     write_deltalake(str(path), table, mode="append", **kwargs)
+
+
+def equals(column: str, value: str | bytes) -> ds.Expression:
+    """`column == value` as a filter of `DeltaTable.to_pyarrow_dataset()`. Files delta-rs
+    rewrites (compaction's OPTIMIZE and MERGE) store strings and binaries as string_view /
+    binary_view, appended files as string / binary, and pyarrow has no comparison kernel
+    across the two ("Function 'equal' has no kernel matching input types (string,
+    string_view)"): comparing the column cast to the plain type works on every file."""
+    plain = pa.string() if isinstance(value, str) else pa.binary()
+    return ds.field(column).cast(plain) == value

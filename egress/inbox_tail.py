@@ -21,7 +21,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
 from delta_tables.group_commit import GroupCommitAppender
-from delta_tables.landing_source import latest_version
+from delta_tables.landing_lag import latest_version
+from delta_tables.layout import equals
 from delta_tables.schema import C
 
 from .pending import MailboxHub, PendingEnvelope
@@ -43,22 +44,27 @@ def _envelopes(t: pa.Table) -> dict[tuple[str, bytes], list[PendingEnvelope]]:
 
 class InboxTail:
     def __init__(self, inbox_path: Path, acks_path: Path, hub: MailboxHub,
-                 protocols: set[str] | None = None):
+                 protocols: set[str] | None = None, exclude: set[str] | None = None):
+        """`protocols`: only these (None: all); `exclude`: never these."""
         self.inbox_path = Path(inbox_path)
         self.acks_path = Path(acks_path)
         self.hub = hub
         self.protocols = protocols
+        self.exclude = exclude
         self.version = -1
         self.lag_versions = 0
 
     def _wanted(self, t: pa.Table) -> pa.Table:
-        if self.protocols is None:
-            return t
-        return t.filter(pc.is_in(t.column(C.PROTOCOL), pa.array(sorted(self.protocols))))
+        if self.protocols is not None:
+            t = t.filter(pc.is_in(t.column(C.PROTOCOL), pa.array(sorted(self.protocols))))
+        if self.exclude:
+            t = t.filter(pc.invert(pc.is_in(t.column(C.PROTOCOL),
+                                            pa.array(sorted(self.exclude)))))
+        return t
 
     def _acked_seqs(self, mailbox: bytes | None = None) -> pa.Array:
         dset = DeltaTable(str(self.acks_path)).to_pyarrow_dataset()
-        flt = (ds.field(C.MAILBOX) == mailbox) if mailbox is not None else None
+        flt = equals(C.MAILBOX, mailbox) if mailbox is not None else None
         return dset.to_table(columns=[C.SEQ], filter=flt).column(C.SEQ).combine_chunks()
 
     def _bootstrap_read(self) -> tuple[int, pa.Table]:
@@ -136,8 +142,8 @@ class InboxTail:
     # -- the hub's loader: page in an overflowing mailbox -------------------------------------
     def _load(self, protocol: str, mailbox: bytes, after: int, limit: int) -> list[PendingEnvelope]:
         dset = DeltaTable(str(self.inbox_path)).to_pyarrow_dataset()
-        t = dset.to_table(columns=_COLS, filter=(ds.field(C.MAILBOX) == mailbox)
-                          & (ds.field(C.PROTOCOL) == protocol) & (ds.field(C.CURSOR) > after)
+        t = dset.to_table(columns=_COLS, filter=equals(C.MAILBOX, mailbox)
+                          & equals(C.PROTOCOL, protocol) & (ds.field(C.CURSOR) > after)
                           & ds.field(C.ENVELOPE).is_valid())
         acked = self._acked_seqs(mailbox)
         if len(acked):

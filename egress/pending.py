@@ -4,9 +4,10 @@ Fed by the inbox tail (`add`), drained by protocol shells through `DeliverySessi
 
 * An envelope is claimed by exactly one live session at a time, and a session never gets the
   same seq twice. When several sessions for one mailbox are open (a reconnect overlapping the
-  old connection), the newest one takes what is unclaimed and what arrives; an older session
-  keeps what it already holds until it acks or closes. So one session wins each flush and a
-  half-dead connection cannot keep new envelopes from the live one.
+  old connection), the newest one delivers; an older session keeps what it already holds until
+  it acks or closes, and the newest delivers nothing past such an envelope meanwhile, so each
+  session sees its mailbox in FIFO order and one session wins each flush. The older session is
+  marked `superseded` so its shell can probe it at once instead of waiting for the idle timer.
 * `ack` is scoped to the session's own mailbox; it returns only after the ack row is durable
   in the `acks` table (the compaction job then deletes the envelope).
 * Memory is bounded: at most `max_pending` envelopes per mailbox are held; beyond that the
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Awaitable, Callable, Iterable
@@ -65,8 +67,17 @@ class MailboxHub:
         self.clock = clock
         self._boxes: dict[MailboxKey, _Box] = {}
         self._ids = itertools.count(1)
-        self.delivered = 0
-        self.acked = 0
+        # Per protocol, read by the metrics endpoint (relay/metrics.py) from another thread.
+        self.delivered_by: Counter[str] = Counter()
+        self.acked_by: Counter[str] = Counter()
+
+    @property
+    def delivered(self) -> int:
+        return sum(self.delivered_by.values())
+
+    @property
+    def acked(self) -> int:
+        return sum(self.acked_by.values())
 
     # -- feeding -----------------------------------------------------------------------------
     def add(self, protocol: str, mailbox: bytes, envelopes: Iterable[PendingEnvelope]) -> None:
@@ -95,11 +106,23 @@ class MailboxHub:
         return sum(len(b.sessions) for k, b in self._boxes.items()
                    if protocol is None or k[0] == protocol)
 
+    def pending_by_protocol(self) -> dict[str, int]:
+        """Envelopes held per protocol. Safe from another thread: the mailbox dict is copied
+        in one step (atomic under the GIL) before it is walked."""
+        out: Counter[str] = Counter()
+        for (protocol, _), box in list(self._boxes.items()):
+            out[protocol] += len(box.pending)
+        return dict(out)
+
     # -- sessions ----------------------------------------------------------------------------
     def open_session(self, protocol: str, mailbox: bytes,
                      device: bytes | None = None) -> "DeliverySession":
         box = self._boxes.setdefault((protocol, mailbox), _Box())
         session = DeliverySession(self, box, protocol, mailbox, device, next(self._ids))
+        for older in box.sessions:
+            # A reconnect usually means the older connection is dead: its shell probes it now
+            # rather than after the idle timer, since its claims hold back the new session.
+            older.superseded.set()
         box.sessions.append(session)
         self._wake(box)
         return session
@@ -160,7 +183,13 @@ class DeliverySession:
         self.sid = sid
         self._sent: set[int] = set()
         self._event = asyncio.Event()
+        self.superseded = asyncio.Event()   # a newer session for this mailbox opened
         self.closed = False
+
+    @property
+    def holds_claims(self) -> bool:
+        """Delivered to this session and not acked yet."""
+        return any(o is self for o in self._box.owner.values())
 
     def __repr__(self) -> str:
         return f"DeliverySession(sid={self.sid}, protocol={self.protocol})"
@@ -174,6 +203,10 @@ class DeliverySession:
         for seq, env in box.pending.items():
             if env.expires_at is not None and env.expires_at <= now:
                 expired.append(seq)
+            elif box.owner.get(seq, self) is not self:
+                # An older session holds this one: deliver nothing after it until that session
+                # acks or closes, so this session still sees the mailbox in FIFO order.
+                break
             elif seq not in box.owner and seq not in self._sent:
                 out.append(env)
         for seq in expired:  # past TTL: never delivered; compaction removes the row
@@ -193,7 +226,7 @@ class DeliverySession:
                 for env in envs:
                     self._box.owner[env.seq] = self
                     self._sent.add(env.seq)
-                self.hub.delivered += len(envs)
+                self.hub.delivered_by[self.protocol] += len(envs)
                 return envs
             await self._event.wait()
 
@@ -204,7 +237,7 @@ class DeliverySession:
             return False  # not this mailbox's, already acked, or unknown
         await self.hub.ack_sink(self.protocol, self.mailbox, env, self.device)
         if box.pending.pop(seq, None) is not None:
-            self.hub.acked += 1
+            self.hub.acked_by[self.protocol] += 1
         box.owner.pop(seq, None)
         if box.overflow_after is not None:
             self._event.set()

@@ -8,7 +8,7 @@ import logging
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS
-from relay import keys
+from relay import keys, metrics
 from relay.config import Settings
 from relay.listener import serve_until
 
@@ -29,7 +29,9 @@ class EgressNode:
             DeltaAppendTarget(self.layout.acks, ACKS, fsync=fsync),
             max_rows=conf.ack_max_rows_per_commit)
         self.hub = MailboxHub(AckWriter(self.acks), max_pending=conf.max_pending_per_mailbox)
-        self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.hub)
+        # Heya is not delivered from here: its receivers WANT by seq from the ingress node
+        # that hosts the Heya listener (ingress/heya_inbox.py).
+        self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.hub, exclude={"heya"})
         self.hub.loader = self.tail.load
         self.key = keys.load_or_create(settings.data_dir)
         self.trueseal = ReceiveServer(settings, self.hub, self.key)
@@ -56,6 +58,10 @@ class EgressNode:
 
 async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:
     node = EgressNode(settings)
-    await serve_until(node, stop, ready)
+    exporter = metrics.serve_role(settings, "egress", metrics.egress_registry(node))
+    try:
+        await serve_until(node, stop, metrics.announce(ready, exporter, settings.metrics.bind))
+    finally:
+        metrics.stop(exporter)
     log.info("egress stopped", extra={"event": "egress_stopped",
                                       "delivered": node.hub.delivered, "acked": node.hub.acked})

@@ -48,6 +48,7 @@ class Hub(Protocol):   # egress.pending.MailboxHub
 
 class ReceiveServer(Listener):
     name = "trueseal_receive"
+    protocol = PROTOCOL
 
     def __init__(self, settings: Settings, hub: Hub, key: RelayKey, *,
                  host: str | None = None, port: int | None = None):
@@ -187,18 +188,38 @@ class _ReceiveConnection:
     async def _heartbeat_loop(self) -> None:
         idle, timeout = self.conf.heartbeat_idle_seconds, self.conf.heartbeat_timeout_seconds
         while self.core.state is State.OPEN:
-            wait = self.last_rx + idle - self.loop.time()
+            probe = self._superseded_with_claims()
+            wait = 0 if probe else self.last_rx + idle - self.loop.time()
             if wait > 0:
-                await asyncio.sleep(wait)
+                await self._sleep_unless_superseded(wait)
                 continue
             self.core.send_heartbeat()
             await self._flush()
             sent = self.loop.time()
-            await asyncio.sleep(timeout)
+            # A superseded session holding blobs delays the device's new session: ask sooner.
+            await asyncio.sleep(min(timeout, self.conf.superseded_probe_seconds)
+                                if probe else timeout)
             if self.last_rx < sent:
                 log.info("heartbeat not answered; closing",
-                         extra={"event": "heartbeat_timeout"})
+                         extra={"event": "heartbeat_timeout", "superseded": probe})
                 return
+            if probe:
+                self.session.superseded.clear()
+
+    def _superseded_with_claims(self) -> bool:
+        return (self.session is not None and self.session.superseded.is_set()
+                and self.session.holds_claims)
+
+    async def _sleep_unless_superseded(self, seconds: float) -> None:
+        if self.session is None:
+            await asyncio.sleep(seconds)
+            return
+        try:
+            await asyncio.wait_for(self.session.superseded.wait(), seconds)
+        except (TimeoutError, asyncio.TimeoutError):
+            pass
+        if self.session.superseded.is_set() and not self.session.holds_claims:
+            self.session.superseded.clear()   # nothing held back: nothing to probe for
 
 
 async def start_receive_server(settings: Settings, hub: Hub, key: RelayKey, *,

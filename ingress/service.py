@@ -1,4 +1,8 @@
-"""An ingress node: listeners for every protocol over one group-committed landing table."""
+"""An ingress node: listeners for every protocol over one group-committed landing table.
+
+The Heya listener lives here too (when `heya.enabled`): a Heya connection both sends (SEND ->
+landing, through the same appender) and receives (HAVE / WANT read the inbox), and its
+control tables are owned by this process (ingress/heya.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +11,11 @@ import logging
 
 from delta_tables.group_commit import GroupCommitAppender, LandingTarget
 from delta_tables.layout import Layout
-from relay import keys
+from relay import keys, metrics
 from relay.config import Settings
 from relay.listener import serve_until
 
+from .heya import HeyaServer
 from .trueseal_push import PushServer
 
 log = logging.getLogger("relay.ingress")
@@ -27,22 +32,35 @@ class IngressNode:
         self.appender = GroupCommitAppender(self.target, max_rows=conf.max_rows_per_commit)
         self.key = keys.load_or_create(settings.data_dir)
         self.trueseal = PushServer(settings, self.appender, self.key)
+        self.heya = (HeyaServer(settings, self.appender, fsync=fsync)
+                     if settings.heya.enabled else None)
 
     async def start(self) -> None:
         await self.appender.start()
         await self.trueseal.start()
+        if self.heya is not None:
+            await self.heya.start()
 
     def listening(self) -> dict[str, str]:
-        return {"trueseal_push": f"{self.settings.bind}:{self.trueseal.bound_port}"}
+        out = {"trueseal_push": f"{self.settings.bind}:{self.trueseal.bound_port}"}
+        if self.heya is not None:
+            out["heya"] = f"{self.settings.bind}:{self.heya.bound_port}"
+        return out
 
     async def close(self) -> None:
         """Stop accepting; pushes already being stored finish (and are acked) first."""
         await self.trueseal.close()
+        if self.heya is not None:
+            await self.heya.close()
         await self.appender.close()
 
 
 async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:
     node = IngressNode(settings)
-    await serve_until(node, stop, ready)
+    exporter = metrics.serve_role(settings, "ingress", metrics.ingress_registry(node))
+    try:
+        await serve_until(node, stop, metrics.announce(ready, exporter, settings.metrics.bind))
+    finally:
+        metrics.stop(exporter)
     log.info("ingress stopped", extra={"event": "ingress_stopped",
                                        "rows": node.appender.rows_committed})

@@ -42,6 +42,8 @@ from relay.listener import Listener
 log = logging.getLogger("relay.ingress.trueseal_push")
 
 READ_SIZE = 65536
+# Metrics reason for a push whose landing commit failed (the connection is closed, no Error).
+REASON_STORE_FAILED = "store_failed"
 
 
 class Appender(Protocol):
@@ -68,6 +70,7 @@ def landing_row(recipient: bytes, envelope: bytes, received_at: datetime,
 
 class PushServer(Listener):
     name = "trueseal_push"
+    protocol = PROTOCOL
 
     def __init__(self, settings: Settings, appender: Appender, key: RelayKey, *,
                  host: str | None = None, port: int | None = None, max_in_flight: int = 256,
@@ -85,9 +88,16 @@ class PushServer(Listener):
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await _PushConnection(self, reader, writer).run()
 
-    async def _after_connections_closed(self) -> None:
-        # Stores under way are already queued for commit; close the appender after this.
-        await asyncio.gather(*self._stores, return_exceptions=True)
+    async def _drain(self, limit_seconds: float = 10.0) -> None:
+        # Pushes being stored get their commit and then their Ack before the connections are
+        # ended, so a restart does not turn them into client retries. Pushes still arriving
+        # meanwhile are stored too; the bound keeps a flood from holding shutdown forever.
+        deadline = asyncio.get_running_loop().time() + limit_seconds
+        while self._stores:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                break
+            await asyncio.wait(list(self._stores), timeout=left)
 
 
 class _PushConnection:
@@ -147,6 +157,7 @@ class _PushConnection:
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
             elif isinstance(ev, PushRejected):
+                self.server.rejected[ev.reason] += 1
                 log.info("push rejected", extra={"event": "push_rejected",
                                                  "reason": ev.reason, "size": ev.size})
             elif isinstance(ev, HandshakeComplete):
@@ -164,8 +175,10 @@ class _PushConnection:
             log.error("push store failed; closing so the client retries",
                       extra={"event": "push_store_failed", "size": len(ev.envelope),
                              "error": type(exc).__name__})
+            self.server.rejected[REASON_STORE_FAILED] += 1
             self.core.fail(ev.push_id)
         else:
+            self.server.accepted += 1
             self.core.accept(ev.push_id)
         self._handle_events()
         await self._flush()

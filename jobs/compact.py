@@ -76,6 +76,9 @@ class CompactionReport:
     tombstones_kept: int = 0      # expired rows kept as their mailbox's max-cursor tombstone
     acks_removed: int = 0
     landing_dropped: int = 0      # landing generation directories removed
+    heya_inbox_deleted: int = 0   # Heya rows of revoked send tokens (DEAU, DALL)
+    heya_inbox_trimmed: int = 0   # Heya bodies removed by TRIM
+    heya_control_removed: int = 0  # Heya control rows no longer needed
     files_compacted: int = 0      # small files rewritten by OPTIMIZE
     files_vacuumed: int = 0
     bytes_before: int = 0         # everything under <data>/tables
@@ -91,6 +94,8 @@ class CompactionReport:
             f"max-cursor tombstones kept   {self.tombstones_kept}",
             f"acks removed                 {self.acks_removed}",
             f"landing generations dropped  {self.landing_dropped}",
+            f"heya rows deleted / trimmed  {self.heya_inbox_deleted} / "
+            f"{self.heya_inbox_trimmed} ({self.heya_control_removed} control rows)",
             f"files compacted              {self.files_compacted}",
             f"files vacuumed               {self.files_vacuumed}",
             f"tables on disk               {_human(self.bytes_before)} -> "
@@ -110,7 +115,7 @@ class _LostRace(Exception):
 def run_compaction(settings: Settings, *, now: datetime | None = None,
                    progress: Progress | None = None) -> CompactionReport:
     """One compaction pass over `settings.data_dir`; see the module docstring."""
-    say = progress or log.info
+    say = progress or (lambda msg: log.info(msg, extra={"event": "compaction_step"}))
     now = now or datetime.now(timezone.utc)
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
@@ -148,6 +153,11 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
         report.acks_removed = _retry(report, lambda: _clean_acks(layout, stale_ack_cutoff))
         return f"{report.acks_removed} acks removed"
 
+    def heya() -> str:
+        from .compact_heya import compact_heya   # jobs/compact_heya.py imports this module
+        return compact_heya(layout, report, conf.target_file_mb * 1024 * 1024,
+                            conf.vacuum_retention_hours)
+
     def landing() -> str:
         report.landing_dropped = _drop_landing(layout)
         return f"{report.landing_dropped} consumed landing generations dropped"
@@ -155,6 +165,7 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
     step("purge acked", purge)
     step("expire", expire)
     step("acks", acks)
+    step("heya", heya)
     step("landing", landing)
     target = conf.target_file_mb * 1024 * 1024
     for tdef in (INBOX, ACKS, REJECTS, PADDING_AUDIT):
@@ -170,22 +181,31 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
 
 
 def compaction_loop(settings: Settings, stop_event: threading.Event,
-                    progress: Progress | None = None) -> None:
+                    progress: Progress | None = None,
+                    on_report: Callable[[CompactionReport], None] | None = None,
+                    on_failure: Callable[[], None] | None = None) -> None:
     """Run `run_compaction` now and then every `interval_seconds` until `stop_event` is set
-    (used by `relay up`). A failed run is logged and the next one happens on schedule."""
+    (used by `relay up`). A failed run is logged and the next one happens on schedule.
+    `on_report` / `on_failure` feed the metrics endpoint."""
     interval = settings.compaction.interval_seconds
     while not stop_event.is_set():
         try:
             report = run_compaction(settings, progress=progress)
-            log.info("compaction: %d tombstoned, %d expired, %d acks, %d landing, "
-                     "%d files compacted, %d vacuumed in %.2f s%s",
-                     report.tombstoned_acked, report.expired_deleted, report.acks_removed,
-                     report.landing_dropped, report.files_compacted, report.files_vacuumed,
-                     report.seconds,
-                     f"; skipped {', '.join(report.skipped)}" if report.skipped else "")
+            log.info("compaction run finished", extra={
+                "event": "compaction_run", "tombstoned_acked": report.tombstoned_acked,
+                "expired_deleted": report.expired_deleted, "acks_removed": report.acks_removed,
+                "landing_dropped": report.landing_dropped,
+                "files_compacted": report.files_compacted,
+                "files_vacuumed": report.files_vacuumed, "bytes_after": report.bytes_after,
+                "skipped": report.skipped, "ms": round(report.seconds * 1000, 1)})
+            if on_report:
+                on_report(report)
         except Exception as exc:  # keep the relay up; the next run retries
-            log.error("compaction run failed (%s); next run in %d s",
-                      type(exc).__name__, interval, exc_info=True)
+            log.error("compaction run failed", extra={
+                "event": "compaction_failed", "error": type(exc).__name__,
+                "next_run_s": interval}, exc_info=True)
+            if on_failure:
+                on_failure()
         stop_event.wait(interval)
 
 
@@ -268,6 +288,11 @@ def _clean_acks(layout: Layout, stale_cutoff: datetime) -> int:
     return int(metrics["num_target_rows_deleted"])
 
 
+def drop_consumed_landing(layout: Layout) -> int:
+    """Step 4 alone (the load generator seals its synthetic day with it)."""
+    return _drop_landing(layout)
+
+
 def _drop_landing(layout: Layout) -> int:
     """Remove generations that are sealed (a newer one exists for the node, so ingress no
     longer writes there) and whose every version the stream has committed."""
@@ -340,7 +365,8 @@ def _retry(report: CompactionReport, attempt: Callable[[], T]) -> T:
             return attempt()
         except CommitFailedError:
             report.conflicts_retried += 1
-            log.debug("commit conflict, attempt %d of %d", n + 1, COMMIT_ATTEMPTS)
+            log.debug("commit conflict, retrying", extra={
+                "event": "compaction_conflict", "attempt": n + 1, "of": COMMIT_ATTEMPTS})
             time.sleep(RETRY_BACKOFF_SECONDS * (n + 1))
     raise _LostRace()
 

@@ -17,6 +17,8 @@ receive sessions. Sections, in order (all in one run, so ratios compare like wit
 5. `push_to_deliver_ms`: `relay ingress` and `relay egress` as child processes (as `relay up`
    runs them), the inbox stream in this process, a client process pushing at a steady rate to
    receive sessions that timestamp each Deliver.
+6. `heya_sends_per_s`, `heya_send_to_have_ms` {p50, p99}: `relay/bench_heya.py` (TLS
+   connections pipelining SENDs; one sender and one receiver session through the stream).
 
 The load generators run in separate processes started with `spawn` (delta-rs must not be
 forked). Child processes are stopped on exit, error and Ctrl-C.
@@ -737,6 +739,10 @@ def _summary(res: dict) -> str:
                  f"(n={pd.get('count')}, {pd.get('rate_per_s')}/s, trigger "
                  f"{pd.get('trigger_interval_ms')} ms, poll "
                  f"{pd.get('egress_poll_interval_ms')} ms)")
+    hh = res.get("heya_send_to_have_ms") or {}
+    lines.append(f"  heya sends/s            : {res.get('heya_sends_per_s')} "
+                 f"(fsync on; {g('heya', 'throughput', 'connections')} TLS connections); "
+                 f"send->HAVE ms p50 {hh.get('p50')}, p99 {hh.get('p99')}")
     lines.append(f"  ratios                  : trueseal/ceiling "
                  f"{res.get('trueseal_vs_ceiling_ratio')}, "
                  f"stream/ceiling {res.get('stream_vs_ceiling_ratio')}")
@@ -823,6 +829,10 @@ def main(args) -> int:
             res["stream"] = section("stream throughput", bench_stream, spark, root, args, p)
             res["push_to_deliver_ms"] = section("push to deliver", bench_e2e, spark, root,
                                                 args, p)
+        # relay/bench_heya.py: sends/s without Spark; send->HAVE needs the stream (spark).
+        from . import bench_heya
+        res["heya"] = section("heya", bench_heya.run, _settings(args, root / "heya"), quick,
+                              spark)
     except KeyboardInterrupt:
         interrupted = True
         _say("interrupted; stopping child processes")
@@ -841,6 +851,8 @@ def main(args) -> int:
         res["trueseal_acked_pushes_per_s_by_shape"] = {
             k: (ts.get(k) or {}).get("acked_per_s") for k in ("per_connection", "pipelined")}
     res["stream_envelopes_per_s"] = st.get("envelopes_per_s")
+    res["heya_sends_per_s"] = (res.get("heya") or {}).get("heya_sends_per_s")
+    res["heya_send_to_have_ms"] = (res.get("heya") or {}).get("heya_send_to_have_ms")
     res["delta_append_ceiling_rows_per_s"] = ceiling
     if ceiling and ts.get("acked_per_s"):
         res["trueseal_vs_ceiling_ratio"] = round(ts["acked_per_s"] / ceiling, 3)
@@ -856,7 +868,8 @@ def main(args) -> int:
     if interrupted:
         res["interrupted"] = True
     # Headline fields first, then the details.
-    head = ["mode", "trueseal_acked_pushes_per_s", "trueseal_headline_shape",
+    head = ["mode", "trueseal_acked_pushes_per_s", "heya_sends_per_s", "heya_send_to_have_ms",
+            "trueseal_headline_shape",
             "trueseal_acked_pushes_per_s_by_shape", "push_to_deliver_ms", "stream_envelopes_per_s",
             "landing_commit_ms", "delta_append_ceiling_rows_per_s", "trueseal_vs_ceiling_ratio",
             "stream_vs_ceiling_ratio", "per_connection_vs_pipelined_ratio", "machine",

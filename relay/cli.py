@@ -6,6 +6,9 @@
     relay stream      Spark Structured Streaming: landing -> inbox
     relay compact     purge delivered / expired envelopes, compact, checkpoint, vacuum
     relay keys        print the relay's public keys
+    relay heya inbox-token   mint Heya inbox tokens (the protocol has no command for it)
+    relay status      the relay at a glance: tables, landing lag, each process's /metrics
+    relay loadgen     fill a data directory with a realistic synthetic day
     relay bench       measure throughput and latency, write a JSON results file
 """
 
@@ -80,9 +83,15 @@ def cmd_compact(args) -> None:
     settings = _settings(args)
     logs.setup("compact")
     if args.loop:
+        from . import metrics
         stop = _stop_on_signals()
-        _ready("compact")({})
-        compact.compaction_loop(settings, stop, progress=lambda m: print(m, flush=True))
+        compaction_metrics = metrics.CompactionMetrics(settings.data_dir)
+        exporter = metrics.serve_role(settings, "compact", compaction_metrics.registry)
+        metrics.announce(_ready("compact"), exporter, settings.metrics.bind)({})
+        compact.compaction_loop(settings, stop, progress=lambda m: print(m, flush=True),
+                                on_report=compaction_metrics.observe,
+                                on_failure=compaction_metrics.failed)
+        metrics.stop(exporter)
         return
     report = compact.run_compaction(settings, progress=lambda m: print(m, flush=True))
     print(report.format())
@@ -93,6 +102,38 @@ def cmd_keys(args) -> None:
     settings = _settings(args)
     key = keys.load_or_create(settings.data_dir)
     print(f"trueseal {key.public_hex}")
+    if settings.heya.enabled:
+        from . import tls
+        cert, _ = tls.load_or_create_server_cert(settings.data_dir, settings.heya.cert_file,
+                                                 settings.heya.key_file)
+        # What a Heya client pins instead of SKIP_VERIFY: SHA-256 of the server certificate.
+        print(f"heya-cert-sha256 {tls.cert_digest(tls.server_cert_der(cert)).hex()}")
+
+
+def cmd_heya_inbox_token(args) -> None:
+    """Print freshly minted inbox tokens, one hex line each, durable in heya_inbox_tokens.
+    The operator hands each to one user, who sends `INCO <token>` once from the client
+    certificate that is to be the mailbox; the running ingress node accepts it at once."""
+    from delta_tables.layout import Layout
+    from ingress.heya_control import mint_inbox_tokens
+    settings = _settings(args)
+    for token in mint_inbox_tokens(Layout(settings.data_dir), args.count):
+        print(token.hex())
+
+
+def cmd_status(args) -> None:
+    from . import status
+    st = status.collect(_settings(args))
+    print(status.to_json(st) if args.json else status.format_status(st))
+
+
+def cmd_loadgen(args) -> None:
+    from jobs import loadgen
+    settings = _settings(args)
+    report = loadgen.generate_day(settings, day=args.day, hours=args.hours, scale=args.scale,
+                                  seed=args.seed, compact=args.compact,
+                                  progress=lambda m: print(m, flush=True))
+    print(report.format())
 
 
 def cmd_up(args) -> None:
@@ -123,6 +164,22 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--loop", action="store_true", help="repeat every compaction.interval_seconds")
     p.set_defaults(func=cmd_compact)
     sub.add_parser("keys", help="print the relay public keys").set_defaults(func=cmd_keys)
+    heya = sub.add_parser("heya", help="Heya operator tools").add_subparsers(
+        dest="heya_command", required=True)
+    p = heya.add_parser("inbox-token", help="mint inbox tokens (single use, for INCO)")
+    p.add_argument("--count", type=int, default=1, help="how many (default 1)")
+    p.set_defaults(func=cmd_heya_inbox_token)
+    p = sub.add_parser("status", help="tables, landing lag and each process's /metrics")
+    p.add_argument("--json", action="store_true", help="machine-readable")
+    p.set_defaults(func=cmd_status)
+    p = sub.add_parser("loadgen", help="fill the data directory with a synthetic day")
+    p.add_argument("--day", help="UTC day YYYY-MM-DD (default: the 24 h up to this hour)")
+    p.add_argument("--hours", type=float, default=24.0, help="length of the day (default 24)")
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="1.0 = about 20,000 pushes to 2,000 mailboxes")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--compact", action="store_true", help="run compaction at the end")
+    p.set_defaults(func=cmd_loadgen)
     p = sub.add_parser("bench", help="benchmarks -> JSON")
     p.add_argument("--quick", action="store_true", help="small sizes, about three minutes")
     p.add_argument("--out", default="bench-results.json")

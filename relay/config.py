@@ -27,6 +27,9 @@ class TruesealConf:
     heartbeat_idle_seconds: float = 30.0
     # A session that does not echo a heartbeat within this many seconds is closed.
     heartbeat_timeout_seconds: float = 30.0
+    # When the device opens a newer session while this one still holds unacked blobs, probe
+    # at once and close if unanswered within this many seconds (the blobs then move on).
+    superseded_probe_seconds: float = 5.0
     handshake_timeout_seconds: float = 10.0
     max_connections: int = 1000  # per listener, as the public relay
 
@@ -38,7 +41,7 @@ class IngressConf:
     max_rows_per_commit: int = 20000
     # Rotate to a new landing generation after this many commits: keeps the log short, so commit
     # latency stays flat, and lets compaction drop consumed generations as whole directories.
-    commits_per_generation: int = 5000
+    commits_per_generation: int = 250
     # Reopen the delta-rs handle every N commits (a long-lived handle slows: DESIGN.md).
     refresh_handle_every: int = 100
 
@@ -49,6 +52,9 @@ class StreamConf:
     # Bounds a micro-batch: every batch passes through driver memory (DESIGN.md).
     max_files_per_trigger: int = 2000
     max_partitions: int = 4
+    # A micro-batch up to this many bytes of landing files is read by the driver straight from
+    # the files its offsets name (low latency); a larger one by the executors, in parallel.
+    driver_read_max_bytes: int = 64 << 20
     checkpoint_dir: str = ""  # default: <data_dir>/checkpoints/inbox_stream
     max_ttl_seconds: int = 30 * 24 * 3600
     padding_buckets: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
@@ -81,6 +87,49 @@ class CompactionConf:
 
 
 @dataclass
+class MetricsConf:
+    # Prometheus `/metrics` of each long-running process, on its own port (0: not served).
+    # Loopback by default whatever `bind` says: the endpoint is for the operator's scraper.
+    bind: str = "127.0.0.1"
+    ingress_port: int = 9701
+    egress_port: int = 9702
+    stream_port: int = 9703
+    compact_port: int = 9704
+
+    def port(self, role: str) -> int:
+        return getattr(self, f"{role}_port")
+
+
+@dataclass
+class HeyaConf:
+    # The Heya listener runs in the ingress process, which owns the Heya control tables; with
+    # several ingress nodes, enable it on one of them (its control plane has one owner).
+    enabled: bool = True
+    port: int = 8337
+    # Server certificate and key (PEM). Empty: <data_dir>/keys/heya_server.{crt,key},
+    # created on first start.
+    cert_file: str = ""
+    key_file: str = ""
+    # Largest SEND body; a longer SEND closes the connection before its body is read (the
+    # public server has no cap and preallocates whatever length it is told, interop §5.3).
+    max_body: int = 1048576
+    ttl_seconds: int = 30 * 24 * 3600
+    handshake_timeout_seconds: float = 10.0
+    # No new command for this long: close (the public server stops reading after 30 s; its
+    # client pings every 5 s).
+    idle_timeout_seconds: float = 30.0
+    # A command must be complete this long after its first byte, plus its body at this rate.
+    command_timeout_seconds: float = 10.0
+    min_body_bytes_per_second: int = 65536
+    # A reply that cannot be written for this long closes that connection only.
+    write_timeout_seconds: float = 10.0
+    max_connections: int = 1000
+    max_in_flight: int = 64                # SENDs of one connection being stored at once
+    max_in_flight_bytes: int = 67108864    # bodies being stored, all connections together
+    cache_bytes: int = 67108864            # recent bodies kept in memory for WANT
+
+
+@dataclass
 class Settings:
     data_dir: str = "./data"
     bind: str = "127.0.0.1"
@@ -89,6 +138,8 @@ class Settings:
     stream: StreamConf = field(default_factory=StreamConf)
     egress: EgressConf = field(default_factory=EgressConf)
     compaction: CompactionConf = field(default_factory=CompactionConf)
+    heya: HeyaConf = field(default_factory=HeyaConf)
+    metrics: MetricsConf = field(default_factory=MetricsConf)
 
     @property
     def data_path(self) -> Path:
@@ -110,6 +161,12 @@ ENV_OVERRIDES = {
     "RELAY_NODE_ID": "ingress.node_id",
     "RELAY_SPARK_MASTER": "stream.master",
     "RELAY_TRIGGER_INTERVAL_MS": "stream.trigger_interval_ms",
+    "RELAY_HEYA_PORT": "heya.port",
+    "RELAY_METRICS_BIND": "metrics.bind",
+    "RELAY_METRICS_PORT_INGRESS": "metrics.ingress_port",
+    "RELAY_METRICS_PORT_EGRESS": "metrics.egress_port",
+    "RELAY_METRICS_PORT_STREAM": "metrics.stream_port",
+    "RELAY_METRICS_PORT_COMPACT": "metrics.compact_port",
 }
 
 

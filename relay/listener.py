@@ -8,26 +8,38 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 
 log = logging.getLogger("relay.listener")
 
 
 class Listener:
-    name = "listener"   # for logs: "trueseal_push", ...
+    name = "listener"   # for logs and metrics: "trueseal_push", ...
+    protocol = ""       # metrics label: the protocol this listener speaks
 
     def __init__(self, host: str, port: int, max_connections: int):
         self.host = host
         self.port = port
         self.max_connections = max_connections
-        self.connections = 0
+        self.connections = 0    # open connections: the `relay_sessions_open` gauge
+        # Plain counters bumped on the event loop and read by the metrics endpoint
+        # (relay/metrics.py): requests this listener stored and acknowledged, and those it
+        # refused, by reason. A shell counts; it never talks to Prometheus itself.
+        self.accepted = 0
+        self.rejected: Counter[str] = Counter()
         self._server: asyncio.Server | None = None
         self._handlers: set[asyncio.Task] = set()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         raise NotImplementedError
 
+    def _server_options(self) -> dict:
+        """Hook: extra `asyncio.start_server` arguments (a TLS listener returns `ssl=...`)."""
+        return {}
+
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._on_connect, self.host, self.port)
+        self._server = await asyncio.start_server(self._on_connect, self.host, self.port,
+                                                  **self._server_options())
         log.info("listener started", extra={"event": "listener_started",
                                             "listener": self.name, "port": self.bound_port})
 
@@ -37,18 +49,19 @@ class Listener:
         return self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
-        """Stop accepting, then end the open connections."""
+        """Stop accepting, let the connections finish what they owe (`_drain`), then end them."""
         if self._server is not None:
             self._server.close()
+        await self._drain()
         for task in list(self._handlers):
             task.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)
-        await self._after_connections_closed()
         if self._server is not None:
             await self._server.wait_closed()
 
-    async def _after_connections_closed(self) -> None:
-        """Hook: work the connections started that must finish before close returns."""
+    async def _drain(self) -> None:
+        """Hook: wait for work the open connections started (e.g. stores owed an Ack), while
+        they can still write their replies."""
 
     async def _on_connect(self, reader: asyncio.StreamReader,
                           writer: asyncio.StreamWriter) -> None:

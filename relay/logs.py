@@ -1,8 +1,14 @@
 """Structured JSON logs, one object per line, with a stable `event` vocabulary.
 
-Fields come from `extra={...}` at the call site. What may never appear (envelope bytes, keys,
-client addresses) is simply never passed; as a second guard, bytes values are replaced by
-their length so a careless `extra` cannot leak ciphertext or a key.
+Every line: `ts` (unix seconds), `level`, `process` (ingress | egress | stream | compact | ...),
+`logger`, `msg` (for people), `event` (for machines: one of `EVENTS`), and the call's fields.
+Fields come from `extra={...}` at the call site; every relay log call names its event
+(tests/test_logs.py checks the source and a traffic run against `EVENTS`).
+
+What may never appear (envelope bytes, mailbox or relay keys, client addresses) is simply
+never passed: fields are counts, sizes, reasons, ports, versions and exception type names.
+As a second guard, bytes values are replaced by their length so a careless `extra` cannot
+leak ciphertext or a key.
 """
 
 from __future__ import annotations
@@ -11,6 +17,59 @@ import json
 import logging
 import sys
 import time
+
+# The event vocabulary: name -> when it is logged (and its fields besides the standard ones).
+EVENTS: dict[str, str] = {
+    # listeners (ingress and egress shells)
+    "listener_started": "a protocol listener is accepting (listener, port)",
+    "connection_refused": "past max_connections, a connection was closed at once (listener)",
+    "handshake_timeout": "a client did not finish its Noise handshake in time (listener)",
+    # ingress
+    "push_session_open": "a push session finished its handshake (debug)",
+    "push_session_closed": "a push session ended (reason; debug)",
+    "push_rejected": "a push was answered Error (reason: short_body | oversize, size)",
+    "push_store_failed": "a landing commit failed; the connection is closed so the client "
+                         "retries (size, error)",
+    "commit_failed": "a group commit failed; its callers hear the error (rows)",
+    "ingress_stopped": "ingress finished its last commits and stopped (rows)",
+    # heya (ingress process)
+    "heya_timeout": "a Heya connection timed out (waiting_for)",
+    "heya_closed": "a Heya connection is closing (reason; debug)",
+    "heya_refused": "a Heya command was refused (reason)",
+    "heya_write_timeout": "a Heya client stopped reading replies; closed",
+    "heya_store_failed": "a SEND's landing commit failed; closed, no RECV (size, error)",
+    "heya_control_loaded": "the Heya control tables were loaded (mailboxes, send_tokens)",
+    "heya_inbox_bootstrap": "the Heya inbox view was rebuilt (version, tokens)",
+    "heya_cert_created": "the Heya server certificate was created (path)",
+    "heya_cert_recreated": "a Heya key without certificate was replaced by a new pair",
+    # egress
+    "egress_bootstrap": "egress rebuilt its pending view from inbox minus acks (version, rows)",
+    "egress_rebuild": "the inbox tail lost its place (log cleaned up) and rebuilt",
+    "egress_poll_failed": "one poll of the inbox log failed; the next one retries",
+    "receive_session_open": "a device session finished its handshake (debug)",
+    "receive_session_closed": "a device session ended (reason; debug)",
+    "receive_task_failed": "a task of a receive session failed (task)",
+    "heartbeat_timeout": "a device did not answer a heartbeat; closed",
+    "deliver_skipped": "an envelope too large for one frame was not delivered (size)",
+    "ack_ignored": "a DeliverAck for a blob not pending in this session (debug)",
+    "ack_failed": "an ack could not be made durable; the envelope is redelivered (error)",
+    "egress_stopped": "egress stopped (delivered, acked)",
+    # stream
+    "stream_batch": "a micro-batch committed (batch_id, rows_in, accepted, rejected, ms)",
+    "stream_batch_replay_skipped": "a replayed micro-batch was already committed (batch_id)",
+    "stream_stopped": "the stream stopped (batches)",
+    # compaction
+    "compaction_step": "one compaction step finished (msg says what it removed)",
+    "compaction_run": "a compaction run finished (counts per kind, bytes_after, ms)",
+    "compaction_failed": "a compaction run failed; the next one is on schedule (error)",
+    "compaction_conflict": "a compaction commit lost a race and is retried (debug)",
+    # keys, metrics
+    "key_created": "the relay's static key was created (path)",
+    "key_mode_fixed": "the key file was readable by others; mode set to 0600 (path, mode)",
+    "metrics_started": "the /metrics endpoint is serving (port)",
+    "metrics_unavailable": "the /metrics port could not be bound; the process runs without "
+                           "it (port, error)",
+}
 
 _STD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {"message", "asctime"}
 

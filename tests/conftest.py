@@ -28,6 +28,7 @@ def settings(tmp_path):
     s = config.load(None, env={}, data_dir=str(tmp_path / "data"))
     s.trueseal.push_port = 0
     s.trueseal.receive_port = 0
+    s.heya.port = 0
     return s
 
 
@@ -60,3 +61,6 @@ def land(layout: Layout, rows: list[dict], node="node-t", per_commit=None):
 
 def envelope(n: int, size: int = 200) -> bytes:
     return n.to_bytes(8, "big") + os.urandom(size - 8)
+
+
+from traffic_run import traffic  # noqa: E402,F401  (session fixture: metrics and logs tests)

@@ -74,9 +74,8 @@ class Relay:
     def relay_pub(self) -> bytes:
         out = subprocess.run([sys.executable, "-m", "relay.cli", *self.prefix, "keys"],
                              cwd=REPO, env=self.env, capture_output=True, text=True, check=True)
-        name, hexkey = out.stdout.split()
-        assert name == "trueseal"
-        return bytes.fromhex(hexkey)
+        keys = dict(line.split() for line in out.stdout.splitlines() if line.strip())
+        return bytes.fromhex(keys["trueseal"])
 
     def tails(self) -> str:
         return "\n".join(p.tail() for p in self.procs.values())

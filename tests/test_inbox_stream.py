@@ -73,6 +73,30 @@ def test_two_nodes_dedup_gap_free_and_restart(spark, settings, layout):
     assert layout.read_landing_consumed()
 
 
+def test_driver_and_executor_reads_build_the_same_inbox(spark, settings, tmp_path):
+    """Small batches are read by the driver from the files the offsets name, large ones by
+    the executors: the same landing must give the same inbox either way."""
+    from relay import config
+    from delta_tables.layout import Layout
+    rows = [landing_row(MB[i % 4], envelope(i)) for i in range(90)]
+    rows += rows[:10]                                  # retries
+    inboxes, sinks = [], []
+    for name, limit in (("driver", 64 << 20), ("executors", 0)):
+        s = config.load(None, env={}, data_dir=str(tmp_path / name))
+        s.stream.driver_read_max_bytes = limit
+        s.stream.max_files_per_trigger = 3             # several batches
+        lay = Layout(s.data_dir)
+        lay.ensure_shared_tables()
+        land(lay, rows, per_commit=7)
+        sinks.append(run_available_now(spark, s))
+        inboxes.append(read(lay.inbox).select(
+            [C.EVENT_ID, C.MAILBOX, C.CURSOR, C.SEQ, C.ENVELOPE, C.EXPIRES_AT]).sort_by(C.SEQ))
+    assert sinks[0].driver_reads == len(sinks[0].history) > 1
+    assert sinks[1].driver_reads == 0
+    assert inboxes[0].num_rows == 90
+    assert inboxes[0].equals(inboxes[1])
+
+
 def test_spark_replay_of_a_committed_batch_writes_nothing(spark, settings, layout):
     land(layout, [landing_row(MB[0], envelope(i)) for i in range(40)], per_commit=10)
     run_available_now(spark, settings)
@@ -132,9 +156,11 @@ def test_stream_on_local_cluster(settings, layout, tmp_path):
     land(layout, rows[:30], node="node-b", per_commit=10)
     env = dict(os.environ, RELAY_SPARK_MASTER="local-cluster[2,1,1024]",
                SPARK_WORKER_DIR=str(tmp_path / "worker"))
-    proc = subprocess.run([sys.executable, "-m", "relay.cli", "--data-dir", settings.data_dir,
-                           "stream", "--available-now"], env=env, capture_output=True,
-                          text=True, timeout=600)
+    conf = tmp_path / "relay.toml"    # every batch read by the executors, not the driver
+    conf.write_text("[stream]\ndriver_read_max_bytes = 0\nmax_files_per_trigger = 4\n")
+    proc = subprocess.run([sys.executable, "-m", "relay.cli", "--conf", str(conf),
+                           "--data-dir", settings.data_dir, "stream", "--available-now"],
+                          env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     inbox = read(layout.inbox)
     assert inbox.num_rows == 120

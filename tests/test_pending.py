@@ -58,21 +58,36 @@ def test_never_twice_in_one_session_redelivered_on_next():
     asyncio.run(main())
 
 
-def test_one_session_wins_the_flush_newest_gets_new_arrivals():
+def test_one_session_wins_the_flush_and_order_holds_across_overlap():
     async def main():
         hub = MailboxHub(Acks())
         hub.add("trueseal", A, [env(1), env(2)])
         old = hub.open_session("trueseal", A)
-        got_old = await _next(old)
+        assert [e.seq for e in await _next(old)] == [1, 2]
         new = hub.open_session("trueseal", A)
-        with pytest.raises(asyncio.TimeoutError):   # claimed by old: not flushed twice
-            await _next(new, 0.05)
+        assert old.superseded.is_set() and old.holds_claims
         hub.add("trueseal", A, [env(3)])
-        assert [e.seq for e in await _next(new)] == [3]
+        with pytest.raises(asyncio.TimeoutError):   # 1 and 2 are old's: not flushed twice,
+            await _next(new, 0.05)                  # and 3 must not overtake them
+        assert await old.ack(1)
         with pytest.raises(asyncio.TimeoutError):
-            await _next(old, 0.05)
-        old.close()                                  # old dies without acking
-        assert [e.seq for e in await _next(new)] == [e.seq for e in got_old]
+            await _next(new, 0.05)
+        old.close()                                 # dies without acking 2
+        assert [e.seq for e in await _next(new)] == [2, 3]
+    asyncio.run(main())
+
+
+def test_older_session_acking_lets_the_newer_continue_in_order():
+    async def main():
+        hub = MailboxHub(Acks())
+        hub.add("trueseal", A, [env(1)])
+        old = hub.open_session("trueseal", A)
+        await _next(old)
+        new = hub.open_session("trueseal", A)
+        hub.add("trueseal", A, [env(2)])
+        assert await old.ack(1)
+        assert [e.seq for e in await _next(new)] == [2]
+        assert not old.holds_claims
     asyncio.run(main())
 
 

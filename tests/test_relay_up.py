@@ -4,6 +4,7 @@ clean shutdown on SIGTERM, and `relay keys` agreeing with the key the relay serv
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import queue
 import signal
@@ -24,9 +25,13 @@ def free_port() -> int:
 
 def test_relay_up_serves_and_stops_cleanly(tmp_path):
     data = tmp_path / "data"
-    push, recv = free_port(), free_port()
+    push, recv, heya = free_port(), free_port(), free_port()
     env = dict(os.environ, RELAY_DATA_DIR=str(data), RELAY_TRUESEAL_PUSH_PORT=str(push),
-               RELAY_TRUESEAL_RECEIVE_PORT=str(recv), RELAY_TRIGGER_INTERVAL_MS="100")
+               RELAY_TRUESEAL_RECEIVE_PORT=str(recv), RELAY_TRIGGER_INTERVAL_MS="100",
+               RELAY_HEYA_PORT=str(heya))
+    metrics_ports = {role: free_port() for role in ("ingress", "egress", "stream", "compact")}
+    env.update({f"RELAY_METRICS_PORT_{role.upper()}": str(port)
+                for role, port in metrics_ports.items()})
     keys_out = subprocess.run([sys.executable, "-m", "relay.cli", "keys"], env=env,
                               capture_output=True, text=True, check=True).stdout
     relay_pub = bytes.fromhex(keys_out.split()[1])
@@ -49,7 +54,17 @@ def test_relay_up_serves_and_stops_cleanly(tmp_path):
         text = "".join(seen)
         assert f"trueseal_push on 127.0.0.1:{push}" in text
         assert f"trueseal_receive on 127.0.0.1:{recv}" in text
+        assert f"heya on 127.0.0.1:{heya}" in text
+        for role, port in metrics_ports.items():
+            assert f"metrics on 127.0.0.1:{port}" in text, role
         asyncio.run(_one_message(push, recv, relay_pub))
+        # `relay status` reads the tables and scrapes the four running processes
+        st = json.loads(subprocess.run([sys.executable, "-m", "relay.cli", "status", "--json"],
+                                       env=env, capture_output=True, text=True,
+                                       check=True).stdout)
+        roles = {r["role"]: r for r in st["roles"]}
+        assert {r: roles[r]["state"] for r in metrics_ports} == dict.fromkeys(metrics_ports, "up")
+        assert roles["ingress"]["numbers"]["accepted"]["trueseal"] == 1
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=120)

@@ -476,3 +476,46 @@ def test_pipelining_past_max_in_flight_pushes_back(tmp_path):
     stalled, replies = run(main())
     assert stalled == 4
     assert replies == [ACK] * 10
+
+
+def test_superseded_silent_session_is_probed_and_its_blobs_move_on_in_order():
+    """A device reconnects while its old connection is dead (never answers): the old session
+    holds blob 1, the new one must not get 2 before 1, and must not wait for the idle timer."""
+    conf = make_settings(heartbeat_idle_seconds=60.0, heartbeat_timeout_seconds=60.0,
+                         superseded_probe_seconds=0.3)
+    priv, pub = keypair()
+
+    async def main():
+        async with receive_relay(conf) as relay:
+            relay.add(pub, 1)
+            dead = await relay.connect(priv)
+            assert deliver_of(await dead.recv_frame())[0] == 1      # never acked, never answers
+            fresh = await relay.connect(priv)
+            await wait_until(lambda: relay.hub.sessions_open() == 2)
+            relay.add(pub, 2)
+            assert await dead.recv_frame(timeout=2) == HEARTBEAT      # probed at once
+            assert await dead.recv_frame(timeout=2) is None           # closed: unanswered
+            got = [deliver_of(await fresh.recv_frame(timeout=2))[0] for _ in range(2)]
+            return got
+
+    assert run(main()) == [1, 2]
+
+
+def test_shutdown_acks_the_pushes_being_stored_before_closing(tmp_path):
+    """SIGTERM path: close() waits for stores under way and writes their Acks, so a restart
+    does not turn durable pushes into client retries."""
+    appender = GatedAppender()
+
+    async def main():
+        async with push_relay(tmp_path, appender=appender) as relay:
+            c = await relay.connect()
+            c.send(push_frame(R1, b"in flight at shutdown"))
+            await wait_until(lambda: len(appender.gates) == 1)
+            closing = asyncio.create_task(relay.server.close())
+            await asyncio.sleep(0.1)
+            assert not closing.done()                  # waits for the store ...
+            appender.gates[0].set_result(None)         # ... which commits
+            await asyncio.wait_for(closing, 5)
+            return [await c.recv_frame(), await c.recv_frame()]
+
+    assert run(main()) == [ACK, None]
