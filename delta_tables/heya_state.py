@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import DeltaTable
 
+from .query import sql
 from .schema_heya import (HEYA_INBOX_TOKENS, HEYA_MAILBOXES, HEYA_PUSH_TOKENS, HEYA_SEND_TOKENS,
                           HEYA_TABLES,
                           HEYA_TRIMS, OP_AUTH, OP_DALL, OP_DEAU, OP_EXTD, OP_INCO, OP_IOSA,
@@ -153,20 +154,8 @@ def micros(col) -> list[int]:
 
 
 def read_table(path: Path) -> pa.Table:
-    """Every row, sorted by `at`. DataFusion rather than a pyarrow dataset scan (Arrow's scanner
-    threads can abort the interpreter at exit, see tests/test_compaction.py)."""
-    out = QueryBuilder().register("t", DeltaTable(str(path))).execute(
-        f"SELECT * FROM t ORDER BY {H.AT}")
-    t = pa.table(out.read_all())
-    return t.cast(pa.schema([pa.field(f.name, _unview(f.type), f.nullable) for f in t.schema]))
-
-
-def _unview(t: pa.DataType) -> pa.DataType:
-    if t == pa.binary_view():
-        return pa.binary()
-    if t == pa.string_view():
-        return pa.string()
-    return t
+    """Every row, sorted by `at`."""
+    return sql({"t": DeltaTable(str(path))}, f"SELECT * FROM t ORDER BY {H.AT}")
 
 
 def apply_inbox_tokens(state: HeyaState, t: pa.Table) -> None:

@@ -10,7 +10,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import ACKS
 from relay import keys, metrics
 from relay.config import Settings
-from relay.listener import serve_until
+from relay.listener import serve_role
 
 from .inbox_tail import AckWriter, InboxTail
 from .pending import MailboxHub
@@ -58,10 +58,6 @@ class EgressNode:
 
 async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:
     node = EgressNode(settings)
-    exporter = metrics.serve_role(settings, "egress", metrics.egress_registry(node))
-    try:
-        await serve_until(node, stop, metrics.announce(ready, exporter, settings.metrics.bind))
-    finally:
-        metrics.stop(exporter)
+    await serve_role(settings, "egress", node, metrics.egress_registry(node), stop, ready)
     log.info("egress stopped", extra={"event": "egress_stopped",
                                       "delivered": node.hub.delivered, "acked": node.hub.acked})

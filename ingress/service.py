@@ -13,7 +13,7 @@ from delta_tables.group_commit import GroupCommitAppender, LandingTarget
 from delta_tables.layout import Layout
 from relay import keys, metrics
 from relay.config import Settings
-from relay.listener import serve_until
+from relay.listener import serve_role
 
 from .heya import HeyaServer
 from .trueseal_push import PushServer
@@ -57,10 +57,6 @@ class IngressNode:
 
 async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:
     node = IngressNode(settings)
-    exporter = metrics.serve_role(settings, "ingress", metrics.ingress_registry(node))
-    try:
-        await serve_until(node, stop, metrics.announce(ready, exporter, settings.metrics.bind))
-    finally:
-        metrics.stop(exporter)
+    await serve_role(settings, "ingress", node, metrics.ingress_registry(node), stop, ready)
     log.info("ingress stopped", extra={"event": "ingress_stopped",
                                        "rows": node.appender.rows_committed})

@@ -45,10 +45,11 @@ from pathlib import Path
 from typing import Callable, TypeVar
 
 import pyarrow as pa
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
 from delta_tables.layout import GENERATION_RE, Layout
+from delta_tables.query import sql
 from delta_tables.schema import ACKS, INBOX, PADDING_AUDIT, REJECTS, C
 from relay.config import Settings
 
@@ -216,7 +217,7 @@ def _purge_acked(layout: Layout, cutoff: datetime, now: datetime) -> int:
     acks = DeltaTable(str(layout.acks))
     # Only rows that still carry an envelope (an empty source means no commit at all) and
     # have not expired: the expire step deletes or nulls those in its own single rewrite.
-    source = _query({"inbox": inbox, "acks": acks}, f"""
+    source = sql({"inbox": inbox, "acks": acks}, f"""
         SELECT DISTINCT i.{C.SEQ}, i.{C.PROTOCOL}, i.{C.MAILBOX}
         FROM acks a JOIN inbox i
           ON a.{C.PROTOCOL} = i.{C.PROTOCOL} AND a.{C.MAILBOX} = i.{C.MAILBOX}
@@ -235,7 +236,7 @@ def _purge_acked(layout: Layout, cutoff: datetime, now: datetime) -> int:
 def _expire(layout: Layout, now: datetime) -> tuple[int, int]:
     """Returns (rows deleted, expired max-cursor rows kept as tombstones)."""
     inbox = DeltaTable(str(layout.inbox))
-    expired = _query({"inbox": inbox}, f"""
+    expired = sql({"inbox": inbox}, f"""
         WITH top AS (
           SELECT {C.PROTOCOL}, {C.MAILBOX}, max({C.CURSOR}) AS top_cursor
           FROM inbox GROUP BY {C.PROTOCOL}, {C.MAILBOX})
@@ -274,7 +275,7 @@ def _clean_acks(layout: Layout, stale_cutoff: datetime) -> int:
     # mailbox, seq) names no inbox row, or when it is older than any TTL. Joining on acked_at
     # too keeps egress's fresh acks (acked_at after every source row's) outside the MERGE's
     # pruning predicate; joined on seq alone, a busy egress made it lose every attempt.
-    source = _query({"inbox": inbox, "acks": acks}, f"""
+    source = sql({"inbox": inbox, "acks": acks}, f"""
         SELECT DISTINCT a.{C.SEQ}, a.{C.ACKED_AT}, i.{C.PROTOCOL}, i.{C.MAILBOX}
         FROM acks a LEFT JOIN inbox i ON a.{C.SEQ} = i.{C.SEQ}
         WHERE i.{C.SEQ} IS NULL OR a.{C.PROTOCOL} <> i.{C.PROTOCOL}
@@ -388,22 +389,6 @@ def _merge(target: DeltaTable, source: pa.Table, on: tuple[str, ...] = (C.SEQ,))
     return target.merge(source, match, source_alias=_S, target_alias=_T, streamed_exec=False)
 
 
-def _query(tables: dict[str, DeltaTable], sql: str) -> pa.Table:
-    qb = QueryBuilder()
-    for name, dt in tables.items():
-        qb.register(name, dt)
-    out = pa.table(qb.execute(sql).read_all())
-    # DataFusion answers with view types; merge sources want the tables' own types.
-    return out.cast(pa.schema([
-        pa.field(f.name, _unview(f.type), f.nullable) for f in out.schema]))
-
-
-def _unview(t: pa.DataType) -> pa.DataType:
-    if t == pa.binary_view():
-        return pa.binary()
-    if t == pa.string_view():
-        return pa.string()
-    return t
 
 
 def _ts(moment: datetime) -> str:

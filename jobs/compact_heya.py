@@ -33,6 +33,7 @@ from deltalake import DeltaTable
 
 from delta_tables.heya_state import HeyaState, load_state, read_table, table_paths
 from delta_tables.layout import Layout
+from delta_tables.query import sql
 from delta_tables.schema import C
 from delta_tables.schema_heya import (HEYA_INBOX_TOKENS, HEYA_MAILBOXES, HEYA_PUSH_TOKENS,
                                       HEYA_SEND_TOKENS, HEYA_TABLES, HEYA_TRIMS, H)
@@ -70,7 +71,7 @@ def compact_heya(layout: Layout, report, target_size: int, retention_hours: int)
     # 1. inbox (inbox snapshot first, control after: see the module docstring)
     def inbox() -> tuple[int, int]:
         dt = DeltaTable(str(layout.inbox))
-        rows = compact._query({"inbox": dt}, f"""
+        rows = sql({"inbox": dt}, f"""
             SELECT {C.SEQ}, {C.PROTOCOL}, {C.MAILBOX}, {C.CURSOR},
                    {C.ENVELOPE} IS NULL AS tombstone
             FROM inbox WHERE {C.PROTOCOL} = '{PROTOCOL}'""")

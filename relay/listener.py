@@ -92,3 +92,14 @@ async def serve_until(node, stop: asyncio.Event, ready=None) -> None:
         await stop.wait()
     finally:
         await node.close()
+
+
+async def serve_role(settings, role: str, node, registry, stop: asyncio.Event,
+                     ready=None) -> None:
+    """`serve_until` with the role's /metrics exporter around it (relay/metrics.py)."""
+    from relay import metrics
+    exporter = metrics.serve_role(settings, role, registry)
+    try:
+        await serve_until(node, stop, metrics.announce(ready, exporter, settings.metrics.bind))
+    finally:
+        metrics.stop(exporter)

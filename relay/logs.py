@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 
 # The event vocabulary: name -> when it is logged (and its fields besides the standard ones).
 EVENTS: dict[str, str] = {

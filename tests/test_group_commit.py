@@ -8,7 +8,6 @@ import os
 from datetime import datetime, timezone
 
 import pyarrow as pa
-import pytest
 from deltalake import DeltaTable
 
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender, LandingTarget

@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-from datetime import timedelta
 from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from delta_tables.schema import C, INBOX, REJECTS
+from delta_tables.schema import C, INBOX
 from jobs.inbox_stream import InboxSink, start_inbox_stream
 from jobs.inbox_transform import StreamRules
 
@@ -130,7 +128,6 @@ def test_replay_after_partial_commit_is_exactly_once(spark, settings, layout, tm
     df = spark.read.format("parquet").load(
         [str(p) for p in Path(layout.landing_root).rglob("*.parquet")])
     from pyspark.sql import functions as F
-    from delta_tables.layout import Layout
     df = df.withColumn(C.LANDING_TABLE, F.lit("node-t/g000001")) \
            .withColumn(C.LANDING_VERSION, F.lit(1).cast("long")) \
            .withColumn("__batch_ts", F.current_timestamp())

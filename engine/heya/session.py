@@ -37,6 +37,8 @@ from __future__ import annotations
 from collections import deque
 from enum import Enum
 
+from engine.sans_io import SansIOOutput
+
 from . import frames
 from .events import CloseReason, CommandReceived, ConnectionClosed, Event
 from .frames import (Auth, BodyTooLarge, CommandParser, Dall, Deau, DigestMismatch, Extd, Inco,
@@ -98,7 +100,7 @@ def _reason(exc: MalformedCommand) -> CloseReason:
     return CloseReason.MALFORMED
 
 
-class HeyaSession:
+class HeyaSession(SansIOOutput[Event]):
     def __init__(self, *, max_body: int):
         """`max_body` is the largest SEND body accepted; a larger length closes the connection
         as soon as the SEND header is complete, so no more than that is ever buffered."""
@@ -106,8 +108,7 @@ class HeyaSession:
         self.phase = Phase.GREETING
         self.identity = Identity.SENDER
         self.close_reason: CloseReason | None = None
-        self._events: list[Event] = []
-        self._out = bytearray()
+        super().__init__()
         # Reply slots in command order: [request_id | None, bytes | None (owed) | _Fail].
         self._replies: deque[list] = deque()
         self._awaiting: dict[int, list] = {}
@@ -180,15 +181,6 @@ class HeyaSession:
         """The shell gave up on the connection (timeout, shutdown, write failure)."""
         if self.phase is not Phase.CLOSED:
             self._close(CloseReason.LOCAL)
-
-    def events_received(self) -> list[Event]:
-        events, self._events = self._events, []
-        return events
-
-    def data_to_send(self) -> bytes:
-        out = bytes(self._out)
-        self._out.clear()
-        return out
 
     @property
     def closed(self) -> bool:

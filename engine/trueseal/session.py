@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from engine.noise_session import (LengthPrefixDeframer, NoiseFailure, NoiseResponder, StaticKey,
                                   frame_message)
+from engine.sans_io import SansIOOutput
 
 from .events import CloseReason, ConnectionClosed, Event, HandshakeComplete
 from .frames import Frame, MalformedFrame, parse, serialize
@@ -43,7 +44,7 @@ class LocalProtocolError(RuntimeError):
     """The shell or the core asked for a move the state table does not allow."""
 
 
-class SessionCore:
+class SessionCore(SansIOOutput[Event]):
     """Base of PushSession and ReceiveSession.
 
     Subclasses set `PATTERN` (Noise handshake) and `ACCEPTS`: the frames a peer may send
@@ -60,8 +61,7 @@ class SessionCore:
         once per listener (cheaper per connection)."""
         self._noise = NoiseResponder(self.PATTERN, static)
         self._deframer = LengthPrefixDeframer()
-        self._events: list[Event] = []
-        self._out = bytearray()
+        super().__init__()
         self.state = State.HANDSHAKE
         self.close_reason: CloseReason | None = None
 
@@ -91,15 +91,6 @@ class SessionCore:
         """The shell gave up on the connection (timeout, shutdown)."""
         if self.state is not State.CLOSED:
             self._close(CloseReason.LOCAL)
-
-    def events_received(self) -> list[Event]:
-        events, self._events = self._events, []
-        return events
-
-    def data_to_send(self) -> bytes:
-        out = bytes(self._out)
-        self._out.clear()
-        return out
 
     @property
     def closed(self) -> bool:
