@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-from deltalake import DeltaTable, write_deltalake
+from deltalake import DeltaTable
 
 from .schema import ACKS, INBOX, LANDING, PADDING_AUDIT, REJECTS, TableDef
 
@@ -126,14 +126,6 @@ def ensure_table(path: Path, tdef: TableDef) -> DeltaTable:
         if (path / "_delta_log").exists():
             return DeltaTable(str(path))
         raise
-
-
-def empty(tdef: TableDef) -> pa.Table:
-    return tdef.arrow_schema().empty_table()
-
-
-def append(path: Path, table: pa.Table, **kwargs) -> None:
-    write_deltalake(str(path), table, mode="append", **kwargs)
 
 
 def equals(column: str, value: str | bytes) -> ds.Expression:
