@@ -130,6 +130,21 @@ class HeyaConf:
 
 
 @dataclass
+class PppConf:
+    # PPP over WebSocket (/v1/ws), sealed-sender and polling HTTP, hosted by the ingress
+    # process (FastAPI + uvicorn); the limits themselves are appendix C's (engine/ppp).
+    enabled: bool = True
+    port: int = 8780
+
+
+@dataclass
+class SyncConf:
+    # The cursor-sync relay over QUIC (ALPN /0k-sync/1), hosted by the ingress process.
+    enabled: bool = True
+    port: int = 4433
+
+
+@dataclass
 class Settings:
     data_dir: str = "./data"
     bind: str = "127.0.0.1"
@@ -139,6 +154,8 @@ class Settings:
     egress: EgressConf = field(default_factory=EgressConf)
     compaction: CompactionConf = field(default_factory=CompactionConf)
     heya: HeyaConf = field(default_factory=HeyaConf)
+    ppp: PppConf = field(default_factory=PppConf)
+    sync: SyncConf = field(default_factory=SyncConf)
     metrics: MetricsConf = field(default_factory=MetricsConf)
 
     @property
@@ -162,6 +179,8 @@ ENV_OVERRIDES = {
     "RELAY_SPARK_MASTER": "stream.master",
     "RELAY_TRIGGER_INTERVAL_MS": "stream.trigger_interval_ms",
     "RELAY_HEYA_PORT": "heya.port",
+    "RELAY_PPP_PORT": "ppp.port",
+    "RELAY_SYNC_PORT": "sync.port",
     "RELAY_METRICS_BIND": "metrics.bind",
     "RELAY_METRICS_PORT_INGRESS": "metrics.ingress_port",
     "RELAY_METRICS_PORT_EGRESS": "metrics.egress_port",

@@ -29,6 +29,8 @@ def settings(tmp_path):
     s.trueseal.push_port = 0
     s.trueseal.receive_port = 0
     s.heya.port = 0
+    s.ppp.port = 0
+    s.sync.port = 0
     return s
 
 
