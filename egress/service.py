@@ -29,9 +29,11 @@ class EgressNode:
             DeltaAppendTarget(self.layout.acks, ACKS, fsync=fsync),
             max_rows=conf.ack_max_rows_per_commit)
         self.hub = MailboxHub(AckWriter(self.acks), max_pending=conf.max_pending_per_mailbox)
-        # Heya is not delivered from here: its receivers WANT by seq from the ingress node
-        # that hosts the Heya listener (ingress/heya_inbox.py).
-        self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.hub, exclude={"heya"})
+        # Only trueseal is pushed from here. Heya, PPP and cursor-sync clients read by seq or
+        # cursor from the ingress process that hosts their listener, which tails the inbox
+        # for its own protocol (ingress/heya_inbox.py, ingress/ppp_*, ingress/sync_*).
+        self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.hub,
+                              protocols={"trueseal"})
         self.hub.loader = self.tail.load
         self.key = keys.load_or_create(settings.data_dir)
         self.trueseal = ReceiveServer(settings, self.hub, self.key)
