@@ -1,0 +1,288 @@
+"""PPP test vectors (spec "Test vectors"): `python -m engine.ppp.vectors [--out DIR]`.
+
+Writes one JSON file per primitive into `test-vectors/` (repo root by default): keys, kdf,
+seal, wrap, event_id, sealed_event_id, delivery_token, member_token, padding, fingerprint.
+Everything is deterministic: seeds are SHAKE-256("ppp-test-vector/" + label) and every random
+value the wrap draws comes from a SHAKE-256 stream of a label; each drawn value is written out
+explicitly, in draw order, so another implementation can replay it without our stream. All
+byte strings are lowercase hex; timestamps are unix seconds.
+
+The spec's own vector section lists no concrete values, so these are ours; the conventions
+they pin down are in the module docstrings of crypto.py, wrap.py, padding.py and tokens.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import msgpack
+
+from . import crypto, padding, tokens
+from .ids import event_id, sealed_event_id
+from .keys import Identity, x25519
+from .wrap import Kind, PresenceContent, Region, Rumor, TimeWindow, seal, unwrap, wrap
+
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "test-vectors"
+CREATED_AT = 1_700_000_000
+EXPIRES_AT = CREATED_AT + 7 * 86_400
+
+
+def vector_seed(label: str, n: int = 32) -> bytes:
+    return hashlib.shake_256(b"ppp-test-vector/" + label.encode()).digest(n)
+
+
+class Stream:
+    """Deterministic `randbytes`: successive slices of SHAKE-256(label); records each draw."""
+
+    def __init__(self, label: str):
+        self.label, self.offset, self.draws = label, 0, []
+
+    def __call__(self, n: int) -> bytes:
+        out = hashlib.shake_256(b"ppp-test-vector-rng/" + self.label.encode()).digest(
+            self.offset + n)[self.offset:]
+        self.offset += n
+        self.draws.append(out)
+        return out
+
+
+def _h(b: bytes) -> str:
+    return b.hex()
+
+
+def _file(description: str, spec: str, vectors: list, **extra) -> dict:
+    return {"description": description, "spec": spec, **extra, "vectors": vectors}
+
+
+def _people() -> dict[str, Identity]:
+    return {name: Identity.from_seed(vector_seed(name)) for name in ("alice", "bob", "carol")}
+
+
+def keys_vectors(people) -> dict:
+    vs = [{"name": n, "seed": _h(i.seed), "ed25519_pk": _h(i.ed25519_pk),
+           "ed25519_sk": _h(i.ed25519_sk), "x25519_pk": _h(i.x25519_pk),
+           "x25519_sk": _h(i.x25519_sk),
+           "sig_message": _h(b"ppp-test-vector"), "sig": _h(i.sign(b"ppp-test-vector"))}
+          for n, i in people.items()]
+    return _file("Ed25519 key pair from a 32-byte seed (crypto_sign_seed_keypair), its X25519 "
+                 "twin (crypto_sign_ed25519_{pk,sk}_to_curve25519) and a detached signature.",
+                 "§1 identity and keys", vs)
+
+
+def kdf_vectors(people) -> dict:
+    a, b = people["alice"], people["bob"]
+    shared = x25519(a.x25519_sk, b.x25519_pk)
+    vs = [{"alice_x25519_sk": _h(a.x25519_sk), "bob_x25519_pk": _h(b.x25519_pk),
+           "shared_secret": _h(shared), "context": ctx.decode(), "context_hex": _h(ctx),
+           "key": _h(crypto.kdf(shared, ctx))}
+          for ctx in (crypto.CTX_EVENT, crypto.CTX_SEAL, crypto.CTX_WRAP)]
+    return _file("shared_secret = crypto_scalarmult(sk, pk); key = crypto_generichash(32, "
+                 "in=shared_secret, key=context), i.e. BLAKE2b-256 keyed by the context string.",
+                 "§2 key exchange and KDF", vs)
+
+
+def _presence(sender: Identity, recipient: Identity) -> Rumor:
+    content = PresenceContent(
+        event_id=vector_seed("presence-event-id", 16), message="Meet at the fountain \u26f2",
+        region=Region(52.520008, 13.404954, 150),
+        time_window=TimeWindow(CREATED_AT, CREATED_AT + 86_400, "Europe/Berlin"),
+        recipients=(recipient.pubkey,))
+    return Rumor(sender.pubkey, Kind.PRESENCE, content, CREATED_AT)
+
+
+def wrap_vectors(people) -> tuple[dict, dict, dict]:
+    """The seal layer, the whole wrap, and the event id, all from one deterministic run."""
+    a, b = people["alice"], people["bob"]
+    rumor = _presence(a, b)
+    rng = Stream("wrap/alice->bob")
+    gw = wrap(rumor, a, b.pubkey, created_at=CREATED_AT, expires_at=EXPIRES_AT, randbytes=rng)
+    seal_seed, seal_nonce, pad_bytes, wrap_seed, wrap_nonce = rng.draws
+    # Recompute every intermediate step by step and check it is what wrap() produced.
+    e1, e2 = Identity.from_seed(seal_seed), Identity.from_seed(wrap_seed)
+    seal_shared = x25519(e1.x25519_sk, b.x25519_pk)
+    seal_key = crypto.kdf(seal_shared, crypto.CTX_SEAL)
+    s = seal(rumor, a, b.pubkey, Stream("wrap/alice->bob"))
+    padded = padding.pad(s.encode(), lambda n: pad_bytes)
+    wrap_shared = x25519(e2.x25519_sk, b.x25519_pk)
+    wrap_key = crypto.kdf(wrap_shared, crypto.CTX_WRAP)
+    assert crypto.encrypt(padded, wrap_nonce, wrap_key) == gw.ciphertext
+    assert unwrap(gw.encode(), b).rumor == rumor
+    c = rumor.content
+    rumor_fields = {"sender": _h(rumor.sender), "kind": rumor.kind, "created_at": CREATED_AT,
+                    "content": {"event_id": _h(c.event_id), "message": c.message,
+                                "region": {"region_type": 0, "latitude": c.region.latitude,
+                                           "longitude": c.region.longitude,
+                                           "radius_m": c.region.radius_m},
+                                "time_window": {"starts_at": c.time_window.starts_at,
+                                                "ends_at": c.time_window.ends_at,
+                                                "timezone": c.time_window.timezone},
+                                "recipients": [_h(r) for r in c.recipients]}}
+    seal_v = {"sender_seed": _h(a.seed), "recipient_seed": _h(b.seed),
+              "recipient_pk": _h(b.pubkey), "rumor": rumor_fields,
+              "rumor_msgpack": _h(rumor.encode()),
+              "seal_ephemeral_seed": _h(seal_seed), "seal_ephemeral_pk": _h(e1.ed25519_pk),
+              "seal_shared": _h(seal_shared), "seal_key": _h(seal_key),
+              "seal_nonce": _h(seal_nonce), "seal_ciphertext": _h(s.ciphertext),
+              "sender_sig": _h(s.sender_sig), "seal_msgpack": _h(s.encode())}
+    wrap_v = {**{k: seal_v[k] for k in ("sender_seed", "recipient_seed", "recipient_pk",
+                                         "rumor_msgpack", "seal_msgpack")},
+              "random_draws_in_order": [_h(d) for d in rng.draws],
+              "padding_bytes": _h(pad_bytes), "bucket": len(padded),
+              "padded_seal": _h(padded),
+              "wrap_ephemeral_seed": _h(wrap_seed), "wrap_ephemeral_pk": _h(e2.ed25519_pk),
+              "wrap_shared": _h(wrap_shared), "wrap_key": _h(wrap_key),
+              "wrap_nonce": _h(wrap_nonce), "wrap_ciphertext": _h(gw.ciphertext),
+              "created_at": CREATED_AT, "expires_at": EXPIRES_AT,
+              "giftwrap_msgpack": _h(gw.encode()), "event_id": _h(gw.event_id)}
+    conventions = ("MessagePack maps with the §3.x integer keys (rumor 7,8,9,5; seal 2,3,4,10; "
+                   "giftwrap 1..6; region_type 14); content fields the table lacks are keyed "
+                   "by their spec names. ephemeral_pk is the ephemeral Ed25519 key, converted "
+                   "to X25519 for the DH. sender_sig = Ed25519 over the seal ciphertext. The "
+                   "serialised seal is padded (0x01 delimiter, random, 0x00 terminator) before "
+                   "the wrap encryption. AEAD: XChaCha20-Poly1305-IETF, no associated data.")
+    return (_file("Layer 2: the rumor sealed to the recipient and signed by the sender.",
+                  "§3 gift wrap, layer 2", [seal_v], conventions=conventions),
+            _file("All three layers, with every random draw and intermediate value.",
+                  "§3 gift wrap, §11 padding", [wrap_v], conventions=conventions,
+                  draw_order=["seal ephemeral seed (32)", "seal nonce (24)",
+                              "padding (bucket - len(seal) - 2)", "wrap ephemeral seed (32)",
+                              "wrap nonce (24)"]),
+            gw)
+
+
+def event_id_vectors(gw) -> tuple[dict, dict]:
+    a = [{"ephemeral_pk": _h(gw.ephemeral_pk), "nonce": _h(gw.nonce),
+          "ciphertext": _h(gw.ciphertext), "event_id": _h(gw.event_id)}]
+    epk, nonce, ct = vector_seed("eid-epk"), vector_seed("eid-nonce", 24), vector_seed("eid-ct", 48)
+    a.append({"ephemeral_pk": _h(epk), "nonce": _h(nonce), "ciphertext": _h(ct),
+              "event_id": _h(event_id(epk, nonce, ct))})
+    token = vector_seed("eid-token", 12)
+    s = [{"domain": "ppp-note-event-id-v1", "ephemeral_pk": _h(epk), "nonce": _h(nonce),
+          "ciphertext": _h(ct), "delivery_token": _h(token), "created_at": CREATED_AT,
+          "created_at_be64": _h(struct.pack(">Q", CREATED_AT)),
+          "event_id": _h(sealed_event_id(epk, nonce, ct, token, CREATED_AT))}]
+    return (_file("Authenticated path: BLAKE2b-256(ephemeral_pk || nonce || ciphertext), "
+                  "unkeyed. The first vector is the wrap vector's GiftWrap.",
+                  "§4.5 event ids", a),
+            _file("Sealed-Note path: BLAKE2b-256('ppp-note-event-id-v1' || ephemeral_pk || "
+                  "nonce || ciphertext || delivery_token || created_at as big-endian u64), "
+                  "unkeyed.", "§4.5 event ids", s))
+
+
+def delivery_token_vectors(people) -> dict:
+    a, b = people["alice"], people["bob"]
+    shared = x25519(a.x25519_sk, b.x25519_pk)
+    vs = [{"note_to": name, "alice_seed": _h(a.seed), "bob_seed": _h(b.seed),
+           "shared_secret": _h(shared), "recipient_pk": _h(rec.pubkey),
+           "input": _h(rec.pubkey + tokens.DELIVERY_DOMAIN),
+           "delivery_token": _h(tokens.delivery_token_from_secret(shared, rec.pubkey))}
+          for name, rec in (("bob", b), ("alice", a))]
+    return _file("BLAKE2b(12, key = X25519 shared secret of the pair, in = recipient_pk || "
+                 "'ppp-note-delivery-v1'). The sender derives it with the recipient's key, the "
+                 "recipient registers the same value.", "§6.2 delivery tokens", vs)
+
+
+def member_token_vectors(people) -> dict:
+    room_id, room_key = vector_seed("room-id", 16), vector_seed("room-key")
+    vs = []
+    for name in ("alice", "carol"):
+        me = people[name]
+        room_identity = tokens.room_signing_identity(me, room_id)
+        vs.append({"member_seed": _h(me.seed), "member_ed25519_sk_first32": _h(me.ed25519_sk[:32]),
+                   "room_id": _h(room_id), "room_signing_seed": _h(room_identity.seed),
+                   "member_signing_pk": _h(room_identity.pubkey), "room_key": _h(room_key),
+                   "member_token": _h(tokens.member_token(room_key, room_identity.pubkey,
+                                                          room_id))})
+    return _file("Per-room signing seed = BLAKE2b(32, key = ed25519_sk[0..32], in = room_id || "
+                 "'ppp-room-sign-v1'); member_token = BLAKE2b(12, key = room_key, in = "
+                 "member_signing_pk || room_id || 'ppp-room-member-v1').",
+                 "§7.3 member tokens", vs)
+
+
+def _msgpack_of_length(total: int) -> bytes:
+    """A MessagePack bin object of exactly `total` bytes, its payload all 0x01 (so a naive
+    scan for the delimiter would go wrong)."""
+    n = total - 2 if total - 2 < 256 else total - 3
+    out = msgpack.packb(b"\x01" * n, use_bin_type=True)
+    assert len(out) == total
+    return out
+
+
+def padding_vectors() -> dict:
+    vs = []
+    for total in (5, 254, 255, 1022, 1023, 4094, 16382):
+        pt = _msgpack_of_length(total)
+        rng = Stream(f"padding/{total}")
+        padded = padding.pad(pt, rng)
+        vs.append({"plaintext": _h(pt), "plaintext_length": total, "bucket": len(padded),
+                   "padding": _h(rng.draws[0] if rng.draws else b""), "padded": _h(padded)})
+    ok = bytes.fromhex(vs[0]["padded"])
+    invalid = [
+        {"reason": "length is not a bucket", "padded": _h(ok[:-1])},
+        {"reason": "last byte is not the 0x00 terminator", "padded": _h(ok[:-1] + b"\x02")},
+        {"reason": "byte after the payload is not the 0x01 delimiter",
+         "padded": _h(ok[:5] + b"\x00" + ok[6:])},
+        {"reason": "padded to a larger bucket than needed",
+         "padded": _h(bytes.fromhex(vs[0]["plaintext"]) + b"\x01" + bytes(1024 - 7) + b"\x00")},
+    ]
+    return _file("padded = plaintext || 0x01 || padding || 0x00 with len(padded) = the smallest "
+                 "bucket >= len(plaintext) + 2; buckets 256, 1024, 4096, 16384; a plaintext "
+                 "over 16382 bytes is refused. The plaintext is always one MessagePack object "
+                 "(the seal), which is how the receiver finds the delimiter.",
+                 "§11 padding", vs, buckets=list(padding.BUCKETS),
+                 too_large={"plaintext_length": padding.MAX_PLAINTEXT + 1, "result": "error"},
+                 invalid=invalid)
+
+
+def fingerprint_vectors(people) -> dict:
+    vs = []
+    for x, y in (("alice", "bob"), ("bob", "carol")):
+        pa, pb = people[x].pubkey, people[y].pubkey
+        fp = tokens.fingerprint(pa, pb)
+        vs.append({"pk_a": _h(pa), "pk_b": _h(pb), "sorted_concat": _h(b"".join(sorted((pa, pb)))),
+                   "blake2b_16": _h(tokens.fingerprint_bytes(pa, pb)), "fingerprint": fp,
+                   "display": tokens.display_fingerprint(fp)})
+    return _file("fingerprint = base64(BLAKE2b(16, min(pk_a, pk_b) || max(pk_a, pk_b))), "
+                 "unkeyed, RFC 4648 standard alphabet with padding; display = unpadded, "
+                 "groups of four.", "§9.7 OOB verification fingerprint", vs)
+
+
+def generate() -> dict[str, dict]:
+    people = _people()
+    seal_f, wrap_f, gw = wrap_vectors(people)
+    auth_f, sealed_f = event_id_vectors(gw)
+    return {"keys.json": keys_vectors(people), "kdf.json": kdf_vectors(people),
+            "seal.json": seal_f, "wrap.json": wrap_f, "event_id.json": auth_f,
+            "sealed_event_id.json": sealed_f,
+            "delivery_token.json": delivery_token_vectors(people),
+            "member_token.json": member_token_vectors(people),
+            "padding.json": padding_vectors(), "fingerprint.json": fingerprint_vectors(people)}
+
+
+def render(doc: dict) -> str:
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def write(out_dir: Path = DEFAULT_DIR) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, doc in generate().items():
+        path = out_dir / name
+        path.write_text(render(doc), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m engine.ppp.vectors", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=DEFAULT_DIR, help=f"default {DEFAULT_DIR}")
+    for path in write(p.parse_args(argv).out):
+        print(path)
+
+
+if __name__ == "__main__":
+    main()

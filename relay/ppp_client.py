@@ -1,0 +1,407 @@
+"""PPP client: the I/O half of the client library (the pure half is engine/ppp).
+
+    async with await PppClient.connect("ws://127.0.0.1:8780/v1/ws", identity) as c:
+        event_id = await c.store(giftwrap)                 # STORE -> STORED
+        events, cursor = await c.fetch(since=0)             # FETCH -> EVENTS
+        await c.ack([GiftWrap.decode(e).event_id for e in events])   # ACK -> ACKED
+        await c.register_delivery_token(token)               # -> DELIVERY_TOKEN_REGISTERED
+    event_id = await submit_sealed(http_base(url), token, giftwrap)   # POST /v1/note/submit
+
+WebSocket (spec §5.1): every frame is a binary MessagePack map with a `cmd` field; on connect
+the relay sends CHALLENGE {nonce}, we answer AUTH {pubkey, sig = Ed25519(nonce)}. Replies come
+back in command order; an unsolicited NOTIFY {count} may arrive between them and is counted
+(`notified`) and can be awaited (`wait_notify`). A `*_FAIL` reply raises `PppRefused`.
+
+Sealed submit (§6.3, appendix C.6): an anonymous HTTP POST of SealedNoteSubmit as
+application/msgpack; no AUTH, the delivery token is the only identifier. Done with stdlib
+urllib in a worker thread (httpx is not a dependency of this project).
+
+Also here: the seed file (64 hex characters, mode 0600) and the two flows the CLI runs,
+`send_presence` and `receive`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import stat
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import websockets
+
+from engine.ppp.giftwrap import GiftWrap, GiftWrapError
+from engine.ppp.ids import sealed_event_id
+from engine.ppp.keys import Identity
+from engine.ppp.tokens import recipient_delivery_token, sender_delivery_token
+from engine.ppp.wrap import (Kind, Opened, PresenceContent, Region, Rumor, TimeWindow,
+                             WrapError, unwrap, wrap)
+
+WS_PATH = "/v1/ws"
+NOTE_SUBMIT_PATH = "/v1/note/submit"
+DEFAULT_TTL = 7 * 86_400
+
+
+class PppError(Exception):
+    """Transport-level failure: connection closed, unexpected reply, HTTP error."""
+
+
+class PppRefused(PppError):
+    """The relay answered with a failure (AUTH_FAIL, STORE_FAIL, BACKUP_FAIL, HTTP 4xx)."""
+
+    def __init__(self, cmd: str, reason: str, status: int | None = None):
+        super().__init__(f"{cmd}: {reason}")
+        self.cmd, self.reason, self.status = cmd, reason, status
+
+
+def _pack(cmd: str, **fields: Any) -> bytes:
+    return msgpack.packb({"cmd": cmd, **fields}, use_bin_type=True)
+
+
+def ws_url(host: str, port: int) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"ws://{host}:{port}{WS_PATH}"
+
+
+def http_base(url: str) -> str:
+    """ws://h:p/v1/ws -> http://h:p (wss -> https); an http(s) URL passes through."""
+    u = urllib.parse.urlsplit(url)
+    scheme = {"ws": "http", "wss": "https"}.get(u.scheme, u.scheme)
+    return f"{scheme}://{u.netloc}"
+
+
+class PppClient:
+    def __init__(self, ws, identity: Identity):
+        self._ws = ws
+        self.identity = identity
+        self.notified = 0                    # sum of NOTIFY counts seen so far
+        self._notify = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return f"PppClient({self.identity!r})"
+
+    @classmethod
+    async def connect(cls, url: str, identity: Identity, *, open_timeout: float = 10.0,
+                      max_size: int = 1 << 24) -> "PppClient":
+        """Open the WebSocket and authenticate; raises PppRefused on AUTH_FAIL."""
+        ws = await websockets.connect(url, open_timeout=open_timeout, max_size=max_size)
+        client = cls(ws, identity)
+        try:
+            challenge = await client._recv()
+            if challenge.get("cmd") != "CHALLENGE" or not isinstance(challenge.get("nonce"),
+                                                                     bytes):
+                raise PppError(f"expected CHALLENGE, got {challenge.get('cmd')!r}")
+            await client._send(_pack("AUTH", pubkey=identity.pubkey,
+                                     sig=identity.sign(challenge["nonce"])))
+            await client._expect("AUTH_OK")
+        except BaseException:
+            await ws.close()
+            raise
+        return client
+
+    async def __aenter__(self) -> "PppClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._ws.close()
+
+    async def _send(self, frame: bytes) -> None:
+        await self._ws.send(frame)
+
+    async def _recv(self, *, until_notify: bool = False) -> dict:
+        """The next reply; NOTIFY frames on the way are counted, and returned only
+        `until_notify`."""
+        while True:
+            try:
+                data = await self._ws.recv()
+            except websockets.ConnectionClosed as e:
+                raise PppError(f"connection closed ({e.rcvd.code if e.rcvd else 'no close frame'}"
+                               f"{': ' + e.rcvd.reason if e.rcvd and e.rcvd.reason else ''})") from e
+            if isinstance(data, str):
+                data = data.encode()
+            try:
+                m = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            except Exception as e:   # msgpack raises several unrelated types
+                raise PppError("relay sent malformed MessagePack") from e
+            if not isinstance(m, dict) or not isinstance(m.get("cmd"), str):
+                raise PppError("relay sent a frame without cmd")
+            if m["cmd"] == "NOTIFY":
+                count = m.get("count", 0)
+                self.notified += count if isinstance(count, int) else 0
+                self._notify.set()
+                if not until_notify:
+                    continue
+            return m
+
+    async def _expect(self, cmd: str) -> dict:
+        m = await self._recv()
+        if m["cmd"] == cmd:
+            return m
+        if m["cmd"].endswith("_FAIL"):
+            raise PppRefused(m["cmd"], str(m.get("reason", "")))
+        raise PppError(f"expected {cmd}, got {m['cmd']}")
+
+    async def _call(self, frame: bytes, reply: str) -> dict:
+        await self._send(frame)
+        return await self._expect(reply)
+
+    async def store(self, event: GiftWrap | bytes) -> bytes:
+        """STORE one GiftWrap; returns the event id the relay assigned (§4.5)."""
+        data = event.encode() if isinstance(event, GiftWrap) else event
+        return (await self._call(_pack("STORE", event=data), "STORED"))["event_id"]
+
+    async def fetch(self, since: int = 0, cursor: int | None = None
+                    ) -> tuple[list[bytes], int | None]:
+        """One FETCH page: encoded GiftWraps and the cursor of the next page (None: last)."""
+        fields: dict[str, Any] = {"since": since}
+        if cursor is not None:
+            fields["cursor"] = cursor
+        m = await self._call(_pack("FETCH", **fields), "EVENTS")
+        events = m.get("events")
+        if not isinstance(events, list) or not all(isinstance(e, bytes) for e in events):
+            raise PppError("EVENTS.events must be a list of bytes")
+        return events, m.get("cursor")
+
+    async def fetch_all(self, since: int = 0, max_pages: int = 1000) -> list[bytes]:
+        out, cursor = [], None
+        for _ in range(max_pages):
+            events, next_cursor = await self.fetch(since, cursor)
+            out.extend(events)
+            if next_cursor is None or not events or next_cursor == cursor:
+                break
+            cursor = next_cursor
+        return out
+
+    async def ack(self, event_ids: list[bytes]) -> int:
+        return int((await self._call(_pack("ACK", event_ids=list(event_ids)), "ACKED"))["count"])
+
+    async def register_delivery_token(self, token: bytes) -> None:
+        await self._call(_pack("REGISTER_DELIVERY_TOKEN", delivery_token=token),
+                         "DELIVERY_TOKEN_REGISTERED")
+
+    async def deregister_delivery_token(self, token: bytes) -> None:
+        await self._call(_pack("DEREGISTER_DELIVERY_TOKEN", delivery_token=token),
+                         "DELIVERY_TOKEN_DEREGISTERED")
+
+    async def wait_notify(self, timeout: float | None = None) -> int:
+        """Wait for a NOTIFY (reads frames until one comes); returns the total seen so far.
+        Only call it with no command outstanding."""
+        async def until():
+            m = await self._recv(until_notify=True)
+            if m["cmd"] != "NOTIFY":
+                raise PppError(f"unexpected {m['cmd']} while waiting for NOTIFY")
+        if not self._notify.is_set():
+            await asyncio.wait_for(until(), timeout)
+        self._notify.clear()
+        return self.notified
+
+
+# --- sealed sender over HTTP (§6.3) -------------------------------------------------------------
+
+def sealed_note_body(token: bytes, gw: GiftWrap) -> bytes:
+    """SealedNoteSubmit (appendix C.6): the GiftWrap minus its recipient, plus the token."""
+    return msgpack.packb({"delivery_token": token, "ephemeral_pk": gw.ephemeral_pk,
+                          "nonce": gw.nonce, "ciphertext": gw.ciphertext,
+                          "created_at": gw.created_at, "expires_at": gw.expires_at},
+                         use_bin_type=True)
+
+
+def _post(url: str, body: bytes, timeout: float) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": "application/msgpack"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+_HTTP_REASONS = {400: "malformed or expired", 401: "unknown delivery token",
+                 409: "duplicate event", 413: "body too large", 429: "rate limited",
+                 503: "storage unavailable"}
+
+
+async def submit_sealed(base_url: str, token: bytes, gw: GiftWrap, *,
+                        timeout: float = 10.0) -> bytes:
+    """POST /v1/note/submit; returns the sealed-path event id (§4.5): the relay's STORED
+    reply if it sent one, else computed locally. Raises PppRefused with the HTTP status on
+    4xx/5xx (401 unknown token, 409 duplicate, 429 rate limited)."""
+    status, body = await asyncio.to_thread(_post, base_url.rstrip("/") + NOTE_SUBMIT_PATH,
+                                           sealed_note_body(token, gw), timeout)
+    if not 200 <= status < 300:
+        reason = _reason(body) or _HTTP_REASONS.get(status, "refused")
+        raise PppRefused("note/submit", f"HTTP {status} {reason}", status)
+    local = sealed_event_id(gw.ephemeral_pk, gw.nonce, gw.ciphertext, token, gw.created_at)
+    try:
+        reply = msgpack.unpackb(body, raw=False) if body else None
+    except Exception:   # msgpack raises several unrelated types; the local id stands
+        reply = None
+    if isinstance(reply, dict) and isinstance(reply.get("event_id"), bytes):
+        return reply["event_id"]
+    return local
+
+
+def _reason(body: bytes) -> str:
+    for decode in (lambda b: msgpack.unpackb(b, raw=False), json.loads):
+        try:
+            m = decode(body)
+        except Exception:   # either decoder's errors
+            continue
+        if isinstance(m, dict):
+            for k in ("reason", "detail", "error"):
+                if isinstance(m.get(k), str):
+                    return m[k]
+    return body[:200].decode("utf-8", "replace") if body else ""
+
+
+# --- seed file ------------------------------------------------------------------------------
+
+def write_seed(path: str | Path, identity: Identity, *, force: bool = False) -> None:
+    """64 hex characters and a newline, created 0600 (never widened by umask)."""
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+    fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, (identity.seed.hex() + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def read_seed(path: str | Path) -> Identity:
+    raw = Path(path).read_bytes()
+    text = raw.strip()
+    try:
+        seed = bytes.fromhex(text.decode("ascii")) if len(text) == 64 else raw
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: not a PPP seed file (64 hex characters)") from e
+    if len(seed) != 32:
+        raise ValueError(f"{path}: not a PPP seed file (64 hex characters)")
+    return Identity.from_seed(seed)
+
+
+def seed_file_too_open(path: str | Path) -> bool:
+    return bool(os.stat(path).st_mode & (stat.S_IRWXG | stat.S_IRWXO))
+
+
+# --- the flows the CLI runs -------------------------------------------------------------------
+
+def build_presence(sender: Identity, recipient_pk: bytes, text: str, *, lat: float = 0.0,
+                   lon: float = 0.0, radius_m: int = 50_000, ttl: int = DEFAULT_TTL,
+                   now: int | None = None, timezone: str = "UTC") -> GiftWrap:
+    """A PRESENCE event to one recipient, discoverable from now until now + ttl."""
+    now = int(time.time()) if now is None else now
+    content = PresenceContent(uuid.uuid4().bytes, text, Region(float(lat), float(lon), radius_m),
+                              TimeWindow(now, now + ttl, timezone), (recipient_pk,))
+    rumor = Rumor(sender.pubkey, Kind.PRESENCE, content, now)
+    return wrap(rumor, sender, recipient_pk, created_at=now, expires_at=now + ttl)
+
+
+@dataclass
+class SendResult:
+    event_id: bytes
+    via: str                 # "ws" or "sealed"
+    size: int                # bytes of the GiftWrap ciphertext the relay sees
+
+    def to_json(self) -> dict:
+        return {"event_id": self.event_id.hex(), "via": self.via, "ciphertext_bytes": self.size}
+
+
+async def send_presence(url: str, sender: Identity, recipient_pk: bytes, text: str, *,
+                        sealed: bool = False, token: bytes | None = None,
+                        **presence) -> SendResult:
+    gw = build_presence(sender, recipient_pk, text, **presence)
+    if sealed:
+        token = token or sender_delivery_token(sender, recipient_pk)
+        return SendResult(await submit_sealed(http_base(url), token, gw), "sealed",
+                          len(gw.ciphertext))
+    async with await PppClient.connect(url, sender) as c:
+        return SendResult(await c.store(gw), "ws", len(gw.ciphertext))
+
+
+async def register_token(url: str, me: Identity, contact_pk: bytes) -> bytes:
+    """Register the delivery token of (me, contact) for notes the contact sends me."""
+    token = recipient_delivery_token(me, contact_pk)
+    async with await PppClient.connect(url, me) as c:
+        await c.register_delivery_token(token)
+    return token
+
+
+@dataclass
+class Received:
+    event_id: bytes
+    opened: Opened | None = None
+    error: str | None = None
+    acked: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"event_id": self.event_id.hex()}
+        if self.opened is None:
+            out["error"] = self.error
+            return out
+        r = self.opened.rumor
+        out.update(sender=r.sender.hex(), kind=_kind_name(r.kind), created_at=r.created_at,
+                   verified=True)
+        if isinstance(r.content, PresenceContent):
+            c = r.content
+            out.update(message=c.message,
+                       region={"latitude": c.region.latitude, "longitude": c.region.longitude,
+                               "radius_m": c.region.radius_m},
+                       time_window={"starts_at": c.time_window.starts_at,
+                                    "ends_at": c.time_window.ends_at,
+                                    "timezone": c.time_window.timezone})
+        else:
+            out["content"] = repr(r.content)
+        out["expires_at"] = self.opened.giftwrap.expires_at
+        out.update(self.extra)
+        if self.acked:
+            out["acked"] = True
+        return out
+
+
+def _kind_name(kind: int) -> str:
+    try:
+        return Kind(kind).name
+    except ValueError:
+        return f"0x{kind:02x}"
+
+
+def open_event(data: bytes, me: Identity) -> Received:
+    """Unwrap and verify one fetched event; failures become a Received with `error`."""
+    try:
+        gw = GiftWrap.decode(data)
+    except GiftWrapError as e:
+        return Received(b"", error=f"giftwrap: {e}")
+    try:
+        return Received(gw.event_id, unwrap(gw, me))
+    except WrapError as e:
+        return Received(gw.event_id, error=str(e))
+
+
+async def receive(url: str, me: Identity, *, since: int = 0, ack: bool = False
+                  ) -> list[Received]:
+    """FETCH every page, unwrap and verify each event; with `ack`, ACK those that opened.
+    Events that fail to open are reported and left on the relay."""
+    async with await PppClient.connect(url, me) as c:
+        got = [open_event(e, me) for e in await c.fetch_all(since)]
+        if ack:
+            ids = [r.event_id for r in got if r.opened is not None]
+            if ids:
+                await c.ack(ids)
+                for r in got:
+                    r.acked = r.opened is not None
+    return got
