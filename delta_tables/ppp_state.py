@@ -1,0 +1,134 @@
+"""The PPP control plane as data: the fold of `schema_ppp` tables.
+
+Pure: rows in, a `PppState` out. The owner (`ingress/ppp_control.py`) applies each row it
+writes with the same methods the loader replays at start, so memory and a rebuild after a
+restart agree by construction. Backup ciphertext is not held: the state keeps each backup's
+version and `at`, and a FETCH_BACKUP reads that one row (`read_backup`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+
+from .query import sql
+from .schema_ppp import (OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_STORE, PPP_BACKUPS,
+                         PPP_DELIVERY_TOKENS, PPP_TABLES, Q)
+
+
+@dataclass(frozen=True)
+class BackupMeta:
+    version: int
+    at: int          # unix µs; stored_at (seconds) is at // 1e6
+
+    @property
+    def stored_at(self) -> int:
+        return self.at // 1_000_000
+
+
+@dataclass
+class PppState:
+    tokens: dict[bytes, tuple[bytes, int]] = field(default_factory=dict)  # token -> (recipient, at)
+    by_recipient: dict[bytes, set[bytes]] = field(default_factory=dict)
+    backups: dict[bytes, BackupMeta] = field(default_factory=dict)
+    last_at: int = 0
+
+    def __repr__(self) -> str:
+        return f"PppState(delivery_tokens={len(self.tokens)}, backups={len(self.backups)})"
+
+    def _seen(self, at: int) -> None:
+        self.last_at = max(self.last_at, at)
+
+    def token_row(self, op: str, token: bytes, recipient: bytes, at: int) -> None:
+        self._seen(at)
+        if op == OP_REGISTER:
+            old = self.tokens.get(token)
+            if old is not None and old[0] != recipient:
+                return   # the owner never writes this; a token routes to its first recipient
+            self.tokens[token] = (recipient, at)
+            self.by_recipient.setdefault(recipient, set()).add(token)
+        elif op == OP_DEREGISTER:
+            old = self.tokens.get(token)
+            if old is None or old[0] != recipient:
+                return
+            del self.tokens[token]
+            mine = self.by_recipient[recipient]
+            mine.discard(token)
+            if not mine:
+                del self.by_recipient[recipient]
+
+    def backup_row(self, op: str, pubkey: bytes, version: int, at: int) -> None:
+        self._seen(at)
+        if op == OP_STORE:
+            self.backups[pubkey] = BackupMeta(version, at)
+        elif op == OP_DELETE:
+            self.backups.pop(pubkey, None)
+
+    # --- queries -------------------------------------------------------------------------------
+    def recipient_of(self, token: bytes) -> bytes | None:
+        entry = self.tokens.get(token)
+        return None if entry is None else entry[0]
+
+    def token_count(self, recipient: bytes) -> int:
+        return len(self.by_recipient.get(recipient, ()))
+
+    def needed_at(self) -> dict[str, set[int]]:
+        """Per table, the `at` of every row the state rests on; a compaction may delete the
+        rest (deregistered tokens, superseded and deleted backups)."""
+        return {PPP_DELIVERY_TOKENS.name: {at for _, at in self.tokens.values()},
+                PPP_BACKUPS.name: {b.at for b in self.backups.values()}}
+
+
+def micros(col) -> list[int]:
+    return pc.cast(col, pa.int64()).to_pylist()
+
+
+def ts(at: int) -> datetime:
+    return datetime.fromtimestamp(at / 1_000_000, timezone.utc)
+
+
+def load_state(tables: dict[str, Path]) -> PppState:
+    state = PppState()
+    t = sql({"t": DeltaTable(str(tables[PPP_DELIVERY_TOKENS.name]))},
+            f"SELECT {Q.OP}, {Q.TOKEN}, {Q.RECIPIENT}, {Q.AT} FROM t ORDER BY {Q.AT}")
+    for op, token, recipient, at in zip(t.column(Q.OP).to_pylist(), t.column(Q.TOKEN).to_pylist(),
+                                        t.column(Q.RECIPIENT).to_pylist(), micros(t.column(Q.AT))):
+        state.token_row(op, token, recipient, at)
+    # Metadata only: ciphertext stays on disk until a FETCH_BACKUP asks for it.
+    t = sql({"t": DeltaTable(str(tables[PPP_BACKUPS.name]))},
+            f"SELECT {Q.OP}, {Q.PUBKEY}, {Q.VERSION}, {Q.AT} FROM t ORDER BY {Q.AT}")
+    for op, pubkey, version, at in zip(t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
+                                       t.column(Q.VERSION).to_pylist(), micros(t.column(Q.AT))):
+        state.backup_row(op, pubkey, version, at)
+    return state
+
+
+def read_backup(path: Path, pubkey: bytes, at: int) -> bytes | None:
+    """The ciphertext of the backup row written at `at` (and owned by `pubkey`)."""
+    t = DeltaTable(str(path)).to_pyarrow_dataset().to_table(
+        columns=[Q.PUBKEY, Q.CIPHERTEXT],
+        filter=ds.field(Q.AT) == pa.scalar(ts(at), pa.timestamp("us", tz="UTC")),
+        use_threads=False)
+    for pk, ct in zip(t.column(Q.PUBKEY).to_pylist(), t.column(Q.CIPHERTEXT).to_pylist()):
+        if pk == pubkey and ct is not None:
+            return ct
+    return None
+
+
+def table_paths(layout) -> dict[str, Path]:
+    return {name: layout.table(tdef) for name, tdef in PPP_TABLES.items()}
+
+
+def ensure_tables(layout) -> dict[str, Path]:
+    """Create the PPP control tables if missing (idempotent); returns their paths."""
+    from .layout import ensure_table
+    paths = table_paths(layout)
+    for name, tdef in PPP_TABLES.items():
+        ensure_table(paths[name], tdef)
+    return paths

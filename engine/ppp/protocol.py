@@ -1,0 +1,331 @@
+"""PPP command codec: MessagePack maps with a `cmd` field (spec 004 §5.1, appendix C.1/C.4).
+
+Pure: bytes in, a command object out (or `ProtocolError`); reply objects in, bytes out.
+Field names and types are appendix C's. A command's map may carry fields we do not know
+(forward compatibility: ignored); a field we need with the wrong type or size is an error.
+Commands of C.1 this relay does not serve (rooms, push) decode to `Unsupported`, which the
+session answers with a stable reason (§7.7's "feature disabled" convention); a `cmd` not in
+C.1 is an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from .limits import DELIVERY_TOKEN_LEN, PUBKEY_LEN, SIGNATURE_LEN
+
+_U64 = (1 << 64) - 1
+_U32 = (1 << 32) - 1
+
+
+class ProtocolError(ValueError):
+    """Not a well-formed command. `reason` is safe to send back; `cmd` is the command name
+    when the map had a string `cmd` (so the right failure reply can be chosen)."""
+
+    def __init__(self, reason: str, cmd: str | None = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.cmd = cmd
+
+
+# --- commands (client -> relay) ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Auth:
+    pubkey: bytes
+    sig: bytes
+    name = "AUTH"
+
+    def __repr__(self) -> str:
+        return "Auth()"
+
+
+@dataclass(frozen=True)
+class Store:
+    event: bytes          # an encoded GiftWrap (C.1: `event: bytes`)
+    name = "STORE"
+
+    def __repr__(self) -> str:
+        return f"Store({len(self.event)} B)"
+
+
+@dataclass(frozen=True)
+class Fetch:
+    since: int
+    cursor: int | None = None
+    name = "FETCH"
+
+
+@dataclass(frozen=True)
+class Ack:
+    event_ids: tuple[bytes, ...]
+    name = "ACK"
+
+    def __repr__(self) -> str:
+        return f"Ack({len(self.event_ids)} ids)"
+
+
+@dataclass(frozen=True)
+class RegisterDeliveryToken:
+    delivery_token: bytes
+    name = "REGISTER_DELIVERY_TOKEN"
+
+    def __repr__(self) -> str:   # a delivery token is a bearer credential
+        return "RegisterDeliveryToken()"
+
+
+@dataclass(frozen=True)
+class DeregisterDeliveryToken:
+    delivery_token: bytes
+    name = "DEREGISTER_DELIVERY_TOKEN"
+
+    def __repr__(self) -> str:
+        return "DeregisterDeliveryToken()"
+
+
+@dataclass(frozen=True)
+class StoreBackup:
+    ciphertext: bytes
+    name = "STORE_BACKUP"
+
+    def __repr__(self) -> str:
+        return f"StoreBackup({len(self.ciphertext)} B)"
+
+
+@dataclass(frozen=True)
+class FetchBackup:
+    name = "FETCH_BACKUP"
+
+
+@dataclass(frozen=True)
+class DeleteBackup:
+    name = "DELETE_BACKUP"
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    """A C.1 command this relay does not serve."""
+    cmd: str
+
+    @property
+    def name(self) -> str:
+        return self.cmd
+
+
+Command = (Auth | Store | Fetch | Ack | RegisterDeliveryToken | DeregisterDeliveryToken
+           | StoreBackup | FetchBackup | DeleteBackup | Unsupported)
+
+# C.1 commands not served here: rooms, groups, knocks, push.
+UNSUPPORTED = frozenset({
+    "CREATE_ROOM", "FETCH_ROOM", "DISCOVER_ROOMS", "KNOCK", "ADMIT", "REGISTER_TOKEN",
+    "REVOKE_TOKENS", "ROTATE_ROOM_KEY", "STORE_ROOM", "UPDATE_ROOM", "REGISTER_PUSH",
+    "KICK_MEMBER", "BAN_MEMBER", "CREATE_GROUP", "DELETE_GROUP"})
+BACKUP_COMMANDS = frozenset({"STORE_BACKUP", "FETCH_BACKUP", "DELETE_BACKUP"})
+
+
+def _bytes(m: dict, key: str, cmd: str, size: int | None = None, *, optional=False):
+    v = m.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, bytes):
+        raise ProtocolError(f"{key} must be bytes", cmd)
+    if size is not None and len(v) != size:
+        raise ProtocolError(f"{key} must be {size} bytes", cmd)
+    return v
+
+
+def _uint(m: dict, key: str, cmd: str, top: int = _U64, *, optional=False):
+    v = m.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= top:
+        raise ProtocolError(f"{key} must be an unsigned integer", cmd)
+    return v
+
+
+def _auth(m, c): return Auth(_bytes(m, "pubkey", c, PUBKEY_LEN), _bytes(m, "sig", c, SIGNATURE_LEN))
+def _store(m, c): return Store(_bytes(m, "event", c))
+def _fetch(m, c): return Fetch(_uint(m, "since", c), _uint(m, "cursor", c, optional=True))
+
+
+def _ack(m, c):
+    ids = m.get("event_ids")
+    if not isinstance(ids, list) or not all(isinstance(i, bytes) for i in ids):
+        raise ProtocolError("event_ids must be a list of bytes", c)
+    return Ack(tuple(ids))
+
+
+def _reg(m, c): return RegisterDeliveryToken(_bytes(m, "delivery_token", c, DELIVERY_TOKEN_LEN))
+def _dereg(m, c): return DeregisterDeliveryToken(_bytes(m, "delivery_token", c, DELIVERY_TOKEN_LEN))
+def _store_backup(m, c): return StoreBackup(_bytes(m, "ciphertext", c))
+
+
+_DECODERS = {
+    "AUTH": _auth, "STORE": _store, "FETCH": _fetch, "ACK": _ack,
+    "REGISTER_DELIVERY_TOKEN": _reg, "DEREGISTER_DELIVERY_TOKEN": _dereg,
+    "STORE_BACKUP": _store_backup, "FETCH_BACKUP": lambda m, c: FetchBackup(),
+    "DELETE_BACKUP": lambda m, c: DeleteBackup(),
+}
+
+
+def unpack_map(data: bytes) -> dict:
+    """One MessagePack map with string keys, nothing after it."""
+    try:
+        m = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:   # msgpack raises several unrelated types
+        raise ProtocolError("malformed MessagePack") from e
+    if not isinstance(m, dict):
+        raise ProtocolError("message is not a map")
+    return m
+
+
+def decode_map(m: dict, implied: str | None = None) -> Command:
+    """A command from its map. `implied`: the command an HTTP endpoint stands for (§5.2),
+    used when the map has no `cmd` and required to match when it has one."""
+    cmd = m.get("cmd", implied)
+    if not isinstance(cmd, str):
+        raise ProtocolError("cmd must be a string")
+    if implied is not None and cmd != implied:
+        raise ProtocolError(f"this endpoint takes {implied}", cmd)
+    dec = _DECODERS.get(cmd)
+    if dec is not None:
+        return dec(m, cmd)
+    if cmd in UNSUPPORTED:
+        return Unsupported(cmd)
+    raise ProtocolError("unknown command", cmd)
+
+
+def decode_command(data: bytes) -> Command:
+    return decode_map(unpack_map(data))
+
+
+# --- sealed Note submission (C.6 SealedNoteSubmit) --------------------------------------------
+
+@dataclass(frozen=True)
+class SealedNoteSubmit:
+    delivery_token: bytes
+    ephemeral_pk: bytes
+    nonce: bytes
+    ciphertext: bytes
+    created_at: int
+    expires_at: int
+
+    def __repr__(self) -> str:   # never the token, never the ciphertext
+        return f"SealedNoteSubmit({len(self.ciphertext)} B, expires_at={self.expires_at})"
+
+
+def decode_sealed_note(data: bytes) -> SealedNoteSubmit:
+    m = unpack_map(data)
+    c = "note/submit"
+    return SealedNoteSubmit(
+        _bytes(m, "delivery_token", c, DELIVERY_TOKEN_LEN), _bytes(m, "ephemeral_pk", c, 32),
+        _bytes(m, "nonce", c, 24), _bytes(m, "ciphertext", c), _uint(m, "created_at", c),
+        _uint(m, "expires_at", c))
+
+
+# --- replies (relay -> client, C.4) -----------------------------------------------------------
+
+def _pack(cmd: str, **fields: Any) -> bytes:
+    return msgpack.packb({"cmd": cmd, **fields}, use_bin_type=True)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A reply map; `encode()` is the frame. Kept as data so HTTP and tests can read it."""
+    cmd: str
+    fields: dict = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return _pack(self.cmd, **self.fields)
+
+    @property
+    def ok(self) -> bool:
+        return not self.cmd.endswith("_FAIL")
+
+    def __repr__(self) -> str:
+        return f"Reply({self.cmd})"
+
+
+def challenge(nonce: bytes) -> Reply: return Reply("CHALLENGE", {"nonce": nonce})
+def auth_ok() -> Reply: return Reply("AUTH_OK")
+def auth_fail(reason: str) -> Reply: return Reply("AUTH_FAIL", {"reason": reason})
+def stored(event_id: bytes) -> Reply: return Reply("STORED", {"event_id": event_id})
+def store_fail(reason: str) -> Reply: return Reply("STORE_FAIL", {"reason": reason})
+
+
+def events(evts: list[bytes], cursor: int | None = None) -> Reply:
+    fields: dict[str, Any] = {"events": list(evts)}
+    if cursor is not None:
+        fields["cursor"] = cursor
+    return Reply("EVENTS", fields)
+
+
+def acked(count: int) -> Reply: return Reply("ACKED", {"count": min(count, _U32)})
+def notify(count: int) -> Reply: return Reply("NOTIFY", {"count": min(count, _U32)})
+def delivery_token_registered() -> Reply: return Reply("DELIVERY_TOKEN_REGISTERED")
+def delivery_token_deregistered() -> Reply: return Reply("DELIVERY_TOKEN_DEREGISTERED")
+
+
+def backup_stored(version: int, stored_at: int) -> Reply:
+    return Reply("BACKUP_STORED", {"version": version, "stored_at": stored_at})
+
+
+def backup(ciphertext: bytes, version: int, stored_at: int) -> Reply:
+    return Reply("BACKUP", {"ciphertext": ciphertext, "version": version, "stored_at": stored_at})
+
+
+def backup_empty() -> Reply: return Reply("BACKUP_EMPTY")
+def backup_deleted() -> Reply: return Reply("BACKUP_DELETED")
+def backup_fail(reason: str) -> Reply: return Reply("BACKUP_FAIL", {"reason": reason})
+
+
+def failure(cmd: str | None, reason: str) -> Reply:
+    """The failure reply of a command: C.4 has AUTH_FAIL and BACKUP_FAIL; every other command
+    fails with STORE_FAIL (the spec's generic refusal, §7.7)."""
+    if cmd == "AUTH":
+        return auth_fail(reason)
+    if cmd in BACKUP_COMMANDS:
+        return backup_fail(reason)
+    return store_fail(reason)
+
+
+# --- HTTP polling authentication (§5.2) -------------------------------------------------------
+
+AUTH_SCHEME = "PPP-Ed25519"
+# §5.2 signs `request_body || timestamp` but names no header for the timestamp; this relay
+# reads it from `X-PPP-Timestamp` as decimal unix seconds, signed as those ASCII digits.
+TIMESTAMP_HEADER = "x-ppp-timestamp"
+
+
+def http_signed_message(body: bytes, timestamp: str) -> bytes:
+    return body + timestamp.encode("ascii")
+
+
+def http_auth(authorization: str | None, timestamp: str | None, body: bytes, now: float,
+              window: float) -> bytes | None:
+    """The pubkey of a valid `Authorization: PPP-Ed25519 <pubkey_hex>:<sig_hex>` over
+    body || timestamp with |now - timestamp| <= window, else None."""
+    from nacl.exceptions import CryptoError
+    from nacl.signing import VerifyKey
+    if not authorization or not timestamp or not timestamp.isdigit() or len(timestamp) > 20:
+        return None
+    if abs(now - int(timestamp)) > window:
+        return None
+    scheme, _, cred = authorization.partition(" ")
+    if scheme != AUTH_SCHEME:
+        return None
+    pk_hex, _, sig_hex = cred.strip().partition(":")
+    try:
+        pk, sig = bytes.fromhex(pk_hex), bytes.fromhex(sig_hex)
+    except ValueError:
+        return None
+    if len(pk) != PUBKEY_LEN or len(sig) != SIGNATURE_LEN:
+        return None
+    try:
+        VerifyKey(pk).verify(http_signed_message(body, timestamp), sig)
+    except (CryptoError, ValueError, TypeError):
+        return None
+    return pk

@@ -1,0 +1,537 @@
+"""The PPP listener: FastAPI + uvicorn inside the ingress process's event loop (spec 004 §5, §6).
+
+* `GET /v1/ws` (WebSocket, §5.1): MessagePack binary frames with `cmd`. The protocol is the
+  sans-I/O `engine.ppp.session.PppSession`; this shell owns the socket, the handshake timeout
+  (no AUTH_OK within `handshake_timeout_seconds`: closed), one writer task per connection,
+  and runs each command through the shared `PppService` (several at once per connection, up
+  to `max_in_flight`; replies still go out in command order).
+* `POST /v1/note/submit` (§6 sealed sender): body limit before parsing, per-IP then per-token
+  sliding budgets (C.2), unknown token 401. Logged only as coarse outcomes: no request id,
+  no IP, no token.
+* HTTP polling (§5.2): `POST /v1/events` (STORE), `GET /v1/events?since=` (FETCH),
+  `POST /v1/events/ack` (ACK), authenticated by `Authorization: PPP-Ed25519 <pk>:<sig>`
+  over body || timestamp (`X-PPP-Timestamp`, see `engine.ppp.protocol.http_auth`), with a
+  replay window; same rate budgets and the same `PppService` as the WebSocket.
+
+uvicorn runs as a task of the caller's loop (`PppServer.start` / `close`, from IngressNode);
+its signal handlers are not installed (the relay process owns signals).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+import time
+from typing import Any, Callable
+
+import uvicorn
+from fastapi import FastAPI, Query, Request, WebSocket
+from fastapi.responses import Response
+from starlette.websockets import WebSocketDisconnect
+
+from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
+from delta_tables.layout import Layout
+from delta_tables.schema import ACKS
+from egress.inbox_tail import InboxTail
+from engine.ppp import protocol as P
+from engine.ppp.ids import PROTOCOL
+from engine.ppp.limits import (REQUEST_ID_LEN, SEALED_BODY_LIMIT_BYTES, SEALED_IP_RATE_LIMIT,
+                               SEALED_TOKEN_RATE_LIMIT, command_budget)
+from engine.ppp.session import Authenticated, Closing, CommandReceived, PppSession, Refused
+from engine.ratelimit import KeyedBudgets, SlidingWindowLimiter
+from relay.config import Settings
+from relay.listener import Listener
+
+from .ppp_control import PppControl
+from .ppp_inbox import PppInbox
+from .ppp_service import PppService, SealedOutcome
+
+log = logging.getLogger("relay.ingress.ppp")
+
+MSGPACK = "application/msgpack"
+SWEEP_SECONDS = 30.0
+
+
+def parse_trusted(spec: str) -> list[ipaddress._BaseNetwork]:
+    """`PPP_TRUSTED_PROXIES`: comma-separated addresses or CIDR networks."""
+    return [ipaddress.ip_network(p.strip(), strict=False) for p in spec.split(",") if p.strip()]
+
+
+def _trusted(addr: str, trusted: list) -> bool:
+    try:
+        ip = ipaddress.ip_address(addr.strip())
+    except ValueError:
+        return False
+    return any(ip in net for net in trusted)
+
+
+def client_ip(peer: str, forwarded_for: list[str], trusted: list) -> str:
+    """§5.x trusted-proxy rule: an untrusted peer is the client; behind a trusted peer, walk
+    X-Forwarded-For right to left skipping trusted entries; the first untrusted one is the
+    client (all trusted: the leftmost)."""
+    if not _trusted(peer, trusted):
+        return peer
+    entries = [e.strip() for h in forwarded_for for e in h.split(",") if e.strip()]
+    for e in reversed(entries):
+        if not _trusted(e, trusted):
+            return e
+    return entries[0] if entries else peer
+
+
+class _Body(Exception):
+    pass
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (`_Body`) as soon as it passes `limit`: before any parsing, and
+    without buffering more than `limit` bytes."""
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        raise _Body()
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            raise _Body()
+    return bytes(buf)
+
+
+def _msgpack(reply: P.Reply | dict, status: int = 200, headers: dict | None = None) -> Response:
+    body = reply.encode() if isinstance(reply, P.Reply) else P.msgpack.packb(reply)
+    return Response(body, status_code=status, media_type=MSGPACK, headers=headers)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):   # the relay process owns SIGINT / SIGTERM
+        yield
+
+
+class PppServer(Listener):
+    name = "ppp"
+    protocol = PROTOCOL
+
+    def __init__(self, settings: Settings, appender, *, fsync: bool = True,
+                 host: str | None = None, port: int | None = None,
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic):
+        """`appender`: the node's landing GroupCommitAppender. `clock`: unix seconds (expiry,
+        HTTP timestamps); `monotonic`: rate-limit windows."""
+        self.conf = settings.ppp
+        super().__init__(settings.bind if host is None else host,
+                         self.conf.port if port is None else port, self.conf.max_connections)
+        self.settings = settings
+        self.clock = clock
+        self.monotonic = monotonic
+        self.layout = Layout(settings.data_dir)
+        self.control = PppControl(self.layout, fsync=fsync)
+        self.inbox = PppInbox(self.layout.inbox, self.layout.acks,
+                              notify_window=self.conf.notify_window_ms / 1000)
+        self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.inbox,
+                              protocols={PROTOCOL})
+        self.ack_appender = GroupCommitAppender(DeltaAppendTarget(self.layout.acks, ACKS,
+                                                                  fsync=fsync))
+        self.service = PppService(appender, self.ack_appender, self.inbox, self.control,
+                                  clock=clock, counters=self)
+        self.budgets = KeyedBudgets(command_budget)   # per pubkey, both transports (C.3)
+        self.sealed_ip = SlidingWindowLimiter(SEALED_IP_RATE_LIMIT.max_count,
+                                              SEALED_IP_RATE_LIMIT.window_secs)
+        self.sealed_token = SlidingWindowLimiter(SEALED_TOKEN_RATE_LIMIT.max_count,
+                                                 SEALED_TOKEN_RATE_LIMIT.window_secs)
+        self.trusted = parse_trusted(self.conf.trusted_proxies)
+        self._seen_sigs: dict[bytes, float] = {}   # HTTP replay cache: sig -> forget after
+        self.app = build_app(self)
+        self._uvicorn: _Server | None = None
+        self._serve_task: asyncio.Task | None = None
+        self._sock: socket.socket | None = None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+
+    # --- lifecycle -----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await asyncio.to_thread(self.layout.ensure_shared_tables)
+        await self.control.load()
+        await self.ack_appender.start()
+        self.tail.version = await self.inbox.bootstrap()
+        self._stop = asyncio.Event()
+        self._tasks = [
+            asyncio.create_task(self.tail.run(self.settings.egress.poll_interval_ms / 1000,
+                                              self._stop), name="ppp-inbox-tail"),
+            asyncio.create_task(self._sweep_loop(), name="ppp-sweep")]
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        sock.listen(2048)
+        sock.setblocking(False)
+        self._sock = sock
+        config = uvicorn.Config(
+            self.app, ws="websockets-sansio", lifespan="off", log_config=None, access_log=False,
+            server_header=False, ws_max_size=self.conf.max_message_bytes,
+            ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5,
+            backlog=2048)
+        self._uvicorn = _Server(config)
+        self._serve_task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]),
+                                               name="ppp-uvicorn")
+        while not self._uvicorn.started:
+            if self._serve_task.done():
+                self._serve_task.result()   # raises why it could not start
+                raise RuntimeError("ppp listener did not start")
+            await asyncio.sleep(0.01)
+        log.info("listener started", extra={"event": "listener_started",
+                                            "listener": self.name, "port": self.bound_port})
+
+    @property
+    def bound_port(self) -> int:
+        assert self._sock is not None, "not started"
+        return self._sock.getsockname()[1]
+
+    async def close(self) -> None:
+        if self._uvicorn is not None:
+            self._uvicorn.should_exit = True
+            await self._serve_task
+            self._uvicorn = None
+        self._stop.set()
+        for t in self._tasks:
+            if t.get_name() == "ppp-sweep":
+                t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.inbox.cancel_timers()
+        await self.ack_appender.close()
+        if self._sock is not None:
+            self._sock.close()
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            now = self.clock()
+            self.inbox.sweep(now)
+            mono = self.monotonic()
+            self.budgets.sweep(mono)
+            self.sealed_ip.sweep(mono)
+            self.sealed_token.sweep(mono)
+            self._seen_sigs = {s: t for s, t in self._seen_sigs.items() if t > now}
+
+    # --- WebSocket ------------------------------------------------------------------------------
+    async def serve_ws(self, ws: WebSocket) -> None:
+        await ws.accept()
+        self.connections += 1
+        try:
+            await _PppConnection(self, ws).run()
+        finally:
+            self.connections -= 1
+
+    # --- HTTP polling auth (§5.2) --------------------------------------------------------------
+    def http_auth(self, request: Request, body: bytes, *, once: bool = True) -> bytes | None:
+        """The authenticated pubkey, or None (bad header, signature, timestamp or a replay).
+        `once`: a signature is accepted once (POSTs). A GET signs an empty body, i.e. only
+        the timestamp (§5.2), so two polls in one second carry the same signature: reads are
+        checked against the window but not the replay cache."""
+        now = self.clock()
+        pubkey = P.http_auth(request.headers.get("authorization"),
+                             request.headers.get(P.TIMESTAMP_HEADER), body, now,
+                             self.conf.http_auth_window_seconds)
+        if pubkey is None or not once:
+            return pubkey
+        sig = request.headers["authorization"].rsplit(":", 1)[1]
+        key = bytes.fromhex(sig)
+        if key in self._seen_sigs:
+            return None
+        self._seen_sigs[key] = now + 2 * self.conf.http_auth_window_seconds
+        return pubkey
+
+
+class _PppConnection:
+    """One WebSocket: reader (this task), one writer task, command tasks."""
+
+    def __init__(self, server: PppServer, ws: WebSocket):
+        self.server = server
+        self.ws = ws
+        self.core = PppSession(server.budgets, max_in_flight=server.conf.max_in_flight)
+        self.pubkey: bytes | None = None
+        self._wake = asyncio.Event()
+        self._progress = asyncio.Event()
+        self._closing: Closing | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    def notify(self, count: int) -> None:
+        if self.core.notify(count):
+            self._wake.set()
+
+    async def run(self) -> None:
+        writer = asyncio.create_task(self._write_loop(), name="ppp-ws-write")
+        self.core._out.append(self.core.greeting())   # CHALLENGE first
+        self._wake.set()
+        deadline = asyncio.get_running_loop().time() + self.server.conf.handshake_timeout_seconds
+        try:
+            while self._closing is None and not self.core.closed:
+                while self.core.outstanding >= self.core.max_in_flight:
+                    self._progress.clear()
+                    await self._progress.wait()
+                timeout = None
+                if self.pubkey is None:
+                    timeout = max(0.0, deadline - asyncio.get_running_loop().time())
+                try:
+                    msg = await asyncio.wait_for(self.ws.receive(), timeout)
+                except (asyncio.TimeoutError, TimeoutError):
+                    log.info("ppp handshake timed out", extra={"event": "ppp_handshake_timeout"})
+                    self.server.rejected["handshake_timeout"] += 1
+                    self._closing = Closing(1008, "handshake timeout")
+                    break
+                if msg["type"] == "websocket.disconnect":
+                    break
+                data = msg.get("bytes")
+                if data is None:      # a text frame is not MessagePack (§5.1: binary frames)
+                    data = b"\xc1"    # a byte MessagePack never uses: answered as malformed
+                self.core.receive_frame(data, self.server.monotonic())
+                self._handle_events()
+                self._wake.set()
+        except WebSocketDisconnect:
+            pass
+        finally:
+            if self._tasks and self._closing is None:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self._closing is None:
+                self._closing = Closing(1000, "")
+            self._wake.set()
+            try:
+                await writer
+            finally:
+                for t in self._tasks:
+                    t.cancel()
+                if self.pubkey is not None:
+                    self.server.inbox.unregister(self.pubkey, self)
+                self.core.close()
+
+    def _handle_events(self) -> None:
+        for ev in self.core.events_received():
+            if isinstance(ev, CommandReceived):
+                task = asyncio.create_task(self._run(ev))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif isinstance(ev, Authenticated):
+                self.pubkey = ev.pubkey
+                self.server.inbox.register(ev.pubkey, self)
+            elif isinstance(ev, Refused):
+                self.server.service.count_refused(ev.reason)
+                log.info("ppp command refused", extra={
+                    "event": "ppp_command_refused", "cmd": ev.cmd, "reason": ev.reason,
+                    "request_id": ev.request_id})
+            elif isinstance(ev, Closing):
+                self._closing = ev
+
+    async def _run(self, ev: CommandReceived) -> None:
+        try:
+            reply = await self.server.service.run(self.pubkey, ev.command, ev.request_id)
+        except Exception as exc:
+            log.exception("ppp command failed", extra={"event": "ppp_command_failed",
+                                                       "cmd": ev.command.name,
+                                                       "request_id": ev.request_id,
+                                                       "error": type(exc).__name__})
+            reply = P.failure(ev.command.name, f"internal error (request {ev.request_id})")
+        self.core.reply(ev.slot, reply)
+        self._progress.set()
+        self._wake.set()
+
+    async def _write_loop(self) -> None:
+        """The only writer of this socket."""
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                for frame in self.core.frames_to_send():
+                    await self.ws.send_bytes(frame)
+                if self._closing is not None and not self._tasks:
+                    for frame in self.core.frames_to_send():
+                        await self.ws.send_bytes(frame)
+                    with contextlib.suppress(Exception):
+                        await self.ws.close(self._closing.code, self._closing.reason)
+                    return
+        except Exception:
+            # The peer went away; the reader sees the disconnect.
+            self._closing = self._closing or Closing(1000, "")
+            self._progress.set()
+
+
+def _request_id() -> str:
+    import secrets
+    return secrets.token_bytes(REQUEST_ID_LEN).hex()
+
+
+_STORE_BODY = {"type": "object", "required": ["event"], "properties": {
+    "cmd": {"type": "string", "enum": ["STORE"], "description": "optional"},
+    "event": {"type": "string", "format": "binary", "description": "encoded GiftWrap"}}}
+_ACK_BODY = {"type": "object", "required": ["event_ids"], "properties": {
+    "cmd": {"type": "string", "enum": ["ACK"], "description": "optional"},
+    "event_ids": {"type": "array", "items": {"type": "string", "format": "binary"}}}}
+_NOTE_BODY = {"type": "object", "required": ["delivery_token", "ephemeral_pk", "nonce",
+                                             "ciphertext", "created_at", "expires_at"],
+              "properties": {
+                  "delivery_token": {"type": "string", "format": "binary", "description": "12 bytes"},
+                  "ephemeral_pk": {"type": "string", "format": "binary", "description": "32 bytes"},
+                  "nonce": {"type": "string", "format": "binary", "description": "24 bytes"},
+                  "ciphertext": {"type": "string", "format": "binary"},
+                  "created_at": {"type": "integer", "format": "uint64"},
+                  "expires_at": {"type": "integer", "format": "uint64"}}}
+
+
+def _body_doc(schema: dict) -> dict:
+    return {"requestBody": {"required": True, "content": {MSGPACK: {"schema": schema}}}}
+
+
+def _replies(ok: str, **codes: str) -> dict:
+    out: dict[int | str, Any] = {200: {"description": ok, "content": {MSGPACK: {}}}}
+    for code, text in codes.items():
+        out[int(code.lstrip("_"))] = {"description": text, "content": {MSGPACK: {}}}
+    return out
+
+
+_AUTH_DOC = ("Authenticated by `Authorization: PPP-Ed25519 <pubkey_hex>:<sig_hex>` with "
+             "`sig = Ed25519(body || timestamp)`, `timestamp` the decimal unix seconds sent in "
+             "`X-PPP-Timestamp`, within the replay window (`ppp.http_auth_window_seconds`); a "
+             "POST's signature is accepted once.")
+
+
+def build_app(server: PppServer) -> FastAPI:
+    app = FastAPI(
+        title="PPP relay", version="1",
+        description="PPP (spec 004) over HTTP: sealed-sender Note submission (§6) and the "
+                    "polling transport (§5.2). The primary transport is the WebSocket at "
+                    "`/v1/ws` (§5.1: MessagePack frames with `cmd`, CHALLENGE -> AUTH -> "
+                    "AUTH_OK), which OpenAPI does not describe. All bodies are MessagePack.",
+        docs_url=None, redoc_url=None)
+    svc = server.service
+
+    @app.websocket("/v1/ws")
+    async def ws_endpoint(ws: WebSocket) -> None:
+        await server.serve_ws(ws)
+
+    @app.post("/v1/note/submit", summary="Sealed Note submission (§6)",
+              description="Anonymous: identified only by a registered delivery token. The body "
+                          f"is refused past {SEALED_BODY_LIMIT_BYTES} bytes before parsing; "
+                          "per-IP (120/60 s) and per-token (2/1 s) sliding budgets. Lands a "
+                          "GiftWrap addressed to the token's recipient, fetched like any event.",
+              openapi_extra=_body_doc(_NOTE_BODY),
+              responses=_replies("stored: `{cmd: STORED, event_id}`", _400="malformed or "
+                                 "expired", _401="unknown delivery token", _409="duplicate "
+                                 "event", _413="body too large", _429="rate limited",
+                                 _503="storage unavailable"))
+    async def note_submit(request: Request) -> Response:
+        def outcome(o: str, status: int, headers=None) -> Response:
+            log.info("ppp sealed submission", extra={"event": "ppp_sealed", "outcome": o})
+            if o != SealedOutcome.OK:
+                svc.count_refused(f"sealed_{o}")
+            return Response(status_code=status, headers=headers)
+        try:
+            body = await read_body(request, SEALED_BODY_LIMIT_BYTES)
+        except _Body:
+            return outcome("too_large", 413)
+        now = server.monotonic()
+        peer = request.client.host if request.client else ""
+        ip = client_ip(peer, request.headers.getlist("x-forwarded-for"), server.trusted)
+        if not server.sealed_ip.allow(ip, now):
+            return outcome(SealedOutcome.RATE_LIMITED, 429,
+                           {"Retry-After": str(SEALED_IP_RATE_LIMIT.window_secs)})
+        try:
+            note = P.decode_sealed_note(body)
+        except P.ProtocolError:
+            return outcome(SealedOutcome.INVALID, 400)
+        if server.control.recipient_of(note.delivery_token) is None:
+            return outcome(SealedOutcome.UNKNOWN_TOKEN, 401)
+        if not server.sealed_token.allow(note.delivery_token, now):
+            return outcome(SealedOutcome.RATE_LIMITED, 429,
+                           {"Retry-After": str(SEALED_TOKEN_RATE_LIMIT.window_secs)})
+        o, eid = await svc.sealed_note(note)
+        status = {SealedOutcome.OK: 200, SealedOutcome.UNKNOWN_TOKEN: 401,
+                  SealedOutcome.INVALID: 400, SealedOutcome.DUPLICATE: 409}.get(o, 503)
+        if status != 200:
+            return outcome(o, status)
+        log.info("ppp sealed submission", extra={"event": "ppp_sealed", "outcome": o})
+        return _msgpack(P.stored(eid))
+
+    async def _authed(request: Request, body: bytes, cmd: str):
+        """(pubkey, request_id) or the error Response."""
+        pubkey = server.http_auth(request, body, once=request.method != "GET")
+        rid = _request_id()
+        if pubkey is None:
+            svc.count_refused("http_auth")
+            log.info("ppp http auth refused", extra={"event": "ppp_http_auth_refused",
+                                                      "request_id": rid})
+            return None, _msgpack(P.auth_fail(f"bad authorization (request {rid})"), 401)
+        if not server.budgets.allow(cmd, pubkey, server.monotonic()):
+            svc.count_refused("rate_limited")
+            log.info("ppp command refused", extra={"event": "ppp_command_refused", "cmd": cmd,
+                                                   "reason": "rate_limited", "request_id": rid})
+            return None, _msgpack(P.failure(cmd, f"rate limited (request {rid})"), 429,
+                                  {"Retry-After": str(command_budget(cmd).window_secs)})
+        return (pubkey, rid), None
+
+    def _status(reply: P.Reply) -> int:
+        if reply.ok:
+            return 200
+        return 409 if "duplicate" in reply.fields.get("reason", "") else 400
+
+    @app.post("/v1/events", summary="Store an event (STORE, §5.2)", description=_AUTH_DOC
+              + " Body: the STORE command map (`cmd` optional). Reply: STORED or STORE_FAIL.",
+              openapi_extra=_body_doc(_STORE_BODY),
+              responses=_replies("`{cmd: STORED, event_id}`", _400="STORE_FAIL (malformed, "
+                                 "oversize, expired)", _401="AUTH_FAIL", _409="STORE_FAIL "
+                                 "duplicate event", _413="body too large",
+                                 _429="STORE_FAIL rate limited"))
+    async def http_store(request: Request) -> Response:
+        try:
+            body = await read_body(request, server.conf.max_message_bytes)
+        except _Body:
+            return Response(status_code=413)
+        ok, err = await _authed(request, body, "STORE")
+        if err is not None:
+            return err
+        pubkey, rid = ok
+        try:
+            cmd = P.decode_map(P.unpack_map(body), implied="STORE")
+        except P.ProtocolError as e:
+            svc.count_refused(e.reason)
+            return _msgpack(P.store_fail(f"{e.reason} (request {rid})"), 400)
+        reply = await svc.run(pubkey, cmd, rid)
+        return _msgpack(reply, _status(reply))
+
+    @app.get("/v1/events", summary="Fetch events (FETCH, §5.2)", description=_AUTH_DOC
+             + " The signed body is empty (the signature covers the timestamp). Reply: "
+             "EVENTS; pass its `cursor` back for the next page.",
+             responses=_replies("`{cmd: EVENTS, events: [GiftWrap bytes], cursor?}`",
+                                _401="AUTH_FAIL", _429="STORE_FAIL rate limited"))
+    async def http_fetch(request: Request, since: int = Query(0, ge=0, lt=1 << 64),
+                         cursor: int | None = Query(None, ge=0, lt=1 << 64)) -> Response:
+        ok, err = await _authed(request, b"", "FETCH")
+        if err is not None:
+            return err
+        pubkey, rid = ok
+        return _msgpack(await svc.run(pubkey, P.Fetch(since, cursor), rid))
+
+    @app.post("/v1/events/ack", summary="Acknowledge events (ACK, §5.2)", description=_AUTH_DOC
+              + " Body: the ACK command map (`cmd` optional). Only the caller's own unacked "
+              "events count.", openapi_extra=_body_doc(_ACK_BODY),
+              responses=_replies("`{cmd: ACKED, count}`", _400="STORE_FAIL malformed",
+                                 _401="AUTH_FAIL", _413="body too large",
+                                 _429="STORE_FAIL rate limited"))
+    async def http_ack(request: Request) -> Response:
+        try:
+            body = await read_body(request, server.conf.max_message_bytes)
+        except _Body:
+            return Response(status_code=413)
+        ok, err = await _authed(request, body, "ACK")
+        if err is not None:
+            return err
+        pubkey, rid = ok
+        try:
+            cmd = P.decode_map(P.unpack_map(body), implied="ACK")
+        except P.ProtocolError as e:
+            svc.count_refused(e.reason)
+            return _msgpack(P.store_fail(f"{e.reason} (request {rid})"), 400)
+        reply = await svc.run(pubkey, cmd, rid)
+        return _msgpack(reply, _status(reply))
+
+    return app

@@ -1,0 +1,277 @@
+"""What the PPP listener knows of the inbox: per recipient the unacked events in cursor
+order, the event ids the relay already holds (the synchronous duplicate check of STORE), and
+the batched NOTIFY fan-out to connected sessions.
+
+Fed like the Heya view by `egress.inbox_tail.InboxTail(protocols={"ppp"})` (`add` gets the
+stream's new inbox rows, per mailbox in cursor order).
+
+* `bootstrap` reads the protocol's inbox rows once: every unexpired event id (tombstones too:
+  an acked, purged event is still a duplicate until it expires) and the unacked envelopes.
+* The duplicate check is this index plus the ids this process landed (`remember`) and those
+  being landed right now. Across ingress nodes it is not synchronous: two nodes racing the
+  same event both answer STORED and the stream keeps one (the other goes to `rejects`).
+* Memory: every unacked, unexpired PPP envelope is held (FETCH is served from memory), plus
+  one id per unexpired event; `sweep` drops expired entries.
+* NOTIFY (§5.1) is batched per recipient (§8 "batch windows"): the first new event starts a
+  `window` timer, later ones add to the count, and when it fires every connected session of
+  the recipient gets one NOTIFY(count). No session connected: nothing is queued (the client
+  FETCHes after AUTH anyway).
+* ACK ids: a fetched event can be acked by its stored id or by the authenticated-path id of
+  its GiftWrap (`event_id(ephemeral_pk, nonce, ciphertext)`): a sealed note is stored under
+  the sealed-path id, which the recipient cannot compute (it does not know which of its
+  delivery tokens was used), while the GiftWrap it fetched gives it the other one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+
+from delta_tables.layout import equals
+from delta_tables.schema import C
+from egress.pending import PendingEnvelope
+from engine.ppp.giftwrap import GiftWrap, GiftWrapError
+from engine.ppp.ids import PROTOCOL
+
+log = logging.getLogger("relay.ingress.ppp")
+
+
+class Session(Protocol):
+    def notify(self, count: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class PppEvent:
+    seq: int
+    cursor: int
+    event_id: bytes        # as stored (the inbox / acks key)
+    wrap_id: bytes         # authenticated-path id of the GiftWrap
+    envelope: bytes
+    created_at: int
+    expires: float         # unix seconds
+
+    def __repr__(self) -> str:
+        return f"PppEvent(cursor={self.cursor}, size={len(self.envelope)})"
+
+
+def _unix(t: datetime | None) -> float:
+    return float("inf") if t is None else t.timestamp()
+
+
+class _Box:
+    def __init__(self) -> None:
+        self.cursors: list[int] = []
+        self.events: dict[int, PppEvent] = {}
+        self.ids: dict[bytes, set[int]] = {}   # either id -> cursors (a sealed re-send
+        # with a new created_at is a new event with the same GiftWrap id)
+        self.max_cursor = 0
+
+    def put(self, ev: PppEvent) -> None:
+        bisect.insort(self.cursors, ev.cursor)
+        self.events[ev.cursor] = ev
+        for i in (ev.event_id, ev.wrap_id):
+            self.ids.setdefault(i, set()).add(ev.cursor)
+
+    def drop(self, cursor: int) -> PppEvent | None:
+        ev = self.events.pop(cursor, None)
+        if ev is None:
+            return None
+        i = bisect.bisect_left(self.cursors, cursor)
+        if i < len(self.cursors) and self.cursors[i] == cursor:
+            del self.cursors[i]
+        for i in (ev.event_id, ev.wrap_id):
+            mine = self.ids.get(i)
+            if mine is not None:
+                mine.discard(cursor)
+                if not mine:
+                    del self.ids[i]
+        return ev
+
+
+class PppInbox:
+    def __init__(self, inbox_path: Path, acks_path: Path, *, notify_window: float = 30.0):
+        self.inbox_path = Path(inbox_path)
+        self.acks_path = Path(acks_path)
+        self.notify_window = notify_window
+        self.known: dict[bytes, float] = {}     # event id -> expiry (unix s)
+        self._boxes: dict[bytes, _Box] = {}
+        self._sessions: dict[bytes, set[Session]] = {}
+        self._notify_counts: dict[bytes, int] = {}
+        self._timers: dict[bytes, asyncio.TimerHandle] = {}
+        self.events_seen = 0
+        self.notifies_sent = 0
+
+    def __repr__(self) -> str:
+        return f"PppInbox(recipients={len(self._boxes)}, known_ids={len(self.known)})"
+
+    # --- sessions ------------------------------------------------------------------------------
+    def register(self, pubkey: bytes, session: Session) -> None:
+        self._sessions.setdefault(pubkey, set()).add(session)
+
+    def unregister(self, pubkey: bytes, session: Session) -> None:
+        mine = self._sessions.get(pubkey)
+        if mine is not None:
+            mine.discard(session)
+            if not mine:
+                del self._sessions[pubkey]
+
+    # --- duplicates ----------------------------------------------------------------------------
+    def is_known(self, event_id: bytes) -> bool:
+        return event_id in self.known
+
+    def remember(self, event_id: bytes, expires: float) -> None:
+        self.known[event_id] = expires
+
+    # --- what the stream committed -------------------------------------------------------------
+    def _bootstrap_read(self) -> tuple[int, pa.Table, pa.Array]:
+        dt = DeltaTable(str(self.inbox_path))
+        version = dt.version()
+        now = pa.scalar(datetime.now(timezone.utc), pa.timestamp("us", tz="UTC"))
+        t = dt.to_pyarrow_dataset().to_table(
+            columns=[C.MAILBOX, C.SEQ, C.CURSOR, C.EVENT_ID, C.ENVELOPE, C.EXPIRES_AT],
+            filter=equals(C.PROTOCOL, PROTOCOL) & (ds.field(C.EXPIRES_AT) > now),
+            use_threads=False)
+        acked = DeltaTable(str(self.acks_path)).to_pyarrow_dataset().to_table(
+            columns=[C.SEQ], filter=equals(C.PROTOCOL, PROTOCOL),
+            use_threads=False).column(C.SEQ).combine_chunks()
+        return version, t.sort_by([(C.MAILBOX, "ascending"), (C.CURSOR, "ascending")]), acked
+
+    async def bootstrap(self) -> int:
+        """Rebuild from the inbox; returns the version read (the tail goes on from there)."""
+        version, t, acked = await asyncio.to_thread(self._bootstrap_read)
+        acked_set = set(acked.to_pylist())
+        self.known.clear()
+        self._boxes.clear()
+        pending = 0
+        for m, seq, cur, eid, env, exp in zip(*(t.column(c).to_pylist() for c in (
+                C.MAILBOX, C.SEQ, C.CURSOR, C.EVENT_ID, C.ENVELOPE, C.EXPIRES_AT))):
+            self.known[eid] = _unix(exp)
+            box = self._boxes.setdefault(m, _Box())
+            box.max_cursor = max(box.max_cursor, cur)
+            if env is not None and seq not in acked_set:
+                ev = self._event(seq, cur, eid, env, exp)
+                if ev is not None:
+                    box.put(ev)
+                    pending += 1
+        log.info("ppp inbox view rebuilt", extra={"event": "ppp_inbox_bootstrap",
+                                                  "version": version, "rows": t.num_rows,
+                                                  "pending": pending})
+        return version
+
+    @staticmethod
+    def _event(seq, cursor, eid, envelope, expires_at) -> PppEvent | None:
+        try:
+            gw = GiftWrap.decode(envelope)
+        except GiftWrapError:
+            return None   # never landed by this relay; not servable as a GiftWrap
+        return PppEvent(seq, cursor, eid, gw.event_id, envelope, gw.created_at,
+                        _unix(expires_at))
+
+    def add(self, protocol: str, mailbox: bytes, envelopes: Iterable[PendingEnvelope]) -> None:
+        """New inbox rows of one recipient, in cursor order (InboxTail's hub interface)."""
+        if protocol != PROTOCOL:
+            return
+        box = self._boxes.setdefault(mailbox, _Box())
+        fresh = 0
+        for env in envelopes:
+            if env.cursor <= box.max_cursor:
+                continue   # known already (the tail rebuilt after losing its place)
+            box.max_cursor = env.cursor
+            self.known[env.event_id] = _unix(env.expires_at)
+            ev = self._event(env.seq, env.cursor, env.event_id, env.envelope, env.expires_at)
+            if ev is not None:
+                box.put(ev)
+                fresh += 1
+        if fresh:
+            self.events_seen += fresh
+            self._queue_notify(mailbox, fresh)
+
+    # --- NOTIFY batching -----------------------------------------------------------------------
+    def _queue_notify(self, pubkey: bytes, count: int) -> None:
+        if pubkey not in self._sessions:
+            return
+        self._notify_counts[pubkey] = self._notify_counts.get(pubkey, 0) + count
+        if self.notify_window <= 0:
+            self._flush_notify(pubkey)
+        elif pubkey not in self._timers:
+            loop = asyncio.get_running_loop()
+            self._timers[pubkey] = loop.call_later(self.notify_window, self._flush_notify, pubkey)
+
+    def _flush_notify(self, pubkey: bytes) -> None:
+        self._timers.pop(pubkey, None)
+        count = self._notify_counts.pop(pubkey, 0)
+        if count <= 0:
+            return
+        for s in list(self._sessions.get(pubkey, ())):
+            s.notify(count)
+            self.notifies_sent += 1
+
+    def cancel_timers(self) -> None:
+        for h in self._timers.values():
+            h.cancel()
+        self._timers.clear()
+        self._notify_counts.clear()
+
+    # --- FETCH / ACK ---------------------------------------------------------------------------
+    def fetch(self, pubkey: bytes, since: int, after: int | None, limit: int,
+              now: float) -> tuple[list[PppEvent], int | None]:
+        """Unacked, unexpired events of `pubkey` with created_at > since and cursor > after,
+        in cursor order, at most `limit`; the cursor to continue from if more remain."""
+        box = self._boxes.get(pubkey)
+        if box is None:
+            return [], None
+        i = 0 if after is None else bisect.bisect_right(box.cursors, after)
+        out: list[PppEvent] = []
+        for cursor in box.cursors[i:]:
+            ev = box.events[cursor]
+            if ev.expires <= now or ev.created_at <= since:
+                continue
+            if len(out) == limit:
+                return out, out[-1].cursor
+            out.append(ev)
+        return out, None
+
+    def take(self, pubkey: bytes, ids: Iterable[bytes]) -> list[PppEvent]:
+        """Remove and return the caller's own unacked events named by `ids` (either id form);
+        anything else (another recipient's, unknown, already acked) is not counted."""
+        box = self._boxes.get(pubkey)
+        if box is None:
+            return []
+        out = []
+        for i in ids:
+            for cursor in sorted(box.ids.get(i, ())):
+                ev = box.drop(cursor)
+                if ev is not None:
+                    out.append(ev)
+        return out
+
+    def put_back(self, pubkey: bytes, events: list[PppEvent]) -> None:
+        """An ACK whose rows could not be written: the events stay pending."""
+        box = self._boxes.setdefault(pubkey, _Box())
+        for ev in events:
+            if ev.cursor not in box.events:
+                box.put(ev)
+
+    def pending_count(self, pubkey: bytes) -> int:
+        box = self._boxes.get(pubkey)
+        return 0 if box is None else len(box.events)
+
+    def sweep(self, now: float) -> int:
+        """Drop expired events and ids; returns how many ids were dropped."""
+        gone = [i for i, exp in self.known.items() if exp <= now]
+        for i in gone:
+            del self.known[i]
+        for box in self._boxes.values():
+            for cursor in [c for c, ev in box.events.items() if ev.expires <= now]:
+                box.drop(cursor)
+        return len(gone)

@@ -1,0 +1,202 @@
+"""PPP benchmarks for `relay bench`: `ppp_acked_stores_per_s` and `ppp_store_to_notify_ms`.
+
+`run(settings, quick, spark=None) -> dict`, called by `relay/bench.py` with its settings.
+
+1. `ppp_acked_stores_per_s`: an `IngressNode` in this process (uvicorn WebSocket listener,
+   landing group commit with fsync on: STORED = durable); load from `spawn`ed client
+   processes, each with `SOCKETS_PER_CLIENT` authenticated WebSockets, one Ed25519 identity
+   each. Appendix C.3 allows 60 STOREs per pubkey per minute, so the load is many identities
+   each sending its whole minute's budget (`STORES_PER_SOCKET`, pipelined) at the same
+   moment: counted STORED replies over the time from the first send to the last reply.
+2. `ppp_store_to_notify_ms` {p50, p99}: the node and the inbox stream (Spark, this process)
+   together; senders STORE at a steady rate (rotating identities to stay inside the STORE
+   budget) to one connected recipient; from writing STORE to reading the NOTIFY that covers
+   it: landing commit, stream micro-batch, inbox tail, NOTIFY batch window. The window used
+   is reported (`notify_window_ms`, default 0 here so the figure is the pipeline's own; the
+   spec's 30 s default would add up to 30 s by design).
+
+Clients are written from the spec (msgpack maps, `websockets`, PyNaCl), no relay code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+CT_SIZE = 1040          # a 1024-byte padding bucket + 16-byte tag (§8 buckets)
+QUICK = {"clients": 1, "sockets": 150, "stores": 60, "rate": 20, "latency_seconds": 10}
+FULL = {"clients": 1, "sockets": 600, "stores": 60, "rate": 50, "latency_seconds": 30}
+LATENCY_SENDERS = 40
+NOTIFY_WINDOW_MS = 0
+
+
+def _p(values, q: float):
+    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
+
+
+def _r(x, nd: int = 1):
+    return None if x is None else round(float(x), nd)
+
+
+def _wrap(recipient: bytes) -> bytes:
+    import msgpack
+    now = int(time.time())
+    return msgpack.packb({1: recipient, 2: os.urandom(32), 3: os.urandom(24),
+                          4: os.urandom(CT_SIZE), 5: now, 6: now + 3600}, use_bin_type=True)
+
+
+async def _login(port: int):
+    import msgpack
+    from nacl.signing import SigningKey
+    from websockets.asyncio.client import connect
+    sk = SigningKey.generate()
+    ws = await connect(f"ws://127.0.0.1:{port}/v1/ws", max_size=8 << 20, open_timeout=60)
+    ch = msgpack.unpackb(await ws.recv(), raw=False)
+    await ws.send(msgpack.packb({"cmd": "AUTH", "pubkey": bytes(sk.verify_key),
+                                 "sig": sk.sign(ch["nonce"]).signature}, use_bin_type=True))
+    assert msgpack.unpackb(await ws.recv(), raw=False)["cmd"] == "AUTH_OK"
+    return ws, bytes(sk.verify_key)
+
+
+def store_worker(queue, ready, go, port: int, sockets: int, stores: int) -> None:
+    asyncio.run(_store_worker(queue, ready, go, port, sockets, stores))
+
+
+async def _store_worker(queue, ready, go, port, sockets, stores) -> None:
+    import msgpack
+    conns = []
+    for i in range(0, sockets, 50):
+        conns += await asyncio.gather(*(_login(port) for _ in range(min(50, sockets - i))))
+    frames = [[msgpack.packb({"cmd": "STORE", "event": _wrap(pk)}, use_bin_type=True)
+               for _ in range(stores)] for _, pk in conns]
+    ready.set()
+    await asyncio.to_thread(go.wait)
+    t0 = time.time()
+
+    async def one(ws, fs):
+        for f in fs:
+            await ws.send(f)
+        ok = 0
+        for _ in fs:
+            ok += msgpack.unpackb(await ws.recv(), raw=False)["cmd"] == "STORED"
+        return ok, time.time()
+
+    res = await asyncio.gather(*(one(ws, fs) for (ws, _), fs in zip(conns, frames)))
+    queue.put({"stored": sum(r[0] for r in res), "first": t0, "last": max(r[1] for r in res)})
+    for ws, _ in conns:
+        await ws.close()
+
+
+async def _throughput(settings, p: dict) -> dict:
+    from ingress.service import IngressNode
+    node = IngressNode(settings, fsync=True)
+    await node.start()
+    ctx = mp.get_context("spawn")
+    queue, go = ctx.Queue(), ctx.Event()
+    readies = [ctx.Event() for _ in range(p["clients"])]
+    procs = [ctx.Process(target=store_worker, args=(queue, readies[i], go, node.ppp.bound_port,
+                                                    p["sockets"], p["stores"]), daemon=True)
+             for i in range(p["clients"])]
+    try:
+        for pr in procs:
+            pr.start()
+        for r in readies:
+            if not await asyncio.to_thread(r.wait, 300):
+                raise RuntimeError("a PPP bench client did not connect")
+        commits0 = node.appender.commits
+        go.set()
+        results = [await asyncio.to_thread(queue.get, True, 600) for _ in procs]
+        commits = node.appender.commits - commits0
+    finally:
+        for pr in procs:
+            pr.join(30)
+            if pr.is_alive():
+                pr.terminate()
+        await node.close()
+    stored = sum(r["stored"] for r in results)
+    secs = max(r["last"] for r in results) - min(r["first"] for r in results)
+    return {"stores_per_s": _r(stored / secs, 0), "stored": stored, "seconds": _r(secs, 2),
+            "sockets": p["clients"] * p["sockets"], "stores_per_socket": p["stores"],
+            "landing_commits": commits, "fsync": True, "ciphertext_bytes": CT_SIZE}
+
+
+async def _latency(settings, p: dict) -> dict:
+    import msgpack
+    from ingress.service import IngressNode
+    node = IngressNode(settings, fsync=True)
+    await node.start()
+    try:
+        port = node.ppp.bound_port
+        rx, rx_pk = await _login(port)
+        senders = [await _login(port) for _ in range(LATENCY_SENDERS)]
+        sent: list[float] = []          # STORE write times, in order
+        lat: list[float] = []
+        total = int(p["rate"] * p["latency_seconds"])
+
+        async def receive():
+            while len(lat) < total:
+                m = msgpack.unpackb(await asyncio.wait_for(rx.recv(), 120), raw=False)
+                if m["cmd"] == "NOTIFY":
+                    now = time.perf_counter()
+                    for _ in range(m["count"]):
+                        lat.append((now - sent[len(lat)]) * 1000)
+
+        async def send():
+            period = 1.0 / p["rate"]
+            t_next = time.perf_counter()
+            for i in range(total):
+                ws, _ = senders[i % len(senders)]
+                await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
+                frame = msgpack.packb({"cmd": "STORE", "event": _wrap(rx_pk)}, use_bin_type=True)
+                sent.append(time.perf_counter())
+                await ws.send(frame)
+                t_next += period
+
+        async def drain(ws):   # STORED replies (not timed here)
+            for _ in range(-(-total // len(senders))):
+                try:
+                    await asyncio.wait_for(ws.recv(), 120)
+                except Exception:
+                    return
+
+        await asyncio.gather(receive(), send(), *(drain(ws) for ws, _ in senders))
+        for ws, _ in senders + [(rx, rx_pk)]:
+            await ws.close()
+    finally:
+        await node.close()
+    return {"p50": _r(_p(lat, 50)), "p99": _r(_p(lat, 99)), "count": len(lat),
+            "rate_per_s": p["rate"], "notify_window_ms": settings.ppp.notify_window_ms,
+            "trigger_interval_ms": settings.stream.trigger_interval_ms,
+            "tail_poll_interval_ms": settings.egress.poll_interval_ms}
+
+
+def run(settings, quick: bool, spark=None) -> dict:
+    """Both PPP figures; `settings.data_dir` is this section's own (empty) directory."""
+    from jobs.inbox_stream import start_inbox_stream
+    p = QUICK if quick else FULL
+    out: dict = {}
+    root = Path(settings.data_dir)
+    s1 = copy.deepcopy(settings)
+    s1.data_dir = str(root / "stores")
+    s1.ppp.port = 0
+    s1.heya.enabled = False
+    out["throughput"] = asyncio.run(_throughput(s1, p))
+    out["ppp_acked_stores_per_s"] = out["throughput"]["stores_per_s"]
+    if spark is not None:
+        s2 = copy.deepcopy(settings)
+        s2.data_dir = str(root / "latency")
+        s2.ppp.port = 0
+        s2.heya.enabled = False
+        s2.ppp.notify_window_ms = NOTIFY_WINDOW_MS
+        query, sink = start_inbox_stream(spark, s2)
+        try:
+            out["ppp_store_to_notify_ms"] = asyncio.run(_latency(s2, p))
+        finally:
+            query.stop()
+    return out
