@@ -1,0 +1,105 @@
+"""The cursor-sync control plane as data: the fold of `schema_sync` rows into `SyncState`.
+
+Pure: rows in, state out. The owner (`ingress/sync_control.py`) applies each row it writes
+with the same methods the loader replays at start, so memory and a rebuild agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from .query import sql
+from .schema_sync import (OP_CREATE, OP_JOIN, OP_REGISTER, OP_REVOKE, OP_UNREGISTER,
+                          SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH, SYNC_TABLES, S)
+
+
+@dataclass
+class SyncState:
+    members: dict[bytes, set[bytes]] = field(default_factory=dict)   # group -> devices
+    revoked: dict[bytes, set[bytes]] = field(default_factory=dict)   # group -> devices
+    acked: dict[tuple[bytes, bytes], int] = field(default_factory=dict)  # (group, dev) -> cur
+    push: dict[tuple[bytes, bytes], set[tuple[str, bytes]]] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"SyncState(groups={len(self.members)}, registrations={len(self.push)})"
+
+    def member_row(self, op: str, group: bytes, device: bytes) -> None:
+        if op in (OP_CREATE, OP_JOIN):
+            if device not in self.revoked.get(group, ()):
+                self.members.setdefault(group, set()).add(device)
+        elif op == OP_REVOKE:
+            self.revoked.setdefault(group, set()).add(device)
+            mine = self.members.get(group)
+            if mine is not None:
+                mine.discard(device)
+            self.acked.pop((group, device), None)
+
+    def ack_row(self, group: bytes, device: bytes, cursor: int) -> None:
+        key = (group, device)
+        if cursor > self.acked.get(key, 0) and device in self.members.get(group, ()):
+            self.acked[key] = cursor
+
+    def push_row(self, op: str, group: bytes, device: bytes, platform: str,
+                 token: bytes) -> None:
+        key = (group, device)
+        if op == OP_REGISTER:
+            self.push.setdefault(key, set()).add((platform, token))
+        elif op == OP_UNREGISTER:
+            mine = self.push.get(key)
+            if mine is not None:
+                mine.discard((platform, token))
+                if not mine:
+                    del self.push[key]
+
+    # --- queries ---------------------------------------------------------------------------
+    def exists(self, group: bytes) -> bool:
+        """Somebody created it (even if every member was revoked since)."""
+        return group in self.members or group in self.revoked
+
+    def is_member(self, group: bytes, device: bytes) -> bool:
+        return device in self.members.get(group, ())
+
+    def is_revoked(self, group: bytes, device: bytes) -> bool:
+        return device in self.revoked.get(group, ())
+
+    def acked_cursor(self, group: bytes, device: bytes) -> int:
+        return self.acked.get((group, device), 0)
+
+
+def _read(path: Path) -> pa.Table:
+    return sql({"t": DeltaTable(str(path))}, f"SELECT * FROM t ORDER BY {S.AT}")
+
+
+def load_state(paths: dict[str, Path]) -> SyncState:
+    state = SyncState()
+    t = _read(paths[SYNC_MEMBERS.name])
+    for row in zip(t.column(S.OP).to_pylist(), t.column(S.GROUP_ID).to_pylist(),
+                   t.column(S.DEVICE_ID).to_pylist()):
+        state.member_row(*row)
+    t = _read(paths[SYNC_DEVICE_ACKS.name])
+    for row in zip(t.column(S.GROUP_ID).to_pylist(), t.column(S.DEVICE_ID).to_pylist(),
+                   t.column(S.CURSOR).to_pylist()):
+        state.ack_row(*row)
+    t = _read(paths[SYNC_PUSH.name])
+    for row in zip(t.column(S.OP).to_pylist(), t.column(S.GROUP_ID).to_pylist(),
+                   t.column(S.DEVICE_ID).to_pylist(), t.column(S.PLATFORM).to_pylist(),
+                   t.column(S.TOKEN).to_pylist()):
+        state.push_row(*row)
+    return state
+
+
+def table_paths(layout) -> dict[str, Path]:
+    return {name: layout.table(tdef) for name, tdef in SYNC_TABLES.items()}
+
+
+def ensure_tables(layout) -> dict[str, Path]:
+    from .layout import ensure_table
+    paths = table_paths(layout)
+    for name, tdef in SYNC_TABLES.items():
+        ensure_table(paths[name], tdef)
+    return paths
+

@@ -1,0 +1,140 @@
+"""The cursor-sync control plane's owner: group membership, device acknowledgement progress
+and push registrations, in memory and durable in the `schema_sync` tables.
+
+Membership changes and push registrations are written first (one fsync'ed append) and
+applied after the commit returned, under one lock, so what a client was told survives a
+restart and two joins / revokes cannot interleave. Ack progress is applied to memory at once
+and written by a group-committed appender in the background: losing the newest progress in a
+crash only delays a DELETE until the device pulls again (the safe direction).
+
+Policy (who may do what) is the shell's; this module stores. It never logs an id or token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timezone
+
+import pyarrow as pa
+
+from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
+from delta_tables.layout import Layout
+from delta_tables.schema_sync import (OP_CREATE, OP_JOIN, OP_REGISTER, OP_REVOKE,
+                                      OP_UNREGISTER, SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH,
+                                      S)
+from delta_tables.sync_state import SyncState, ensure_tables, load_state
+
+log = logging.getLogger("relay.ingress.sync")
+
+
+class SyncControl:
+    def __init__(self, layout: Layout, *, fsync: bool = True):
+        self.layout = layout
+        self.fsync = fsync
+        self.state = SyncState()
+        self._targets: dict[str, DeltaAppendTarget] = {}
+        self._acks: GroupCommitAppender | None = None
+        self._lock = asyncio.Lock()
+        self._last_at = 0
+        self._pending_acks: set[asyncio.Task] = set()
+
+    async def load(self) -> None:
+        paths = await asyncio.to_thread(ensure_tables, self.layout)
+        self.state = await asyncio.to_thread(load_state, paths)
+        self._targets = {name: DeltaAppendTarget(paths[name], tdef, fsync=self.fsync)
+                         for name, tdef in ((SYNC_MEMBERS.name, SYNC_MEMBERS),
+                                            (SYNC_PUSH.name, SYNC_PUSH))}
+        self._acks = GroupCommitAppender(
+            DeltaAppendTarget(paths[SYNC_DEVICE_ACKS.name], SYNC_DEVICE_ACKS, fsync=self.fsync))
+        await self._acks.start()
+        log.info("sync control plane loaded", extra={
+            "event": "sync_control_loaded", "groups": len(self.state.members)})
+
+    async def close(self) -> None:
+        if self._pending_acks:
+            await asyncio.gather(*self._pending_acks, return_exceptions=True)
+        if self._acks is not None:
+            await self._acks.close()
+
+    def _at(self) -> datetime:
+        """Strictly increasing row times (the fold orders by them)."""
+        now = int(datetime.now(timezone.utc).timestamp() * 1_000_000)
+        self._last_at = max(now, self._last_at + 1)
+        return datetime.fromtimestamp(self._last_at / 1_000_000, timezone.utc)
+
+    async def _write(self, table: str, row: dict) -> None:
+        target = self._targets[table]
+        t = pa.Table.from_pylist([row], schema=target.schema)
+        await asyncio.to_thread(target.commit, t)
+
+    # --- membership ----------------------------------------------------------------------------
+    async def admit(self, group: bytes, device: bytes, admitter: bytes | None, *,
+                    open_group: bool = False) -> str:
+        """Make `device` a member: "member" (already), "created" (first device of a new group),
+        "joined", or "refused" (revoked here, or the group exists and no live admitter).
+        `open_group`: 0k-sync semantics, anyone not revoked joins an existing group."""
+        async with self._lock:
+            st = self.state
+            if st.is_revoked(group, device):
+                return "refused"
+            if st.is_member(group, device):
+                return "member"
+            if st.exists(group):
+                if not open_group and (admitter is None or not st.is_member(group, admitter)):
+                    return "refused"
+                op = OP_JOIN
+            else:
+                op = OP_CREATE
+            await self._write(SYNC_MEMBERS.name, {
+                S.GROUP_ID: group, S.DEVICE_ID: device, S.OP: op,
+                S.ADMITTER: admitter if op == OP_JOIN else None, S.AT: self._at()})
+            st.member_row(op, group, device)
+            return "created" if op == OP_CREATE else "joined"
+
+    async def revoke(self, group: bytes, device: bytes, by: bytes) -> bool:
+        """False if `device` is not a member (nothing written)."""
+        async with self._lock:
+            if not self.state.is_member(group, device):
+                return False
+            await self._write(SYNC_MEMBERS.name, {
+                S.GROUP_ID: group, S.DEVICE_ID: device, S.OP: OP_REVOKE, S.ADMITTER: by,
+                S.AT: self._at()})
+            self.state.member_row(OP_REVOKE, group, device)
+            return True
+
+    # --- ack progress --------------------------------------------------------------------------
+    def record_ack(self, group: bytes, device: bytes, cursor: int) -> bool:
+        """Advance the device's progress (never backwards); durable in the background."""
+        if cursor <= self.state.acked_cursor(group, device):
+            return False
+        self.state.ack_row(group, device, cursor)
+        if self._acks is not None:
+            task = asyncio.create_task(self._acks.append({
+                S.GROUP_ID: group, S.DEVICE_ID: device, S.CURSOR: cursor, S.AT: self._at()}))
+            self._pending_acks.add(task)
+            task.add_done_callback(self._ack_done)
+        return True
+
+    def _ack_done(self, task: asyncio.Task) -> None:
+        self._pending_acks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("sync ack progress not stored", extra={
+                "event": "sync_store_failed", "error": type(task.exception()).__name__})
+
+    async def flush_acks(self) -> None:
+        if self._pending_acks:
+            await asyncio.gather(*list(self._pending_acks), return_exceptions=True)
+
+    # --- push registrations --------------------------------------------------------------------
+    async def push_registration(self, group: bytes, device: bytes, platform: str, token: bytes,
+                                register: bool) -> None:
+        op = OP_REGISTER if register else OP_UNREGISTER
+        async with self._lock:
+            await self._write(SYNC_PUSH.name, {
+                S.GROUP_ID: group, S.DEVICE_ID: device, S.OP: op, S.PLATFORM: platform,
+                S.TOKEN: token, S.AT: self._at()})
+            self.state.push_row(op, group, device, platform, token)
+
+    def __repr__(self) -> str:
+        return f"SyncControl({self.state!r})"

@@ -1,0 +1,311 @@
+"""What the cursor-sync listener knows of the inbox: per group the visible blobs in cursor
+order (metadata always, payloads up to a byte budget), the top cursor, the bytes stored, the
+PUSH_ACK waiters, and the NOTIFY fan-out to the group's online sessions.
+
+Fed by `egress.inbox_tail.InboxTail(protocols={"sync"})`, which calls `add` with the stream's
+new inbox rows of one group in cursor order. Cursors are the stream's: per group, gap-free,
+from 1, visible in order (a micro-batch commits atomically), which is what 0k-sync promises
+and its SQLite relay does not deliver (interop §2.2).
+
+* `bootstrap` reads the group rows of the inbox (tombstones for the top cursor and the
+  event_id -> cursor index; acked rows, i.e. DELETEd blobs, and expired rows left out of the
+  visible set), with their `meta` (blob_id, sender, timestamp).
+* `add` takes new rows. Their metadata comes from the PUSH that landed them (this process owns
+  the sync listener, so that is every push), or, for rows landed before a restart, from the
+  inbox `meta` column (a short synchronous read, only after a restart).
+* PUSH_ACK: `cursor_of(event_id)` answers a blob the view knows; `wait(event_id)` returns a
+  future the matching `add` resolves. A re-push of a known blob id answers its original
+  cursor; the stream sends the duplicate row to `rejects`.
+* NOTIFY: after the rows of a group are in, every online session of the group hears
+  `Notify{latest_cursor, count}` for the new blobs other devices sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable, Protocol
+
+import msgpack
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+
+from delta_tables.layout import equals
+from delta_tables.schema import C
+from egress.pending import PendingEnvelope
+from engine.sync import PROTOCOL
+
+log = logging.getLogger("relay.ingress.sync")
+
+META_BLOB_ID, META_SENDER, META_TIMESTAMP = "blob_id", "sender", "ts"
+
+
+def encode_meta(blob_id: bytes, sender: bytes, timestamp: int) -> bytes:
+    """The relay-visible fields of a PUSH, stored in the landing row's `meta`."""
+    return msgpack.packb({META_BLOB_ID: blob_id, META_SENDER: sender,
+                          META_TIMESTAMP: timestamp}, use_bin_type=True)
+
+
+def decode_meta(meta: bytes) -> tuple[bytes, bytes, int]:
+    d = msgpack.unpackb(meta, raw=False)
+    return d[META_BLOB_ID], d[META_SENDER], d[META_TIMESTAMP]
+
+
+@dataclass
+class Blob:
+    cursor: int
+    seq: int
+    event_id: bytes
+    blob_id: bytes
+    sender: bytes
+    timestamp: int          # unix seconds, the relay's clock (0k-sync `current_timestamp`)
+    size: int
+    expires_at: datetime | None
+    payload: bytes | None   # None: evicted from memory, read from the inbox on demand
+
+    def __repr__(self) -> str:
+        return f"Blob(cursor={self.cursor}, size={self.size})"
+
+
+class GroupSession(Protocol):
+    device_id: bytes | None
+
+    def notify(self, latest_cursor: int, count: int) -> None: ...
+
+
+class _Group:
+    __slots__ = ("blobs", "top", "stored", "sessions")
+
+    def __init__(self) -> None:
+        self.blobs: OrderedDict[int, Blob] = OrderedDict()   # visible blobs, cursor order
+        self.top = 0          # highest cursor ever committed (tombstones included)
+        self.stored = 0       # payload bytes of the visible blobs
+        self.sessions: set[GroupSession] = set()
+
+
+class SyncInbox:
+    def __init__(self, inbox_path: Path, acks_path: Path, *, cache_bytes: int = 256 << 20):
+        self.inbox_path = Path(inbox_path)
+        self.acks_path = Path(acks_path)
+        self.cache_bytes = cache_bytes
+        self._groups: dict[bytes, _Group] = {}
+        self._cursor_of: dict[bytes, int] = {}               # event_id -> cursor
+        self._meta: dict[bytes, tuple[bytes, bytes, int]] = {}  # event_id -> pushed meta
+        self._waiters: dict[bytes, list[asyncio.Future]] = {}
+        self._cache: OrderedDict[tuple[bytes, int], int] = OrderedDict()  # cached payloads
+        self._cached = 0
+        self.blobs_seen = 0
+        self.disk_reads = 0
+
+    def __repr__(self) -> str:
+        return f"SyncInbox(groups={len(self._groups)}, cached_bytes={self._cached})"
+
+    def _group(self, group: bytes) -> _Group:
+        g = self._groups.get(group)
+        if g is None:
+            g = self._groups[group] = _Group()
+        return g
+
+    # --- sessions --------------------------------------------------------------------------
+    def register(self, group: bytes, session: GroupSession) -> None:
+        self._group(group).sessions.add(session)
+
+    def unregister(self, group: bytes, session: GroupSession) -> None:
+        g = self._groups.get(group)
+        if g is not None:
+            g.sessions.discard(session)
+
+    def sessions_of(self, group: bytes) -> list[GroupSession]:
+        g = self._groups.get(group)
+        return list(g.sessions) if g else []
+
+    # --- bootstrap -------------------------------------------------------------------------
+    def _bootstrap_read(self) -> tuple[int, pa.Table, pa.Array]:
+        dt = DeltaTable(str(self.inbox_path))
+        version = dt.version()
+        t = dt.to_pyarrow_dataset().to_table(
+            columns=[C.MAILBOX, C.CURSOR, C.SEQ, C.EVENT_ID, C.ENVELOPE, C.META, C.EXPIRES_AT],
+            filter=equals(C.PROTOCOL, PROTOCOL), use_threads=False)
+        acked = DeltaTable(str(self.acks_path)).to_pyarrow_dataset().to_table(
+            columns=[C.SEQ], filter=equals(C.PROTOCOL, PROTOCOL),
+            use_threads=False).column(C.SEQ).combine_chunks()
+        return version, t.sort_by([(C.MAILBOX, "ascending"), (C.CURSOR, "ascending")]), acked
+
+    async def bootstrap(self) -> int:
+        """Rebuild from the inbox; returns the version read (the tail continues from it)."""
+        version, t, acked = await asyncio.to_thread(self._bootstrap_read)
+        acked_set = set(acked.to_pylist())
+        now = datetime.now(timezone.utc)
+        rows = 0
+        for mb, cur, seq, eid, env, meta, exp in zip(
+                *(t.column(c).to_pylist() for c in (C.MAILBOX, C.CURSOR, C.SEQ, C.EVENT_ID,
+                                                      C.ENVELOPE, C.META, C.EXPIRES_AT))):
+            g = self._group(mb)
+            g.top = max(g.top, cur)
+            self._cursor_of[eid] = cur
+            if env is None or seq in acked_set or (exp is not None and exp <= now) \
+                    or meta is None:
+                continue
+            blob_id, sender, ts = decode_meta(meta)
+            self._insert(mb, g, Blob(cur, seq, eid, blob_id, sender, ts, len(env), exp, env))
+            rows += 1
+        log.info("sync inbox view rebuilt", extra={"event": "sync_inbox_bootstrap",
+                                                   "version": version, "blobs": rows,
+                                                   "groups": len(self._groups)})
+        return version
+
+    # --- what the stream committed ---------------------------------------------------------
+    def expect(self, event_id: bytes, blob_id: bytes, sender: bytes, timestamp: int) -> None:
+        """A PUSH is about to land this event: remember its metadata for `add`."""
+        self._meta.setdefault(event_id, (blob_id, sender, timestamp))
+
+    def add(self, protocol: str, mailbox: bytes, envelopes: Iterable[PendingEnvelope]) -> None:
+        if protocol != PROTOCOL:
+            return
+        g = self._group(mailbox)
+        fresh: list[Blob] = []
+        for env in envelopes:
+            if env.cursor <= g.top:
+                continue          # known (a tail rebuild replays what it had)
+            g.top = env.cursor
+            self._cursor_of[env.event_id] = env.cursor
+            meta = self._meta.pop(env.event_id, None) or self._read_meta(env.seq)
+            if meta is None:
+                continue
+            blob = Blob(env.cursor, env.seq, env.event_id, meta[0], meta[1], meta[2],
+                        len(env.envelope), env.expires_at, env.envelope)
+            self._insert(mailbox, g, blob)
+            fresh.append(blob)
+            for fut in self._waiters.pop(env.event_id, ()):
+                if not fut.done():
+                    fut.set_result(env.cursor)
+        if not fresh:
+            return
+        self.blobs_seen += len(fresh)
+        for session in list(g.sessions):
+            theirs = [b.cursor for b in fresh if b.sender != session.device_id]
+            if theirs:
+                session.notify(theirs[-1], len(theirs))
+
+    def _read_meta(self, seq: int) -> tuple[bytes, bytes, int] | None:
+        """A row this process did not see pushed (landed before a restart)."""
+        t = DeltaTable(str(self.inbox_path)).to_pyarrow_dataset().to_table(
+            columns=[C.META], filter=equals(C.PROTOCOL, PROTOCOL) & (ds.field(C.SEQ) == seq),
+            use_threads=False)
+        if t.num_rows == 0 or t.column(C.META)[0].as_py() is None:
+            return None
+        return decode_meta(t.column(C.META)[0].as_py())
+
+    def _insert(self, group: bytes, g: _Group, blob: Blob) -> None:
+        g.blobs[blob.cursor] = blob
+        g.stored += blob.size
+        if blob.payload is not None:
+            self._cache[(group, blob.cursor)] = blob.size
+            self._cached += blob.size
+            self._evict()
+
+    def _evict(self) -> None:
+        while self._cached > self.cache_bytes and self._cache:
+            (group, cursor), size = self._cache.popitem(last=False)
+            self._cached -= size
+            blob = self._groups[group].blobs.get(cursor)
+            if blob is not None:
+                blob.payload = None
+
+    # --- PUSH_ACK --------------------------------------------------------------------------
+    def cursor_of(self, event_id: bytes) -> int | None:
+        return self._cursor_of.get(event_id)
+
+    def wait(self, event_id: bytes) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        known = self._cursor_of.get(event_id)
+        if known is not None:
+            fut.set_result(known)
+        else:
+            self._waiters.setdefault(event_id, []).append(fut)
+        return fut
+
+    def forget_waiter(self, event_id: bytes, fut: asyncio.Future) -> None:
+        mine = self._waiters.get(event_id)
+        if mine is not None and fut in mine:
+            mine.remove(fut)
+            if not mine:
+                del self._waiters[event_id]
+                self._meta.pop(event_id, None)
+
+    # --- reads -----------------------------------------------------------------------------
+    def top(self, group: bytes) -> int:
+        g = self._groups.get(group)
+        return g.top if g else 0
+
+    def stored(self, group: bytes) -> int:
+        g = self._groups.get(group)
+        return g.stored if g else 0
+
+    def blob(self, group: bytes, blob_id: bytes) -> Blob | None:
+        g = self._groups.get(group)
+        if g is None:
+            return None
+        return next((b for b in g.blobs.values() if b.blob_id == blob_id), None)
+
+    def visible(self, group: bytes, after: int, up_to: int, now: datetime) -> Iterable[Blob]:
+        """Unexpired, undeleted blobs with after < cursor <= up_to, in cursor order."""
+        g = self._groups.get(group)
+        if g is None:
+            return
+        for cursor, blob in g.blobs.items():      # OrderedDict in cursor order
+            if cursor <= after:
+                continue
+            if cursor > up_to:
+                return
+            if blob.expires_at is None or blob.expires_at > now:
+                yield blob
+
+    def pending_count(self, group: bytes, device: bytes, after: int, now: datetime) -> int:
+        return sum(1 for b in self.visible(group, after, 1 << 63, now) if b.sender != device)
+
+    def blobs_of(self, group: bytes) -> list[Blob]:
+        g = self._groups.get(group)
+        return list(g.blobs.values()) if g else []
+
+    def remove(self, group: bytes, cursor: int) -> None:
+        """DELETE: the blob leaves the view (its acks row makes compaction purge it)."""
+        g = self._groups.get(group)
+        blob = g.blobs.pop(cursor, None) if g else None
+        if blob is None:
+            return
+        g.stored -= blob.size
+        size = self._cache.pop((group, cursor), None)
+        if size is not None:
+            self._cached -= size
+
+    async def payloads(self, group: bytes, blobs: list[Blob]) -> list[bytes]:
+        """Payloads of `blobs`, from memory or (evicted ones) from the inbox table."""
+        missing = [b.seq for b in blobs if b.payload is None]
+        found: dict[int, bytes] = {}
+        if missing:
+            self.disk_reads += 1
+            found = await asyncio.to_thread(self._read_payloads, missing)
+        out = []
+        for b in blobs:
+            if b.payload is not None:
+                self._cache.move_to_end((group, b.cursor), last=True) \
+                    if (group, b.cursor) in self._cache else None
+                out.append(b.payload)
+            else:
+                out.append(found.get(b.seq, b""))
+        return out
+
+    def _read_payloads(self, seqs: list[int]) -> dict[int, bytes]:
+        t = DeltaTable(str(self.inbox_path)).to_pyarrow_dataset().to_table(
+            columns=[C.SEQ, C.ENVELOPE],
+            filter=equals(C.PROTOCOL, PROTOCOL) & ds.field(C.SEQ).isin(seqs)
+            & ds.field(C.ENVELOPE).is_valid(), use_threads=False)
+        t = t.filter(pc.is_valid(t.column(C.ENVELOPE)))
+        return dict(zip(t.column(C.SEQ).to_pylist(), t.column(C.ENVELOPE).to_pylist()))

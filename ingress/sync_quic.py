@@ -1,0 +1,707 @@
+"""The cursor-sync listener: QUIC (aioquic) with ALPN `/0k-sync/1`, hosted by the ingress node.
+
+Wire (cursor-sync-interop §1): the client opens one bidirectional stream per request and
+writes one frame `u32_be(len) ‖ MessagePack`; the relay answers one frame and FIN, or an empty
+FIN on any refusal (ERROR instead for clients that ask, `engine/sync/session.py`). NOTIFY,
+DEVICE_REVOKED and relayed CONTENT_REF / CONTENT_ACK go out on relay-opened unidirectional
+streams, one frame each. Connection closes: code 1 "rate limited", 2 "too many sessions"
+(0k-sync), 3 "auth failed" / "hello timeout", 4 "device revoked" (ours).
+
+Requests of one connection are taken in order (0k-sync handles streams sequentially); a PUSH
+is checked in that order and then completes on its own task, because its PUSH_ACK waits for
+the inbox commit that assigns its cursor (landing commit, then a stream micro-batch): a
+client pipelining pushes on several streams is not held to one push per micro-batch.
+
+The protocol decisions (state table, limits, identity checks) are `engine/sync`'s; this shell
+owns sockets, timers, the landing appender, the control plane and the inbox view. It never
+logs an id, a key, a group id, a payload or an address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import secrets
+import ssl
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from aioquic.asyncio import QuicConnectionProtocol, serve
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.events import (ConnectionTerminated, HandshakeCompleted, QuicEvent,
+                                 StreamDataReceived, StreamReset)
+
+from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
+from delta_tables.layout import Layout
+from delta_tables.schema import ACKS, C
+from egress.inbox_tail import InboxTail
+from engine.sync import ALPN, PROTOCOL, identity, limits
+from engine.sync import messages as m
+from engine.sync.framing import FrameError, FrameReader, frame
+from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_DEVICE_REVOKED, CLOSE_RATE_LIMITED,
+                                 CLOSE_TOO_MANY_SESSIONS, RATE_LIMITED, Code, Refused, Session,
+                                 State)
+from engine.sync.token_bucket import KeyedBuckets, TokenBucket
+from relay.config import Settings
+from relay.listener import Listener
+
+from .sync_control import SyncControl
+from .sync_inbox import SyncInbox, encode_meta
+
+log = logging.getLogger("relay.ingress.sync")
+logging.getLogger("quic").setLevel(logging.WARNING)   # aioquic logs connection ids per event
+
+CERT_FILE, KEY_FILE = "sync_server.crt", "sync_server.key"
+# Room a PULL_RESPONSE needs around one blob beyond the PUSH that carried it (tag, cursor,
+# timestamp, has_more, max_cursor): a PUSH closer than this to the frame cap could never be
+# pulled, so it is refused as too large (0k-sync accepts it and cannot deliver it).
+PULL_HEADROOM = 64
+
+
+def event_id(group: bytes, blob_id: bytes) -> bytes:
+    """The dedup key: a re-push of a blob id into its group is the same event."""
+    return hashlib.blake2b(group + blob_id, digest_size=32, person=b"0ksync.evt.v1").digest()
+
+
+def unix_now() -> int:
+    return int(time.time())
+
+
+# --- certificate ----------------------------------------------------------------------------
+
+def load_or_create_cert(settings: Settings) -> tuple[Path, Path]:
+    """`sync.cert_file` / `sync.key_file`, or `<data>/keys/sync_server.{crt,key}` created on
+    first start (ECDSA P-256, self-signed, 10 years; clients pin its SHA-256, `relay keys`)."""
+    conf = settings.sync
+    if conf.cert_file or conf.key_file:
+        cert, key = Path(conf.cert_file), Path(conf.key_file)
+        if not (cert.exists() and key.exists()):
+            raise FileNotFoundError("sync.cert_file / sync.key_file: both must exist")
+        return cert, key
+    keys = Path(settings.data_dir).resolve() / "keys"
+    cert, key = keys / CERT_FILE, keys / KEY_FILE
+    if not cert.exists():
+        _create_cert(cert, key)
+    return cert, key
+
+
+def _create_cert(cert: Path, key: Path) -> None:
+    """Key first (exclusive, 0600), then the certificate: never a half-written pair."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    cert.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "spark-relay cursor-sync")])
+    now = datetime.now(timezone.utc)
+    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+                   .public_key(private.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - timedelta(hours=1))
+                   .not_valid_after(now + timedelta(days=365 * 10))
+                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), True)
+                   .sign(private, hashes.SHA256()))
+    try:
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        deadline = time.monotonic() + 5      # another process is creating the pair
+        while not cert.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(private.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.PKCS8,
+                                       serialization.NoEncryption()))
+        os.fsync(fh.fileno())
+    tmp = cert.with_name(cert.name + f".{os.getpid()}.tmp")
+    tmp.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    os.replace(tmp, cert)
+    log.info("created sync server certificate", extra={"event": "sync_cert_created",
+                                                       "path": str(cert)})
+
+
+def cert_der(cert: Path) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(cert.read_text())
+
+
+# --- the listener ---------------------------------------------------------------------------
+
+class SyncServer(Listener):
+    name = "sync"
+    protocol = PROTOCOL
+
+    def __init__(self, settings: Settings, appender, *, fsync: bool = True):
+        conf = settings.sync
+        super().__init__(settings.bind, conf.port, conf.max_concurrent_sessions)
+        self.settings = settings
+        self.conf = conf
+        self.appender = appender
+        self.layout = Layout(settings.data_dir)
+        self.fsync = fsync
+        self.control = SyncControl(self.layout, fsync=fsync)
+        self.inbox = SyncInbox(self.layout.inbox, self.layout.acks, cache_bytes=conf.cache_bytes)
+        self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.inbox,
+                              protocols={PROTOCOL})
+        self.acks: GroupCommitAppender | None = None
+        self.cert_path, self.key_path = load_or_create_cert(settings)
+        self.cert_der = cert_der(self.cert_path)
+        now = time.monotonic()
+        self.global_limit = TokenBucket(conf.global_requests_per_second, 1.0, now)
+        self.device_limit = KeyedBuckets(conf.messages_per_minute, 60.0)
+        self.connect_limit = KeyedBuckets(conf.connections_per_minute, 60.0)
+        self.conns: set[SyncConnection] = set()
+        self.inflight: dict[bytes, int] = {}      # group -> payload bytes being stored
+        self.last_seen: dict[tuple[bytes, bytes], int] = {}
+        self._server = None
+        self._stop = asyncio.Event()
+        self._tail_task: asyncio.Task | None = None
+
+    @property
+    def cert_sha256(self) -> str:
+        return hashlib.sha256(self.cert_der).hexdigest()
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self.layout.ensure_shared_tables)
+        await self.control.load()
+        self.acks = GroupCommitAppender(DeltaAppendTarget(self.layout.acks, ACKS,
+                                                          fsync=self.fsync))
+        await self.acks.start()
+        self.tail.version = await self.inbox.bootstrap()
+        self._tail_task = asyncio.create_task(
+            self.tail.run(self.settings.egress.poll_interval_ms / 1000, self._stop),
+            name="sync-inbox-tail")
+        qconf = QuicConfiguration(is_client=False, alpn_protocols=[ALPN],
+                                  idle_timeout=self.conf.idle_timeout_seconds,
+                                  max_data=8 << 20, max_stream_data=2 << 20)
+        qconf.load_cert_chain(str(self.cert_path), str(self.key_path))
+        self._server = await serve(self.host, self.port, configuration=qconf,
+                                   create_protocol=self._protocol)
+        log.info("listener started", extra={"event": "listener_started",
+                                            "listener": self.name, "port": self.bound_port})
+
+    def _protocol(self, *args, **kwargs) -> "SyncConnection":
+        return SyncConnection(self, *args, **kwargs)
+
+    @property
+    def bound_port(self) -> int:
+        assert self._server is not None, "not started"
+        return self._server._transport.get_extra_info("sockname")[1]
+
+    async def close(self) -> None:
+        """Stop accepting; pushes being stored finish (and are answered) first."""
+        for conn in list(self.conns):
+            conn.draining = True
+        pending = [t for c in self.conns for t in c.tasks]
+        if pending:
+            await asyncio.wait(pending, timeout=self.conf.push_ack_timeout_seconds)
+        for conn in list(self.conns):
+            conn.close(0, "relay shutting down")
+        if self._server is not None:
+            self._server.close()
+        self._stop.set()
+        if self._tail_task is not None:
+            await self._tail_task
+        await self.control.close()
+        if self.acks is not None:
+            await self.acks.close()
+
+    # --- shared state the connections use ------------------------------------------------------
+    def group_sessions(self, group: bytes) -> list["SyncConnection"]:
+        return [s for s in self.inbox.sessions_of(group) if isinstance(s, SyncConnection)]
+
+    def online(self, group: bytes, device: bytes) -> bool:
+        return any(c.device_id == device for c in self.group_sessions(group))
+
+
+class _Stream:
+    """A client bidirectional stream: its frame reader, read deadline, and the frames after
+    the first (only the identity exchange reads a second one)."""
+    __slots__ = ("reader", "timer", "got", "later", "waiter")
+
+    def __init__(self, reader: FrameReader, timer: asyncio.TimerHandle):
+        self.reader, self.timer = reader, timer
+        self.got = 0
+        self.later: list[bytes | None] = []
+        self.waiter: asyncio.Future | None = None
+
+    def give(self, body: bytes | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(body)
+            self.waiter = None
+        else:
+            self.later.append(body)
+
+
+class SyncConnection(QuicConnectionProtocol):
+    def __init__(self, server: SyncServer, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.server = server
+        self.conf = server.conf
+        self.session = Session()
+        self.streams: dict[int, _Stream] = {}
+        self.requests: asyncio.Queue = asyncio.Queue()
+        self.answered: set[int] = set()
+        self.tasks: set[asyncio.Task] = set()
+        self.worker: asyncio.Task | None = None
+        self.hello_timer: asyncio.TimerHandle | None = None
+        self.closed = False
+        self.draining = False
+        self.registered = False
+
+    # --- identity helpers --------------------------------------------------------------------
+    @property
+    def device_id(self) -> bytes | None:
+        return self.session.device_id
+
+    def __repr__(self) -> str:
+        return f"SyncConnection({self.session!r})"
+
+    # --- aioquic events ----------------------------------------------------------------------
+    def quic_event_received(self, event: QuicEvent) -> None:
+        if isinstance(event, HandshakeCompleted):
+            self._on_handshake()
+        elif isinstance(event, StreamDataReceived):
+            self._on_data(event.stream_id, event.data, event.end_stream)
+        elif isinstance(event, StreamReset):
+            self._forget_stream(event.stream_id)
+        elif isinstance(event, ConnectionTerminated):
+            self._on_closed()
+
+    def _on_handshake(self) -> None:
+        srv = self.server
+        if len(srv.conns) >= self.conf.max_concurrent_sessions:
+            srv.rejected["too_many_sessions"] += 1
+            log.warning("session cap reached", extra={"event": "connection_refused",
+                                                      "listener": srv.name})
+            self.close(CLOSE_TOO_MANY_SESSIONS, "too many sessions")
+            return
+        srv.conns.add(self)
+        srv.connections = len(srv.conns)
+        self.hello_timer = self._loop.call_later(self.conf.hello_timeout_seconds,
+                                                 self._hello_timeout)
+        self.worker = asyncio.ensure_future(self._work())
+
+    def _hello_timeout(self) -> None:
+        if self.session.state is not State.ACTIVE and not self.closed:
+            log.info("hello timeout", extra={"event": "sync_hello_timeout"})
+            self.server.rejected["hello_timeout"] += 1
+            self.close(CLOSE_AUTH_FAILED, "hello timeout")
+
+    def _on_data(self, sid: int, data: bytes, fin: bool) -> None:
+        if self.closed or sid % 4 != 0 or sid in self.answered:
+            return          # only client-initiated bidirectional streams carry requests
+        st = self.streams.get(sid)
+        if st is None:
+            st = self.streams[sid] = _Stream(
+                FrameReader(self.conf.max_message_size),
+                self._loop.call_later(self.conf.stream_read_timeout_seconds,
+                                      self._stream_timeout, sid))
+        try:
+            bodies = st.reader.feed(data)
+            if fin and not bodies:
+                st.reader.end()
+                if st.got == 0:
+                    raise FrameError("no frame")
+        except FrameError:
+            # ST-001: an oversize prefix is refused before a body byte is buffered.
+            self.server.rejected["malformed"] += 1
+            self._deliver(sid, st, None)
+            return
+        for body in bodies:
+            self._deliver(sid, st, body)
+        if fin and st.waiter is not None:
+            st.give(None)    # the exchange wanted another frame and got FIN
+
+    def _deliver(self, sid: int, st: _Stream, body: bytes | None) -> None:
+        st.got += 1
+        if st.got == 1:
+            st.timer.cancel()
+            self.requests.put_nowait((sid, body))
+        else:
+            st.give(body)
+
+    async def next_frame(self, sid: int) -> bytes | None:
+        """The next frame on a stream that already delivered its request (identity exchange),
+        None on FIN, reset or timeout."""
+        st = self.streams.get(sid)
+        if st is None:
+            return None
+        if st.later:
+            return st.later.pop(0)
+        st.waiter = self._loop.create_future()
+        st.timer = self._loop.call_later(self.conf.stream_read_timeout_seconds, st.give, None)
+        try:
+            return await st.waiter
+        finally:
+            st.timer.cancel()
+
+    def _stream_timeout(self, sid: int) -> None:
+        st = self.streams.get(sid)
+        if st is not None and st.got == 0:
+            self._deliver(sid, st, None)       # nothing complete in time: empty FIN
+
+    def _forget_stream(self, sid: int) -> None:
+        st = self.streams.pop(sid, None)
+        if st is not None:
+            st.timer.cancel()
+            st.give(None)
+
+    def _on_closed(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        srv = self.server
+        srv.conns.discard(self)
+        srv.connections = len(srv.conns)
+        if self.hello_timer is not None:
+            self.hello_timer.cancel()
+        for st in self.streams.values():
+            st.timer.cancel()
+            st.give(None)
+        if self.registered and self.session.group_id is not None:
+            srv.inbox.unregister(self.session.group_id, self)
+            srv.last_seen[(self.session.group_id, self.device_id)] = unix_now()
+        if self.worker is not None:
+            self.worker.cancel()
+
+    # --- writing -----------------------------------------------------------------------------
+    def close(self, code: int = 0, reason: str = "") -> None:
+        if not self.closed:
+            super().close(error_code=code, reason_phrase=reason)
+            self._on_closed()
+
+    def _respond(self, sid: int, msg: m.Message | None, *, fin: bool = True) -> None:
+        """One frame (and FIN), or None: the empty FIN every 0k-sync refusal is."""
+        if self.closed or sid in self.answered:
+            return
+        if fin:
+            self.answered.add(sid)
+            st = self.streams.pop(sid, None)
+            if st is not None:
+                st.timer.cancel()
+        data = frame(m.encode(msg), self.conf.max_message_size) if msg is not None else b""
+        try:
+            self._quic.send_stream_data(sid, data, end_stream=fin)
+        except Exception:   # the stream is gone (peer reset it)
+            return
+        self.transmit()
+
+    def _refuse(self, sid: int, request: m.Message | None, exc: Refused) -> None:
+        self.server.rejected[_reason(exc.code)] += 1
+        log.info("sync request refused", extra={"event": "sync_refused",
+                                                "code": exc.code, "reason": exc.message,
+                                                "request": request.TAG if request else None})
+        wants = request is not None and self.session.wants_error(request)
+        self._respond(sid, m.Error(exc.code, exc.message) if wants else None)
+
+    def send_uni(self, msg: m.Message) -> None:
+        if self.closed:
+            return
+        sid = self._quic.get_next_available_stream_id(is_unidirectional=True)
+        self._quic.send_stream_data(sid, frame(m.encode(msg)), end_stream=True)
+        self.transmit()
+
+    def notify(self, latest_cursor: int, count: int) -> None:
+        """SyncInbox's fan-out: new blobs of the group from other devices."""
+        self.send_uni(m.Notify(latest_cursor, count))
+
+    # --- the request loop --------------------------------------------------------------------
+    async def _work(self) -> None:
+        try:
+            while not self.closed:
+                sid, body = await self.requests.get()
+                await self._handle(sid, body)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("sync connection failed", extra={"event": "sync_task_failed"})
+            self.close(0, "internal error")
+
+    async def _handle(self, sid: int, body: bytes | None) -> None:
+        if body is None:                  # oversize / truncated / timed out: empty FIN
+            self._respond(sid, None)
+            return
+        try:
+            msg = m.decode(body)
+        except m.DecodeError:
+            self.server.rejected["malformed"] += 1
+            self._respond(sid, None)
+            return
+        try:
+            if self.draining:
+                raise Refused(Code.RELAY_SHUTTING_DOWN, "relay shutting down")
+            handler = self.session.route(msg)
+            if isinstance(msg, RATE_LIMITED):
+                self._rate_limit()
+            await getattr(self, f"_on_{handler}")(sid, msg)
+        except Refused as exc:
+            self._refuse(sid, msg, exc)
+
+    def _rate_limit(self) -> None:
+        now = time.monotonic()
+        # 0k-sync order: the global limiter, then the device's.
+        if not self.server.global_limit.take(now):
+            raise Refused(Code.RATE_LIMITED, "relay busy")
+        if not self.server.device_limit.take(self.device_id, now):
+            raise Refused(Code.RATE_LIMITED, "rate limited")
+
+    # --- handlers ----------------------------------------------------------------------------
+    async def _on_auth(self, sid: int, msg: m.Auth) -> None:
+        nonce = secrets.token_bytes(identity.NONCE_LEN)
+        self._respond(sid, m.AuthChallenge(nonce), fin=False)
+        body = await self.next_frame(sid)
+        try:
+            proof = m.decode(body) if body is not None else None
+        except m.DecodeError:
+            proof = None
+        if not (isinstance(proof, m.AuthProof) and identity.auth_ok(
+                proof.device_id, proof.signature, nonce, self.server.cert_der)):
+            self.server.rejected["auth_failed"] += 1
+            log.info("sync auth failed", extra={"event": "sync_auth_failed"})
+            self.close(CLOSE_AUTH_FAILED, "auth failed")
+            return
+        if not self.server.connect_limit.take(proof.device_id, time.monotonic()):
+            self.server.rejected["rate_limited"] += 1
+            self.close(CLOSE_RATE_LIMITED, "rate limited")
+            return
+        self.session.authenticated(proof.device_id)
+        self._respond(sid, m.Done(m.AuthProof.TAG))
+
+    async def _on_join(self, sid: int, msg: m.Join) -> None:
+        ctl, dev = self.server.control, self.device_id
+        if ctl.state.is_revoked(msg.group_id, dev):
+            raise Refused(Code.DEVICE_REVOKED, "device revoked from this group")
+        if not identity.admission_ok(msg.group_id, dev, msg.admitter, msg.expires_at,
+                                     msg.signature, time.time()):
+            raise Refused(Code.BAD_ADMISSION, "admission invalid or expired")
+        outcome = await ctl.admit(msg.group_id, dev, msg.admitter)
+        if outcome == "refused":
+            raise Refused(Code.BAD_ADMISSION, "admitter is not a member")
+        log.info("sync device joined", extra={"event": "sync_member_changed", "op": outcome})
+        self._respond(sid, m.Done(m.Join.TAG))
+
+    async def _on_hello(self, sid: int, msg: m.Hello) -> None:
+        srv, ctl, dev = self.server, self.server.control, self.device_id
+        self.session.check_hello(msg)
+        group = msg.group_id
+        if ctl.state.is_revoked(group, dev):
+            raise Refused(Code.DEVICE_REVOKED, "device revoked from this group")
+        if not ctl.state.is_member(group, dev):
+            if ctl.state.exists(group) and not self.conf.open_groups:
+                raise Refused(Code.NOT_A_MEMBER, "not a member of this group")
+            outcome = await ctl.admit(group, dev, None, open_group=self.conf.open_groups)
+            if outcome == "refused":
+                raise Refused(Code.NOT_A_MEMBER, "not a member of this group")
+            log.info("sync group member added", extra={"event": "sync_member_changed",
+                                                       "op": outcome})
+        name = limits.truncate_utf8(msg.device_name, self.conf.max_device_name_bytes)
+        self.session.activate(msg, name)
+        if self.hello_timer is not None:
+            self.hello_timer.cancel()
+        srv.inbox.register(group, self)
+        self.registered = True
+        srv.last_seen[(group, dev)] = unix_now()
+        now = datetime.now(timezone.utc)
+        after = max(msg.last_cursor, ctl.state.acked_cursor(group, dev))
+        self._respond(sid, m.Welcome(msg.version, srv.inbox.top(group),
+                                     min(srv.inbox.pending_count(group, dev, after, now),
+                                         m.U32)))
+        log.info("sync session open", extra={"event": "sync_session_open",
+                                             "version": msg.version})
+
+    async def _on_push(self, sid: int, msg: m.Push) -> None:
+        srv, conf = self.server, self.conf
+        group, dev = self.session.group_id, self.device_id
+        size = len(msg.payload)
+        if size > conf.max_blob_size or len(m.encode(msg)) > conf.max_message_size \
+                - PULL_HEADROOM:
+            raise Refused(Code.BLOB_TOO_LARGE, "blob too large")
+        eid = event_id(group, msg.blob_id)
+        known = srv.inbox.cursor_of(eid)
+        if known is not None:             # a re-push: its original cursor
+            srv.accepted += 1
+            self._respond(sid, m.PushAck(msg.blob_id, known))
+            return
+        if srv.inbox.stored(group) + srv.inflight.get(group, 0) + size > conf.max_group_storage:
+            raise Refused(Code.QUOTA_EXCEEDED, "group storage quota exceeded")
+        srv.inflight[group] = srv.inflight.get(group, 0) + size
+        task = asyncio.ensure_future(self._store(sid, msg, group, dev, eid, size))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _store(self, sid: int, msg: m.Push, group: bytes, dev: bytes, eid: bytes,
+                     size: int) -> None:
+        srv, conf = self.server, self.conf
+        received = datetime.now(timezone.utc)
+        ts = int(received.timestamp())
+        ttl = limits.effective_ttl(msg.ttl, conf.default_ttl_seconds, conf.max_ttl_seconds)
+        srv.inbox.expect(eid, msg.blob_id, dev, ts)
+        waiter = srv.inbox.wait(eid)
+        try:
+            await srv.appender.append({
+                C.EVENT_ID: eid, C.PROTOCOL: PROTOCOL, C.MAILBOX: group,
+                C.ENVELOPE: msg.payload, C.META: encode_meta(msg.blob_id, dev, ts),
+                C.RECEIVED_AT: received, C.EXPIRES_AT: received + timedelta(seconds=ttl)})
+            cursor = await asyncio.wait_for(asyncio.shield(waiter),
+                                            conf.push_ack_timeout_seconds)
+        except Exception as exc:
+            srv.inbox.forget_waiter(eid, waiter)
+            log.warning("sync push not stored", extra={"event": "sync_store_failed",
+                                                       "error": type(exc).__name__})
+            self._refuse(sid, msg, Refused(Code.INTERNAL, "not stored"))
+            return
+        finally:
+            left = srv.inflight.get(group, 0) - size
+            if left > 0:
+                srv.inflight[group] = left
+            else:
+                srv.inflight.pop(group, None)
+        srv.accepted += 1
+        self._respond(sid, m.PushAck(msg.blob_id, cursor))
+
+    async def _on_pull(self, sid: int, msg: m.Pull) -> None:
+        srv, conf = self.server, self.conf
+        group, dev = self.session.group_id, self.device_id
+        limit = limits.clamp_pull_limit(msg.limit, conf.max_pull_limit, conf.default_pull_limit)
+        top = srv.inbox.top(group)
+        after = msg.after_cursor
+        window = min(top, after + conf.cursor_gap_cap)   # F-019: one pull spans <= the cap
+        now = datetime.now(timezone.utc)
+        picked, room = [], conf.max_message_size - PULL_HEADROOM
+        more = False
+        for blob in srv.inbox.visible(group, after, window, now):
+            if len(picked) == limit:
+                more = True
+                break
+            cost = blob.size * 2 + 40            # upper bound of its encoded entry
+            if picked and cost > room:
+                more = True
+                break
+            room -= cost
+            picked.append(blob)
+        payloads = await srv.inbox.payloads(group, picked)
+        entries = [m.PullBlob(b.blob_id, b.cursor, p, b.timestamp)
+                   for b, p in zip(picked, payloads)]
+        if picked:
+            max_cursor = picked[-1].cursor
+            more = more or any(True for _ in srv.inbox.visible(group, max_cursor, top, now))
+        elif window > after:
+            # Nothing visible up to the window's end (deleted / expired): move the client on.
+            max_cursor = window
+            more = window < top
+        else:
+            max_cursor = after                       # 0k-sync: after_cursor when none
+        if 0 < after <= top:
+            srv.control.record_ack(group, dev, after)  # pulling after N: holds 1..N
+        srv.last_seen[(group, dev)] = unix_now()
+        self._respond(sid, m.PullResponse(entries, more, max_cursor))
+
+    async def _on_bye(self, sid: int, msg: m.Bye) -> None:
+        # 0k-sync: no response, Closing; unlike 0k-sync the device leaves the NOTIFY set.
+        self.session.close()
+        if self.registered:
+            self.server.inbox.unregister(self.session.group_id, self)
+            self.registered = False
+        self._respond(sid, None)
+
+    async def _on_presence(self, sid: int, msg: m.Presence) -> None:
+        srv, group = self.server, self.session.group_id
+        srv.last_seen[(group, self.device_id)] = unix_now()
+        names = {c.device_id: c.session.device_name for c in srv.group_sessions(group)}
+        names[self.device_id] = self.session.device_name   # the asking session's own name
+        entries = []
+        for dev in sorted(srv.control.state.members.get(group, ())):
+            online = dev in names and (dev != self.device_id or msg.online)
+            entries.append(m.PresenceEntry(dev, names.get(dev, ""), online,
+                                           srv.last_seen.get((group, dev), 0)))
+        self._respond(sid, m.PresenceList(entries))
+
+    async def _on_ack(self, sid: int, msg: m.Ack) -> None:
+        group = self.session.group_id
+        self.server.control.record_ack(group, self.device_id,
+                                       min(msg.cursor, self.server.inbox.top(group)))
+        self._respond(sid, m.Done(m.Ack.TAG))
+
+    async def _on_delete(self, sid: int, msg: m.Delete) -> None:
+        srv, group = self.server, self.session.group_id
+        blob = srv.inbox.blob(group, msg.blob_id)
+        if blob is None:
+            raise Refused(Code.NOT_FOUND, "no such blob")
+        st = srv.control.state
+        waiting = [d for d in st.members.get(group, ())
+                   if d != blob.sender and st.acked_cursor(group, d) < blob.cursor]
+        if waiting:
+            raise Refused(Code.NOT_ACKNOWLEDGED, f"{len(waiting)} device(s) have not "
+                          "acknowledged it")
+        await srv.acks.append({
+            C.PROTOCOL: PROTOCOL, C.MAILBOX: group, C.EVENT_ID: blob.event_id,
+            C.SEQ: blob.seq, C.CURSOR: blob.cursor, C.DEVICE: self.device_id,
+            C.ACKED_AT: datetime.now(timezone.utc)})
+        srv.inbox.remove(group, blob.cursor)
+        log.info("sync blob deleted", extra={"event": "sync_blob_deleted"})
+        self._respond(sid, m.Done(m.Delete.TAG))
+
+    async def _on_revoke(self, sid: int, msg: m.RevokeDevice) -> None:
+        srv, group = self.server, self.session.group_id
+        if not await srv.control.revoke(group, msg.device_id, self.device_id):
+            raise Refused(Code.NOT_FOUND, "not a member")
+        log.info("sync device revoked", extra={"event": "sync_member_changed", "op": "revoke"})
+        self._respond(sid, m.Done(m.RevokeDevice.TAG))
+        for conn in srv.group_sessions(group):
+            conn.send_uni(m.DeviceRevoked(msg.device_id))
+            if conn.device_id == msg.device_id:
+                conn.revoked()
+
+    def revoked(self) -> None:
+        """Told DEVICE_REVOKED (just queued): stop serving, close once that had a moment."""
+        self.session.close()
+        if self.registered:
+            self.server.inbox.unregister(self.session.group_id, self)
+            self.registered = False
+        self._loop.call_later(0.2, self.close, CLOSE_DEVICE_REVOKED, "device revoked")
+
+    async def _on_register_push(self, sid: int, msg: m.RegisterPush) -> None:
+        await self._push_registration(sid, msg, True)
+
+    async def _on_unregister_push(self, sid: int, msg: m.UnregisterPush) -> None:
+        await self._push_registration(sid, msg, False)
+
+    async def _push_registration(self, sid: int, msg, register: bool) -> None:
+        token = msg.token.encode("utf-8")
+        if not (1 <= len(msg.platform) <= 32 and msg.platform.isascii()
+                and msg.platform.isprintable() and " " not in msg.platform
+                and 1 <= len(token) <= self.conf.max_push_token_bytes):
+            raise Refused(Code.INVALID_MESSAGE, "bad platform or token")
+        await self.server.control.push_registration(self.session.group_id, self.device_id,
+                                                    msg.platform, token, register)
+        self._respond(sid, m.Done(msg.TAG))
+
+    async def _on_content(self, sid: int, msg: m.ContentRef | m.ContentAck) -> None:
+        """Relayed live to the group's other online devices; the content itself travels
+        device to device (iroh-blobs), never through the relay."""
+        if isinstance(msg, m.ContentRef) and (
+                msg.content_size > limits.MAX_CONTENT_SIZE
+                or msg.encrypted_size != msg.content_size + limits.CONTENT_TAG_SIZE):
+            raise Refused(Code.CONTENT_TOO_LARGE, "content size invalid or over the limit")
+        for conn in self.server.group_sessions(self.session.group_id):
+            if conn is not self and conn.device_id != self.device_id:
+                conn.send_uni(msg)
+        self._respond(sid, m.Done(msg.TAG))
+
+
+def _reason(code: int) -> str:
+    return {Code.RATE_LIMITED: "rate_limited", Code.QUOTA_EXCEEDED: "quota",
+            Code.BLOB_TOO_LARGE: "oversize", Code.NOT_A_MEMBER: "not_member",
+            Code.DEVICE_REVOKED: "revoked", Code.BAD_ADMISSION: "bad_admission",
+            Code.INTERNAL: "store_failed"}.get(code, "refused")
+
+
+def server_cert_sha256(settings: Settings) -> str:
+    """For `relay keys`: what a direct client pins."""
+    cert, _ = load_or_create_cert(settings)
+    return hashlib.sha256(cert_der(cert)).hexdigest()
+
