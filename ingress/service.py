@@ -16,6 +16,8 @@ from relay.config import Settings
 from relay.listener import serve_role
 
 from .heya import HeyaServer
+from .sync_quic import SyncServer
+from .ppp_app import PppServer
 from .trueseal_push import PushServer
 
 log = logging.getLogger("relay.ingress")
@@ -34,17 +36,29 @@ class IngressNode:
         self.trueseal = PushServer(settings, self.appender, self.key)
         self.heya = (HeyaServer(settings, self.appender, fsync=fsync)
                      if settings.heya.enabled else None)
+        self.sync = (SyncServer(settings, self.appender, fsync=fsync)
+                     if settings.sync.enabled else None)
+        self.ppp = (PppServer(settings, self.appender, fsync=fsync)
+                    if settings.ppp.enabled else None)
 
     async def start(self) -> None:
         await self.appender.start()
         await self.trueseal.start()
         if self.heya is not None:
             await self.heya.start()
+        if self.sync is not None:
+            await self.sync.start()
+        if self.ppp is not None:
+            await self.ppp.start()
 
     def listening(self) -> dict[str, str]:
         out = {"trueseal_push": f"{self.settings.bind}:{self.trueseal.bound_port}"}
         if self.heya is not None:
             out["heya"] = f"{self.settings.bind}:{self.heya.bound_port}"
+        if self.sync is not None:
+            out["sync"] = f"{self.settings.bind}:{self.sync.bound_port}"
+        if self.ppp is not None:
+            out["ppp"] = f"{self.settings.bind}:{self.ppp.bound_port}"
         return out
 
     async def close(self) -> None:
@@ -52,6 +66,10 @@ class IngressNode:
         await self.trueseal.close()
         if self.heya is not None:
             await self.heya.close()
+        if self.sync is not None:
+            await self.sync.close()
+        if self.ppp is not None:
+            await self.ppp.close()
         await self.appender.close()
 
 

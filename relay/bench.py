@@ -193,7 +193,7 @@ def _mailboxes(rng: np.random.Generator, n: int = MAILBOXES) -> pa.Array:
 # Every listening port the bench's relay processes might open: ephemeral (0), so a bench never
 # collides with a relay (or a test) already running on this machine. Metrics port 0 = off.
 _PORT_ENV = {"RELAY_TRUESEAL_PUSH_PORT": "0", "RELAY_TRUESEAL_RECEIVE_PORT": "0",
-             "RELAY_HEYA_PORT": "0", "RELAY_METRICS_PORT_INGRESS": "0",
+             "RELAY_HEYA_PORT": "0", "RELAY_SYNC_PORT": "0", "RELAY_METRICS_PORT_INGRESS": "0",
              "RELAY_METRICS_PORT_EGRESS": "0", "RELAY_METRICS_PORT_STREAM": "0",
              "RELAY_METRICS_PORT_COMPACT": "0"}
 
@@ -201,7 +201,8 @@ _PORT_ENV = {"RELAY_TRUESEAL_PUSH_PORT": "0", "RELAY_TRUESEAL_RECEIVE_PORT": "0"
 def _settings(args, data_dir: Path) -> config.Settings:
     s = config.load(getattr(args, "conf", None), data_dir=str(data_dir))
     for section, key in (("trueseal", "push_port"), ("trueseal", "receive_port"),
-                         ("heya", "port"), ("metrics", "ingress_port"),
+                         ("heya", "port"), ("ppp", "port"), ("sync", "port"),
+                         ("metrics", "ingress_port"),
                          ("metrics", "egress_port"), ("metrics", "stream_port"),
                          ("metrics", "compact_port")):
         obj = getattr(s, section, None)
@@ -833,6 +834,10 @@ def main(args) -> int:
         from . import bench_heya
         res["heya"] = section("heya", bench_heya.run, _settings(args, root / "heya"), quick,
                               spark)
+        from . import bench_ppp   # stores/s without Spark; store->NOTIFY needs the stream
+        res["ppp"] = section("ppp", bench_ppp.run, _settings(args, root / "ppp"), quick, spark)
+        from . import bench_sync  # PUSH_ACK waits for the inbox commit: needs the stream
+        res["sync"] = section("sync", bench_sync.run, _settings(args, root / "sync"), quick, spark)
     except KeyboardInterrupt:
         interrupted = True
         _say("interrupted; stopping child processes")
@@ -853,6 +858,10 @@ def main(args) -> int:
     res["stream_envelopes_per_s"] = st.get("envelopes_per_s")
     res["heya_sends_per_s"] = (res.get("heya") or {}).get("heya_sends_per_s")
     res["heya_send_to_have_ms"] = (res.get("heya") or {}).get("heya_send_to_have_ms")
+    res["ppp_acked_stores_per_s"] = (res.get("ppp") or {}).get("ppp_acked_stores_per_s")
+    res["ppp_store_to_notify_ms"] = (res.get("ppp") or {}).get("ppp_store_to_notify_ms")
+    res["sync_pushes_per_s"] = (res.get("sync") or {}).get("sync_pushes_per_s")
+    res["sync_push_to_notify_ms"] = (res.get("sync") or {}).get("sync_push_to_notify_ms")
     res["delta_append_ceiling_rows_per_s"] = ceiling
     if ceiling and ts.get("acked_per_s"):
         res["trueseal_vs_ceiling_ratio"] = round(ts["acked_per_s"] / ceiling, 3)
@@ -869,6 +878,7 @@ def main(args) -> int:
         res["interrupted"] = True
     # Headline fields first, then the details.
     head = ["mode", "trueseal_acked_pushes_per_s", "heya_sends_per_s", "heya_send_to_have_ms",
+            "ppp_acked_stores_per_s", "ppp_store_to_notify_ms",
             "trueseal_headline_shape",
             "trueseal_acked_pushes_per_s_by_shape", "push_to_deliver_ms", "stream_envelopes_per_s",
             "landing_commit_ms", "delta_append_ceiling_rows_per_s", "trueseal_vs_ceiling_ratio",

@@ -10,6 +10,7 @@
     relay status      the relay at a glance: tables, landing lag, each process's /metrics
     relay loadgen     fill a data directory with a realistic synthetic day
     relay bench       measure throughput and latency, write a JSON results file
+    relay ppp         PPP client: keygen, register-token, send, receive, fingerprint
 """
 
 from __future__ import annotations
@@ -108,6 +109,10 @@ def cmd_keys(args) -> None:
                                                  settings.heya.key_file)
         # What a Heya client pins instead of SKIP_VERIFY: SHA-256 of the server certificate.
         print(f"heya-cert-sha256 {tls.cert_digest(tls.server_cert_der(cert)).hex()}")
+    if settings.sync.enabled:
+        # What a direct cursor-sync client pins (README "cursor-sync").
+        from ingress.sync_quic import server_cert_sha256
+        print(f"sync-cert-sha256 {server_cert_sha256(settings)}")
 
 
 def cmd_heya_inbox_token(args) -> None:
@@ -147,6 +152,147 @@ def cmd_bench(args) -> None:
     sys.exit(bench.main(args))
 
 
+# --- relay ppp: a PPP client for people (the library is relay/ppp_client.py) ---------------
+
+def _ppp_url(args) -> str:
+    if args.url:
+        return args.url
+    from .ppp_client import ws_url
+    settings = _settings(args)
+    return ws_url(settings.bind, settings.ppp.port)
+
+
+def _ppp_identity(path: str):
+    from . import ppp_client
+    if ppp_client.seed_file_too_open(path):
+        print(f"warning: {path} is readable by others (chmod 600 it)", file=sys.stderr)
+    return ppp_client.read_seed(path)
+
+
+def _pubkey(text: str) -> bytes:
+    try:
+        pk = bytes.fromhex(text)
+    except ValueError:
+        pk = b""
+    if len(pk) != 32:
+        raise argparse.ArgumentTypeError("expected a public key: 64 hex characters")
+    return pk
+
+
+def _ppp_run(fn) -> None:
+    """Run one client action; relay refusals and bad input end in one stderr line, exit 1."""
+    from engine.ppp.wrap import WrapError
+    from .ppp_client import PppError
+    try:
+        fn()
+    except (PppError, WrapError, OSError, ValueError, asyncio.TimeoutError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+def cmd_ppp_keygen(args) -> None:
+    from engine.ppp.keys import Identity
+    from .ppp_client import write_seed
+    ident = Identity.generate()
+
+    def run():
+        write_seed(args.out, ident, force=args.force)
+        print(ident.pubkey_hex)
+    _ppp_run(run)
+
+
+def cmd_ppp_pubkey(args) -> None:
+    _ppp_run(lambda: print(_ppp_identity(args.seed).pubkey_hex))
+
+
+def cmd_ppp_fingerprint(args) -> None:
+    from engine.ppp.tokens import display_fingerprint, fingerprint
+    _ppp_run(lambda: print(display_fingerprint(
+        fingerprint(_ppp_identity(args.seed).pubkey, args.contact))))
+
+
+def cmd_ppp_register_token(args) -> None:
+    from .ppp_client import register_token
+
+    def run():
+        me = _ppp_identity(args.seed)
+        asyncio.run(register_token(_ppp_url(args), me, args.contact))
+        print(json.dumps({"registered": True, "contact": args.contact.hex()}))
+    _ppp_run(run)
+
+
+def cmd_ppp_send(args) -> None:
+    from .ppp_client import send_presence
+
+    def run():
+        me = _ppp_identity(args.seed)
+        result = asyncio.run(send_presence(
+            _ppp_url(args), me, args.to, args.text, sealed=args.sealed or bool(args.token),
+            token=bytes.fromhex(args.token) if args.token else None, lat=args.lat,
+            lon=args.lon, radius_m=args.radius, ttl=args.ttl))
+        print(json.dumps(result.to_json()))
+    _ppp_run(run)
+
+
+def cmd_ppp_receive(args) -> None:
+    from .ppp_client import receive
+
+    def run():
+        me = _ppp_identity(args.seed)
+        for r in asyncio.run(receive(_ppp_url(args), me, since=args.since, ack=args.ack)):
+            if r.opened is not None and args.here:
+                region = getattr(r.opened.rumor.content, "region", None)
+                if region is not None:
+                    r.extra["inside"] = region.contains(*args.here)
+            print(json.dumps(r.to_json(), ensure_ascii=False))
+    _ppp_run(run)
+
+
+def _add_ppp_parser(sub) -> None:
+    ppp = sub.add_parser("ppp", help="PPP client: keys, tokens, send and receive events")
+    pp = ppp.add_subparsers(dest="ppp_command", required=True)
+    url_help = "relay WebSocket URL (default: ws://<bind>:<ppp.port>/v1/ws from the settings)"
+    p = pp.add_parser("keygen", help="new identity: seed file (0600), prints the public key")
+    p.add_argument("--out", required=True, help="seed file to create")
+    p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.set_defaults(func=cmd_ppp_keygen)
+    p = pp.add_parser("pubkey", help="print the public key of a seed file")
+    p.add_argument("--seed", required=True)
+    p.set_defaults(func=cmd_ppp_pubkey)
+    p = pp.add_parser("fingerprint", help="verification fingerprint with a contact (§9)")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--contact", required=True, type=_pubkey, help="contact public key (hex)")
+    p.set_defaults(func=cmd_ppp_fingerprint)
+    p = pp.add_parser("register-token",
+                      help="let a contact send to you sealed: register your pair's delivery token")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--contact", required=True, type=_pubkey, help="contact public key (hex)")
+    p.add_argument("--url", help=url_help)
+    p.set_defaults(func=cmd_ppp_register_token)
+    p = pp.add_parser("send", help="send a PRESENCE event (WebSocket STORE, or sealed HTTP)")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--to", required=True, type=_pubkey, help="recipient public key (hex)")
+    p.add_argument("--text", required=True, help="message text")
+    p.add_argument("--lat", type=float, default=0.0, help="region centre latitude (default 0)")
+    p.add_argument("--lon", type=float, default=0.0, help="region centre longitude (default 0)")
+    p.add_argument("--radius", type=int, default=50_000,
+                   help="region radius in metres, 10..50000 (default 50000)")
+    p.add_argument("--ttl", type=int, default=7 * 86_400, help="seconds (default 7 days)")
+    p.add_argument("--sealed", action="store_true",
+                   help="anonymous POST /v1/note/submit with the pair's delivery token")
+    p.add_argument("--token", help="delivery token (24 hex) instead of the derived one")
+    p.add_argument("--url", help=url_help)
+    p.set_defaults(func=cmd_ppp_send)
+    p = pp.add_parser("receive", help="fetch, unwrap, verify and print events (JSON lines)")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--ack", action="store_true", help="acknowledge the events that opened")
+    p.add_argument("--since", type=int, default=0, help="created_at lower bound (default 0)")
+    p.add_argument("--here", type=float, nargs=2, metavar=("LAT", "LON"),
+                   help="add 'inside': whether this point is in each event's region")
+    p.add_argument("--url", help=url_help)
+    p.set_defaults(func=cmd_ppp_receive)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="relay", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -184,6 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes, about three minutes")
     p.add_argument("--out", default="bench-results.json")
     p.set_defaults(func=cmd_bench)
+    _add_ppp_parser(sub)
     args = parser.parse_args(argv)
     args.func(args)
 

@@ -59,7 +59,8 @@ class StreamConf:
     max_ttl_seconds: int = 30 * 24 * 3600
     padding_buckets: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
     # Known fixed overhead per protocol added on top of a padded plaintext (bytes).
-    padding_overhead: dict[str, int] = field(default_factory=lambda: {"trueseal": 0})
+    padding_overhead: dict[str, int] = field(
+        default_factory=lambda: {"trueseal": 0, "ppp": 130})
     # Cursors start at 1 unless a protocol says otherwise (Heya sequence numbers start at 0).
     cursor_start: dict[str, int] = field(default_factory=lambda: {"heya": 0})
     app_id: str = "relay-inbox-stream"
@@ -135,13 +136,55 @@ class PppConf:
     # process (FastAPI + uvicorn); the limits themselves are appendix C's (engine/ppp).
     enabled: bool = True
     port: int = 8780
+    # NOTIFY batching (§8 "batch windows", default 30 s): new events of one recipient are
+    # counted for this long, then one NOTIFY(count) goes out. Breaks store->notify timing
+    # correlation; 0 notifies at once.
+    notify_window_ms: int = 30000
+    # No AUTH_OK this long after the WebSocket opened: closed.
+    handshake_timeout_seconds: float = 10.0
+    # Largest WebSocket message / polling body: a 5 MiB STORE_BACKUP plus MessagePack framing
+    # (uvicorn's default, 1 MiB, would refuse a legitimate backup).
+    max_message_bytes: int = 5767168
+    # HTTP polling: a signed timestamp may be this far from now; each signature is used once.
+    http_auth_window_seconds: int = 300
+    # Sealed endpoints: proxies whose X-Forwarded-For is believed (comma-separated addresses
+    # or CIDRs; env PPP_TRUSTED_PROXIES, spec §5.x). Default: loopback.
+    trusted_proxies: str = "127.0.0.0/8,::1"
+    max_in_flight: int = 64      # commands of one WebSocket being carried out at once
+    max_connections: int = 10000
 
 
 @dataclass
 class SyncConf:
-    # The cursor-sync relay over QUIC (ALPN /0k-sync/1), hosted by the ingress process.
+    # The cursor-sync relay over QUIC (ALPN /0k-sync/1), hosted by the ingress process, which
+    # owns the sync control tables (enable it on one ingress node). Limits: engine/sync/limits.
     enabled: bool = True
     port: int = 4433
+    # Server certificate and key (PEM). Empty: <data_dir>/keys/sync_server.{crt,key}, created
+    # on first start; clients pin its SHA-256 (`relay keys`).
+    cert_file: str = ""
+    key_file: str = ""
+    # 0k-sync semantics: anyone who knows a group id joins it. Off: a member must admit you.
+    open_groups: bool = False
+    max_message_size: int = 1048576          # ST-001: frame cap, checked before decoding
+    hello_timeout_seconds: float = 10.0      # F-006: auth + HELLO within this
+    stream_read_timeout_seconds: float = 10.0  # an opened request stream must deliver its frame
+    idle_timeout_seconds: float = 60.0       # QUIC idle timeout
+    max_concurrent_sessions: int = 10000     # F-007: past it, close code 2
+    connections_per_minute: int = 10         # per device id; past it, close code 1
+    messages_per_minute: int = 100           # per device, PUSH + PULL (burst = the count)
+    global_requests_per_second: int = 1000   # SR-001: PUSH + PULL of everyone
+    max_pull_limit: int = 1000               # F-013
+    default_pull_limit: int = 100            # a PULL with limit 0
+    cursor_gap_cap: int = 10000              # F-019: one PULL spans at most this many cursors
+    max_device_name_bytes: int = 256         # F-012: cut on a UTF-8 boundary
+    default_ttl_seconds: int = 604800        # PUSH ttl 0
+    max_ttl_seconds: int = 2592000           # longer TTLs are clamped
+    max_group_storage: int = 104857600       # payload bytes per group
+    max_blob_size: int = 1048576
+    max_push_token_bytes: int = 4096
+    push_ack_timeout_seconds: float = 30.0   # PUSH_ACK waits this long for the inbox commit
+    cache_bytes: int = 268435456             # payloads held in memory for PULL
 
 
 @dataclass
@@ -180,6 +223,7 @@ ENV_OVERRIDES = {
     "RELAY_TRIGGER_INTERVAL_MS": "stream.trigger_interval_ms",
     "RELAY_HEYA_PORT": "heya.port",
     "RELAY_PPP_PORT": "ppp.port",
+    "PPP_TRUSTED_PROXIES": "ppp.trusted_proxies",   # spec 004 §5.x names this variable
     "RELAY_SYNC_PORT": "sync.port",
     "RELAY_METRICS_BIND": "metrics.bind",
     "RELAY_METRICS_PORT_INGRESS": "metrics.ingress_port",

@@ -41,6 +41,30 @@ EVENTS: dict[str, str] = {
     "heya_inbox_bootstrap": "the Heya inbox view was rebuilt (version, tokens)",
     "heya_cert_created": "the Heya server certificate was created (path)",
     "heya_cert_recreated": "a Heya key without certificate was replaced by a new pair",
+    # ppp (ingress process)
+    "ppp_control_loaded": "the PPP control tables were loaded (delivery_tokens, backups)",
+    "ppp_inbox_bootstrap": "the PPP inbox view was rebuilt (version, rows, pending)",
+    "ppp_command_refused": "a PPP command got a failure reply (cmd, reason, request_id)",
+    "ppp_command_failed": "a PPP command raised; answered as internal error (cmd, "
+                          "request_id, error)",
+    "ppp_store_failed": "a STORE's landing commit failed; STORE_FAIL (error)",
+    "ppp_ack_failed": "an ACK's rows could not be written; the events stay pending (error)",
+    "ppp_handshake_timeout": "a PPP WebSocket did not authenticate in time; closed",
+    "ppp_http_auth_refused": "a PPP polling request had a bad/old/replayed signature "
+                             "(request_id)",
+    "ppp_sealed": "a sealed submission's coarse outcome (outcome only: no id, IP or token)",
+    # sync: cursor-sync over QUIC (ingress process)
+    "sync_control_loaded": "the sync control tables were loaded (groups)",
+    "sync_inbox_bootstrap": "the sync inbox view was rebuilt (version, blobs, groups)",
+    "sync_session_open": "a sync connection's HELLO was accepted (version)",
+    "sync_hello_timeout": "no HELLO within sync.hello_timeout_seconds; closed (code 3)",
+    "sync_auth_failed": "a sync connection failed the Ed25519 challenge; closed (code 3)",
+    "sync_refused": "a sync request was refused: empty FIN or ERROR (code, reason, request)",
+    "sync_store_failed": "a PUSH or ack progress was not stored (error)",
+    "sync_member_changed": "group membership changed (op: created | joined | revoke)",
+    "sync_blob_deleted": "a DELETE acknowledged by every device removed a blob",
+    "sync_task_failed": "a sync connection's request loop raised; closed",
+    "sync_cert_created": "the sync server certificate was created (path)",
     # egress
     "egress_bootstrap": "egress rebuilt its pending view from inbox minus acks (version, rows)",
     "egress_rebuild": "the inbox tail lost its place (log cleaned up) and rebuilt",

@@ -44,7 +44,9 @@ DELIVERY_DEADLINE = 120.0   # then: every acked envelope delivered by then
 
 # Every other port a role may listen on gets a free one too, so that concurrent runs (and a
 # relay on the default ports) never collide; variables a build does not know are ignored.
-OTHER_PORT_VARS = ("RELAY_HEYA_PORT", "RELAY_METRICS_PORT_INGRESS", "RELAY_METRICS_PORT_EGRESS",
+OTHER_PORT_VARS = ("RELAY_HEYA_PORT", "RELAY_SYNC_PORT", "RELAY_PPP_PORT",
+                   "RELAY_METRICS_PORT_INGRESS",
+                   "RELAY_METRICS_PORT_EGRESS",
                    "RELAY_METRICS_PORT_STREAM", "RELAY_METRICS_PORT_COMPACT")
 
 # Small per-mailbox memory in egress, so a restart after a backlog pages from Delta.

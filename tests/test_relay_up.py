@@ -25,10 +25,11 @@ def free_port() -> int:
 
 def test_relay_up_serves_and_stops_cleanly(tmp_path):
     data = tmp_path / "data"
-    push, recv, heya = free_port(), free_port(), free_port()
+    push, recv, heya, ppp, sync = (free_port() for _ in range(5))
     env = dict(os.environ, RELAY_DATA_DIR=str(data), RELAY_TRUESEAL_PUSH_PORT=str(push),
                RELAY_TRUESEAL_RECEIVE_PORT=str(recv), RELAY_TRIGGER_INTERVAL_MS="100",
-               RELAY_HEYA_PORT=str(heya))
+               RELAY_HEYA_PORT=str(heya), RELAY_SYNC_PORT=str(sync),
+               RELAY_PPP_PORT=str(ppp))
     metrics_ports = {role: free_port() for role in ("ingress", "egress", "stream", "compact")}
     env.update({f"RELAY_METRICS_PORT_{role.upper()}": str(port)
                 for role, port in metrics_ports.items()})
@@ -55,6 +56,8 @@ def test_relay_up_serves_and_stops_cleanly(tmp_path):
         assert f"trueseal_push on 127.0.0.1:{push}" in text
         assert f"trueseal_receive on 127.0.0.1:{recv}" in text
         assert f"heya on 127.0.0.1:{heya}" in text
+        assert f"ppp on 127.0.0.1:{ppp}" in text
+        assert f"sync on 127.0.0.1:{sync}" in text
         for role, port in metrics_ports.items():
             assert f"metrics on 127.0.0.1:{port}" in text, role
         asyncio.run(_one_message(push, recv, relay_pub))

@@ -60,6 +60,8 @@ def traffic(spark, tmp_path_factory):
     settings = config.load(None, env={}, data_dir=str(tmp_path_factory.mktemp("m") / "data"))
     settings.trueseal.push_port = settings.trueseal.receive_port = 0
     settings.heya.port = 0
+    settings.sync.port = 0
+    settings.ppp.port = 0
     settings.trueseal.max_envelope = MAX_ENVELOPE
     out = Traffic()
     lines: list[str] = []
