@@ -80,6 +80,8 @@ class CompactionReport:
     heya_inbox_deleted: int = 0   # Heya rows of revoked send tokens (DEAU, DALL)
     heya_inbox_trimmed: int = 0   # Heya bodies removed by TRIM
     heya_control_removed: int = 0  # Heya control rows no longer needed
+    ppp_control_removed: int = 0   # PPP control rows no longer needed (jobs/compact_ppp.py)
+    sync_control_removed: int = 0  # sync control rows no longer needed (jobs/compact_sync.py)
     files_compacted: int = 0      # small files rewritten by OPTIMIZE
     files_vacuumed: int = 0
     bytes_before: int = 0         # everything under <data>/tables
@@ -97,6 +99,8 @@ class CompactionReport:
             f"landing generations dropped  {self.landing_dropped}",
             f"heya rows deleted / trimmed  {self.heya_inbox_deleted} / "
             f"{self.heya_inbox_trimmed} ({self.heya_control_removed} control rows)",
+            f"ppp / sync control removed   {self.ppp_control_removed} / "
+            f"{self.sync_control_removed}",
             f"files compacted              {self.files_compacted}",
             f"files vacuumed               {self.files_vacuumed}",
             f"tables on disk               {_human(self.bytes_before)} -> "
@@ -159,6 +163,16 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
         return compact_heya(layout, report, conf.target_file_mb * 1024 * 1024,
                             conf.vacuum_retention_hours)
 
+    def ppp() -> str:
+        from .compact_ppp import compact_ppp
+        return compact_ppp(layout, report, conf.target_file_mb * 1024 * 1024,
+                           conf.vacuum_retention_hours)
+
+    def sync() -> str:
+        from .compact_sync import compact_sync
+        return compact_sync(layout, report, conf.target_file_mb * 1024 * 1024,
+                            conf.vacuum_retention_hours)
+
     def landing() -> str:
         report.landing_dropped = _drop_landing(layout)
         return f"{report.landing_dropped} consumed landing generations dropped"
@@ -167,6 +181,8 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
     step("expire", expire)
     step("acks", acks)
     step("heya", heya)
+    step("ppp", ppp)
+    step("sync", sync)
     step("landing", landing)
     target = conf.target_file_mb * 1024 * 1024
     for tdef in (INBOX, ACKS, REJECTS, PADDING_AUDIT):

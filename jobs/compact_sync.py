@@ -1,0 +1,92 @@
+"""Compaction for cursor-sync: the control tables keep only the rows the owner's fold rests on.
+
+Run by `jobs/compact.py` as its "sync" step. Blobs are inbox rows, purged by the generic
+steps (a DELETE is an ack); what is sync-only is three append-only control tables
+(`schema_sync`). `sync_device_acks` gains a row every time a device's progress moves (each
+PULL or Ack), so without this it grows without bound. Here:
+
+1. control   rows the folded state no longer rests on (`SyncState.needed_at`) are deleted:
+             every ack row but the one that set each current member's progress, and all ack
+             rows of revoked devices; admission rows (create / join) of revoked devices;
+             register + unregister rows of unregistered push registrations. Revoke rows are
+             kept forever: a group with a revoke row still exists, so the revoked device can
+             neither re-create it nor rejoin with an old admission, and the fold still says
+             revoked. What stays folds back into the same `SyncState`.
+2. tables    OPTIMIZE, checkpoint, log cleanup and VACUUM of the three tables.
+
+Snapshot order makes step 1 safe against the owner writing meanwhile: each table's
+candidate rows are read first, the state is folded after, from snapshots at least as new (a
+row not needed by a newer state is superseded for good: a device revoked stays revoked,
+progress never goes back, a re-registration is a new row). `sync_device_acks` is read before
+the members are (inside `load_state`): a device's acks are written only after its admission
+is durable, so every device whose acks are judged is a member in the state that judges them.
+Rows appended after the first read are never in the MERGE source.
+
+As in `compact_heya.py`, the MERGE joins on `at` (no secret) and checks the group / device
+(and push token) in its clause, so no id or token is spelled into a predicate the Delta log
+records. A MERGE that loses to an append is recomputed on fresh handles (`compact._retry`);
+the owner's `DeltaAppendTarget`s (members, push, and the acks' group commit) retry their
+append on a fresh handle.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from delta_tables.layout import Layout
+from delta_tables.query import sql
+from delta_tables.schema_sync import SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH, SYNC_TABLES, S
+from delta_tables.sync_state import load_state, table_paths
+
+from . import compact
+
+# Per control table, the columns that name what a row is about (checked in the MERGE clause).
+_IDENTITY = {
+    SYNC_MEMBERS.name: (S.GROUP_ID, S.DEVICE_ID),
+    SYNC_DEVICE_ACKS.name: (S.GROUP_ID, S.DEVICE_ID),
+    SYNC_PUSH.name: (S.GROUP_ID, S.DEVICE_ID, S.TOKEN),
+}
+
+
+def compact_sync(layout: Layout, report, target_size: int, retention_hours: int) -> str:
+    """One pass; `report` is the run's `compact.CompactionReport`. Returns its progress
+    detail (counts only)."""
+    paths = table_paths(layout)
+    if not all((p / "_delta_log").exists() for p in paths.values()):
+        return "no sync control tables"
+    _S, _T = compact._S, compact._T
+
+    def garbage(name: str) -> int:
+        dt = DeltaTable(str(paths[name]))
+        t = sql({"t": dt}, f"SELECT {', '.join((S.AT, *_IDENTITY[name]))} FROM t")
+        if t.num_rows == 0:
+            return 0
+        needed = load_state(paths).needed_at()[name]   # snapshots at least as new
+        keep = pc.is_in(pc.cast(t.column(S.AT), pa.int64()), pa.array(sorted(needed), pa.int64()))
+        source = t.filter(pc.invert(keep))
+        if source.num_rows == 0:
+            return 0                                    # nothing to do: no commit
+        same = " AND ".join(f"{_T}.{c} = {_S}.{c}" for c in _IDENTITY[name])
+        try:
+            merge = compact._merge(dt, source, (S.AT,))
+        except RuntimeError:   # two rows share an `at` (never written so): leave them
+            return 0
+        return int(merge.when_matched_delete(same).execute()["num_target_rows_deleted"])
+
+    counts = {}
+    for name in (SYNC_DEVICE_ACKS.name, SYNC_MEMBERS.name, SYNC_PUSH.name):
+        try:
+            counts[name] = compact._retry(report, lambda name=name: garbage(name))
+        except compact._LostRace:
+            report.skipped.append(f"sync/{name}")
+            counts[name] = 0
+
+    for name in SYNC_TABLES:
+        compact._maintain(paths[name], target_size, retention_hours, report)
+
+    report.sync_control_removed += sum(counts.values())
+    return (f"{counts[SYNC_DEVICE_ACKS.name]} ack-progress rows, "
+            f"{counts[SYNC_MEMBERS.name]} membership rows and "
+            f"{counts[SYNC_PUSH.name]} push rows removed")
