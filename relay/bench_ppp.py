@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 CT_SIZE = 1040          # a 1024-byte padding bucket + 16-byte tag (§8 buckets)
+WARMUP_EVENTS = 20
 QUICK = {"clients": 1, "sockets": 150, "stores": 60, "rate": 20, "latency_seconds": 10}
 FULL = {"clients": 1, "sockets": 600, "stores": 60, "rate": 50, "latency_seconds": 30}
 LATENCY_SENDERS = 40
@@ -135,6 +136,17 @@ async def _latency(settings, p: dict) -> dict:
         port = node.ppp.bound_port
         rx, rx_pk = await _login(port)
         senders = [await _login(port) for _ in range(LATENCY_SENDERS)]
+        # Warm-up (not timed): the stream's and the tail's first batches pay one-off costs
+        # (Python worker start, first Delta reads) that a steady relay does not.
+        warm, _ = await _login(port)
+        for _ in range(WARMUP_EVENTS):
+            await warm.send(msgpack.packb({"cmd": "STORE", "event": _wrap(rx_pk)},
+                                          use_bin_type=True))
+        notified = 0
+        while notified < WARMUP_EVENTS:
+            m = msgpack.unpackb(await asyncio.wait_for(rx.recv(), 120), raw=False)
+            notified += m["count"] if m["cmd"] == "NOTIFY" else 0
+        await warm.close()
         sent: list[float] = []          # STORE write times, in order
         lat: list[float] = []
         total = int(p["rate"] * p["latency_seconds"])
@@ -171,6 +183,7 @@ async def _latency(settings, p: dict) -> dict:
     finally:
         await node.close()
     return {"p50": _r(_p(lat, 50)), "p99": _r(_p(lat, 99)), "count": len(lat),
+            "warmup_events": WARMUP_EVENTS,
             "rate_per_s": p["rate"], "notify_window_ms": settings.ppp.notify_window_ms,
             "trigger_interval_ms": settings.stream.trigger_interval_ms,
             "tail_poll_interval_ms": settings.egress.poll_interval_ms}
