@@ -23,6 +23,7 @@ and its SQLite relay does not deliver (interop §2.2).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -80,13 +81,34 @@ class GroupSession(Protocol):
 
 
 class _Group:
-    __slots__ = ("blobs", "top", "stored", "sessions")
+    """Blobs arrive in cursor order (bootstrap sorts; `add` takes only cursors above `top`),
+    so `cursors` stays sorted by appending, and a PULL finds its window by bisection instead
+    of walking the group. DELETEd cursors stay in `cursors` until it is twice `blobs`."""
+    __slots__ = ("blobs", "cursors", "by_blob_id", "top", "stored", "sessions")
 
     def __init__(self) -> None:
-        self.blobs: OrderedDict[int, Blob] = OrderedDict()   # visible blobs, cursor order
+        self.blobs: dict[int, Blob] = {}      # visible blobs by cursor
+        self.cursors: list[int] = []          # ascending; may hold removed cursors
+        self.by_blob_id: dict[bytes, int] = {}
         self.top = 0          # highest cursor ever committed (tombstones included)
         self.stored = 0       # payload bytes of the visible blobs
         self.sessions: set[GroupSession] = set()
+
+    def after(self, cursor: int) -> Iterable[Blob]:
+        """Visible blobs with a cursor above `cursor`, in cursor order."""
+        cursors, blobs = self.cursors, self.blobs
+        for i in range(bisect.bisect_right(cursors, cursor), len(cursors)):
+            blob = blobs.get(cursors[i])
+            if blob is not None:
+                yield blob
+
+    def remove(self, cursor: int) -> Blob | None:
+        blob = self.blobs.pop(cursor, None)
+        if blob is not None:
+            self.by_blob_id.pop(blob.blob_id, None)
+            if len(self.cursors) > 2 * len(self.blobs) + 64:
+                self.cursors = [c for c in self.cursors if c in self.blobs]
+        return blob
 
 
 class SyncInbox:
@@ -204,6 +226,8 @@ class SyncInbox:
 
     def _insert(self, group: bytes, g: _Group, blob: Blob) -> None:
         g.blobs[blob.cursor] = blob
+        g.cursors.append(blob.cursor)
+        g.by_blob_id[blob.blob_id] = blob.cursor
         g.stored += blob.size
         if blob.payload is not None:
             self._cache[(group, blob.cursor)] = blob.size
@@ -252,17 +276,16 @@ class SyncInbox:
         g = self._groups.get(group)
         if g is None:
             return None
-        return next((b for b in g.blobs.values() if b.blob_id == blob_id), None)
+        cursor = g.by_blob_id.get(blob_id)
+        return None if cursor is None else g.blobs.get(cursor)
 
     def visible(self, group: bytes, after: int, up_to: int, now: datetime) -> Iterable[Blob]:
         """Unexpired, undeleted blobs with after < cursor <= up_to, in cursor order."""
         g = self._groups.get(group)
         if g is None:
             return
-        for cursor, blob in g.blobs.items():      # OrderedDict in cursor order
-            if cursor <= after:
-                continue
-            if cursor > up_to:
+        for blob in g.after(after):
+            if blob.cursor > up_to:
                 return
             if blob.expires_at is None or blob.expires_at > now:
                 yield blob
@@ -272,12 +295,12 @@ class SyncInbox:
 
     def blobs_of(self, group: bytes) -> list[Blob]:
         g = self._groups.get(group)
-        return list(g.blobs.values()) if g else []
+        return list(g.after(0)) if g else []
 
     def remove(self, group: bytes, cursor: int) -> None:
         """DELETE: the blob leaves the view (its acks row makes compaction purge it)."""
         g = self._groups.get(group)
-        blob = g.blobs.pop(cursor, None) if g else None
+        blob = g.remove(cursor) if g else None
         if blob is None:
             return
         g.stored -= blob.size
