@@ -217,6 +217,13 @@ class PppServer(Listener):
 
     # --- WebSocket ------------------------------------------------------------------------------
     async def serve_ws(self, ws: WebSocket) -> None:
+        if self.connections >= self.max_connections:
+            # `ppp.max_connections`, as every listener: past it the upgrade is refused (403).
+            log.warning("connection cap reached", extra={"event": "connection_refused",
+                                                         "listener": self.name})
+            self.rejected["max_connections"] += 1
+            await ws.close(code=1013)
+            return
         await ws.accept()
         self.connections += 1
         try:
@@ -492,9 +499,8 @@ def build_app(server: PppServer) -> FastAPI:
         pubkey, rid = ok
         try:
             cmd = P.decode_map(P.unpack_map(body), implied="STORE")
-        except P.ProtocolError as e:
-            svc.count_refused(e.reason)
-            return _msgpack(P.store_fail(f"{e.reason} (request {rid})"), 400)
+        except P.ProtocolError as e:   # counted and logged with the request id (§5.x)
+            return _msgpack(svc._fail("STORE", e.reason, rid), 400)
         reply = await svc.run(pubkey, cmd, rid)
         return _msgpack(reply, _status(reply))
 
@@ -528,9 +534,8 @@ def build_app(server: PppServer) -> FastAPI:
         pubkey, rid = ok
         try:
             cmd = P.decode_map(P.unpack_map(body), implied="ACK")
-        except P.ProtocolError as e:
-            svc.count_refused(e.reason)
-            return _msgpack(P.store_fail(f"{e.reason} (request {rid})"), 400)
+        except P.ProtocolError as e:   # counted and logged with the request id (§5.x)
+            return _msgpack(svc._fail("ACK", e.reason, rid), 400)
         reply = await svc.run(pubkey, cmd, rid)
         return _msgpack(reply, _status(reply))
 

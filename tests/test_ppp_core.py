@@ -158,7 +158,9 @@ def test_rate_limit_and_malformed_after_auth_keep_the_session_open():
     assert unpack(f)["cmd"] == "BACKUP_FAIL" and unpack(f)["reason"].startswith("rate limited (")
     s.receive_frame(b"\xc1", 2.0)
     s.receive_frame(pack({"cmd": "AUTH", "pubkey": b"p" * 32, "sig": b"s" * 64}), 2.0)
-    assert [unpack(f)["cmd"] for f in s.frames_to_send()] == ["STORE_FAIL", "STORE_FAIL"]
+    s.receive_frame(pack({"cmd": "AUTH", "pubkey": b"short"}), 2.0)   # malformed AUTH too:
+    # the session is still authenticated, so not AUTH_FAIL
+    assert [unpack(f)["cmd"] for f in s.frames_to_send()] == ["STORE_FAIL"] * 3
     assert s.phase is Phase.READY
 
 
@@ -183,3 +185,4 @@ def test_http_auth_signature_over_body_and_timestamp():
     assert P.http_auth(header, ts, body + b"x", 1700000000, 300) is None    # other body
     assert P.http_auth(header, "1700000001", body, 1700000000, 300) is None
     assert P.http_auth(header.replace("PPP-Ed25519", "Bearer"), ts, body, 1700000000, 300) is None
+    assert P.http_auth(header, "\u00b2", body, 2, 300) is None   # isdigit() but not ASCII

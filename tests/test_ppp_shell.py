@@ -392,3 +392,76 @@ def test_polling_transport_same_semantics_and_signatures_checked(settings):
             assert "application/msgpack" in note_post["requestBody"]["content"]
             assert {"200", "401", "413", "429"} <= set(note_post["responses"])
     asyncio.run(go())
+
+
+# --- review fixes ----------------------------------------------------------------------------------
+
+def test_polling_refusals_are_logged_with_their_request_id_and_odd_timestamps_are_401(
+        settings, caplog):
+    """§5.x: a STORE_FAIL's request id is the one in the server log, on the HTTP transport too
+    (a malformed polling body used to get an id that was logged nowhere). A timestamp header
+    of non-ASCII digits ("²" is `isdigit()`) used to raise inside the auth check: 500."""
+    caplog.set_level("INFO")
+
+    async def go():
+        async with node(settings, Clock()) as n:
+            port = n.ppp.bound_port
+            alice = SigningKey.generate()
+            for path, body in (("/v1/events", pack({"event": "not bytes"})),
+                               ("/v1/events/ack", pack({"event_ids": b"not a list"})),
+                               ("/v1/events", b"\xc1")):
+                s, r, _ = await ahttp(port, "POST", path, body, signed(alice, body))
+                reply = unpack(r)
+                assert s == 400 and reply["cmd"] == "STORE_FAIL", (path, reply)
+                rid = reply["reason"].rsplit("(request ", 1)[1].rstrip(")")
+                assert any(getattr(rec, "request_id", None) == rid
+                           and getattr(rec, "event", None) == "ppp_command_refused"
+                           for rec in caplog.records), path
+            h = signed(alice, b"")
+            h["X-PPP-Timestamp"] = "\u00b2"        # sent as the latin-1 byte 0xb2
+            s, r, _ = await ahttp(port, "GET", "/v1/events?since=0", b"", h)
+            assert s == 401 and unpack(r)["cmd"] == "AUTH_FAIL"
+            assert landing_rows(settings) == []
+    asyncio.run(go())
+
+
+def test_connection_cap_and_concurrent_duplicate_stores(settings):
+    """`ppp.max_connections` bounds WebSockets (it used to be read and never applied); and the
+    same event STOREd at once from two sockets and the polling transport lands once: one
+    STORED, every other copy STORE_FAIL "duplicate event" (§4.5 MUST reject)."""
+    from websockets.exceptions import InvalidStatus
+
+    async def go():
+        settings.ppp.max_connections = 2
+        async with node(settings, Clock()) as n:
+            port = n.ppp.bound_port
+            alice, bob = SigningKey.generate(), SigningKey.generate()
+            a1 = await Ws.login(port, alice)
+            a2 = await Ws.login(port, bob)
+            try:
+                await Ws.open(port)
+                raise AssertionError("a third WebSocket was accepted past max_connections=2")
+            except InvalidStatus as e:
+                assert e.response.status_code == 403
+            assert n.ppp.rejected["max_connections"] == 1
+            ev, eid = giftwrap(pk(bob))
+            body = pack({"event": ev})
+            for _ in range(5):
+                await a1.send({"cmd": "STORE", "event": ev})
+                await a2.send({"cmd": "STORE", "event": ev})
+            http = asyncio.ensure_future(ahttp(port, "POST", "/v1/events", body,
+                                               signed(alice, body)))
+            replies = [await a1.recv() for _ in range(5)] + [await a2.recv() for _ in range(5)]
+            s, r, _ = await http
+            replies.append(unpack(r))
+            assert [x for x in replies if x["cmd"] == "STORED"] == [
+                {"cmd": "STORED", "event_id": eid}]
+            assert all(x["reason"].startswith("duplicate event")
+                       for x in replies if x["cmd"] != "STORED")
+            assert len(landing_rows(settings)) == 1
+            await a2.close()
+            await until(lambda: n.ppp.connections == 1)
+            c = await Ws.login(port, bob)              # a slot is free again
+            await c.close()
+            await a1.close()
+    asyncio.run(go())

@@ -310,7 +310,9 @@ def http_auth(authorization: str | None, timestamp: str | None, body: bytes, now
     body || timestamp with |now - timestamp| <= window, else None."""
     from nacl.exceptions import CryptoError
     from nacl.signing import VerifyKey
-    if not authorization or not timestamp or not timestamp.isdigit() or len(timestamp) > 20:
+    # isascii: str.isdigit() is also true for "²" and other digits int() or ascii refuse.
+    if (not authorization or not timestamp or not timestamp.isascii()
+            or not timestamp.isdigit() or len(timestamp) > 20):
         return None
     if abs(now - int(timestamp)) > window:
         return None

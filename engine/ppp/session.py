@@ -189,7 +189,10 @@ class PppSession:
         elif action == "refuse":
             rid = self.token_bytes(REQUEST_ID_LEN).hex()
             if err is not None:
-                self._fail(rid, P.failure(err.cmd, with_request_id(err.reason, rid)),
+                # A malformed AUTH after AUTH_OK is not an auth failure: the session stays
+                # authenticated, so it gets STORE_FAIL like a well-formed one, not AUTH_FAIL.
+                fail_as = None if err.cmd == "AUTH" else err.cmd
+                self._fail(rid, P.failure(fail_as, with_request_id(err.reason, rid)),
                            err.cmd, err.reason)
             else:
                 self._fail(rid, P.store_fail(with_request_id("already authenticated", rid)),
