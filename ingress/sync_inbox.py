@@ -18,16 +18,21 @@ and its SQLite relay does not deliver (interop §2.2).
   cursor; the stream sends the duplicate row to `rejects`.
 * NOTIFY: after the rows of a group are in, every online session of the group hears
   `Notify{latest_cursor, count}` for the new blobs other devices sent.
+* Expiry: `expire` (run on every `add` and before a PUSH is checked) drops blobs whose TTL
+  passed, so their bytes leave the group quota and memory holds only live blobs; an event id
+  is forgotten `forget_after` later (by then the stream forgot it too: a re-push after that is
+  a new blob, as the stream treats it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import heapq
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Iterable, Protocol
 
@@ -120,6 +125,10 @@ class SyncInbox:
         self._cursor_of: dict[bytes, int] = {}               # event_id -> cursor
         self._meta: dict[bytes, tuple[bytes, bytes, int]] = {}  # event_id -> pushed meta
         self._waiters: dict[bytes, list[asyncio.Future]] = {}
+        # (expires_at, group, cursor, event_id): blobs to drop once expired, soonest first
+        self._expiry: list[tuple[datetime, bytes, int, bytes]] = []
+        self._forget: deque[tuple[datetime, bytes, int]] = deque()  # (when, event_id, cursor)
+        self.forget_after = timedelta(hours=1)
         self._cache: OrderedDict[tuple[bytes, int], int] = OrderedDict()  # cached payloads
         self._cached = 0
         self.blobs_seen = 0
@@ -170,7 +179,8 @@ class SyncInbox:
                                                       C.ENVELOPE, C.META, C.EXPIRES_AT))):
             g = self._group(mb)
             g.top = max(g.top, cur)
-            self._cursor_of[eid] = cur
+            if exp is None or exp + self.forget_after > now:
+                self._track(mb, cur, eid, exp)
             if env is None or seq in acked_set or (exp is not None and exp <= now) \
                     or meta is None:
                 continue
@@ -190,13 +200,14 @@ class SyncInbox:
     def add(self, protocol: str, mailbox: bytes, envelopes: Iterable[PendingEnvelope]) -> None:
         if protocol != PROTOCOL:
             return
+        self.expire(datetime.now(timezone.utc))
         g = self._group(mailbox)
         fresh: list[Blob] = []
         for env in envelopes:
             if env.cursor <= g.top:
                 continue          # known (a tail rebuild replays what it had)
             g.top = env.cursor
-            self._cursor_of[env.event_id] = env.cursor
+            self._track(mailbox, env.cursor, env.event_id, env.expires_at)
             meta = self._meta.pop(env.event_id, None) or self._read_meta(env.seq)
             if meta is None:
                 continue
@@ -214,6 +225,26 @@ class SyncInbox:
             theirs = [b.cursor for b in fresh if b.sender != session.device_id]
             if theirs:
                 session.notify(theirs[-1], len(theirs))
+
+    def _track(self, group: bytes, cursor: int, event_id: bytes,
+               expires_at: datetime | None) -> None:
+        self._cursor_of[event_id] = cursor
+        if expires_at is not None:
+            heapq.heappush(self._expiry, (expires_at, group, cursor, event_id))
+
+    def expire(self, now: datetime) -> int:
+        """Drop the blobs whose TTL has passed; forget event ids `forget_after` later."""
+        dropped = 0
+        while self._expiry and self._expiry[0][0] <= now:
+            exp, group, cursor, eid = heapq.heappop(self._expiry)
+            self.remove(group, cursor)
+            self._forget.append((exp + self.forget_after, eid, cursor))
+            dropped += 1
+        while self._forget and self._forget[0][0] <= now:
+            _, eid, cursor = self._forget.popleft()
+            if self._cursor_of.get(eid) == cursor:
+                del self._cursor_of[eid]
+        return dropped
 
     def _read_meta(self, seq: int) -> tuple[bytes, bytes, int] | None:
         """A row this process did not see pushed (landed before a restart)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import os
 import secrets
 import ssl
@@ -300,6 +301,8 @@ class SyncConnection(QuicConnectionProtocol):
                 FrameReader(self.conf.max_message_size),
                 self._loop.call_later(self.conf.stream_read_timeout_seconds,
                                       self._stream_timeout, sid))
+        elif st.got >= 2:
+            return          # the request and one more frame (identity exchange) are all we read
         try:
             bodies = st.reader.feed(data)
             if fin and not bodies:
@@ -317,6 +320,8 @@ class SyncConnection(QuicConnectionProtocol):
             st.give(None)    # the exchange wanted another frame and got FIN
 
     def _deliver(self, sid: int, st: _Stream, body: bytes | None) -> None:
+        if st.got >= 2:
+            return          # never buffer more: a client could write frames without end
         st.got += 1
         if st.got == 1:
             st.timer.cancel()
@@ -402,6 +407,12 @@ class SyncConnection(QuicConnectionProtocol):
         if self.closed:
             return
         sid = self._quic.get_next_available_stream_id(is_unidirectional=True)
+        if sid // 4 >= self._quic._remote_max_streams_uni:
+            # The peer grants no more streams (a 0k-sync client never accepts NOTIFY, so its
+            # credit runs out): drop the message rather than queue a blocked stream for the
+            # connection's life. NOTIFY is a hint; PULL still returns everything.
+            self.server.rejected["uni_blocked"] += 1
+            return
         self._quic.send_stream_data(sid, frame(m.encode(msg)), end_stream=True)
         self.transmit()
 
@@ -521,6 +532,7 @@ class SyncConnection(QuicConnectionProtocol):
                 - PULL_HEADROOM:
             raise Refused(Code.BLOB_TOO_LARGE, "blob too large")
         eid = event_id(group, msg.blob_id)
+        srv.inbox.expire(datetime.now(timezone.utc))     # expired blobs leave the quota
         known = srv.inbox.cursor_of(eid)
         if known is not None:             # a re-push: its original cursor
             srv.accepted += 1
@@ -538,7 +550,10 @@ class SyncConnection(QuicConnectionProtocol):
         srv, conf = self.server, self.conf
         received = datetime.now(timezone.utc)
         ts = int(received.timestamp())
-        ttl = limits.effective_ttl(msg.ttl, conf.default_ttl_seconds, conf.max_ttl_seconds)
+        # Never shorter than the wait for the inbox commit: a row that expired before the
+        # stream took it would be rejected, and its PUSH would hang until the timeout.
+        ttl = limits.effective_ttl(msg.ttl, conf.default_ttl_seconds, conf.max_ttl_seconds,
+                                   math.ceil(conf.push_ack_timeout_seconds))
         srv.inbox.expect(eid, msg.blob_id, dev, ts)
         waiter = srv.inbox.wait(eid)
         try:

@@ -322,3 +322,138 @@ async def _frames(settings):
             await cd.authenticate(a, sign_with=Device())
         assert await cd.closed() == (3, "auth failed")
         await cd.close()
+
+
+def test_expired_blobs_leave_the_view_and_free_the_quota(settings):
+    """Review fix: an expired blob used to stay in the view for good, so its bytes counted
+    against the group quota until a restart and every event id stayed in memory."""
+    settings.sync.max_group_storage = 10
+    settings.sync.push_ack_timeout_seconds = 2.0       # also the shortest TTL
+    asyncio.run(_expiry(settings))
+
+
+async def _expiry(settings):
+    async with relay(settings) as (port, node, _):
+        node.sync.inbox.forget_after = timedelta(0)
+        g, a = group_id(b"expiry"), Device()
+        ca, _ = await device_session(port, a, g)
+        assert await ca.request(push(blob(1), b"x" * 8, 2)) == ["PushAck", blob(1), 1]
+        assert (await ca.request(push(blob(2), b"y" * 8, 2)))[:2] == ["Error", 2001]
+        await asyncio.sleep(2.5)                        # blob 1's TTL passes
+        assert await ca.request(push(blob(2), b"y" * 8, 2)) == ["PushAck", blob(2), 2]
+        assert node.sync.inbox.blob(g, blob(1)) is None
+        assert len(node.sync.inbox._cursor_of) == 1     # only blob 2's event id is held
+        await ca.close()
+
+
+def test_short_ttl_outlives_the_wait_for_the_inbox_commit(settings):
+    """Review fix: a TTL shorter than the stream's latency made the stream reject the row as
+    expired; the PUSH then hung until push_ack_timeout and was refused. TTLs are raised to
+    push_ack_timeout_seconds, so a row the stream takes in time is never expired."""
+    settings.sync.push_ack_timeout_seconds = 3.0
+    asyncio.run(_short_ttl(settings))
+    inbox = sync_inbox(settings)
+    assert [r[C.EXPIRES_AT] - r[C.RECEIVED_AT] for r in inbox] == [timedelta(seconds=3)]
+
+
+async def _short_ttl(settings):
+    async with relay(settings) as (port, node, driver):
+        g, a = group_id(b"short ttl"), Device()
+        ca, _ = await device_session(port, a, g)
+        driver.paused = True
+        await asyncio.sleep(0.2)                         # a batch in progress finishes
+        req = asyncio.ensure_future(ca.request(push(blob(1), b"short", 1)))
+        await asyncio.sleep(1.5)                         # landed; the asked-for 1 s passed
+        driver.paused = False
+        assert await req == ["PushAck", blob(1), 1]
+        await ca.close()
+
+
+class _NoNotifyReader:
+    """A peer that grants two unidirectional streams and never more, as a 0k-sync (quinn)
+    client does once it holds max_concurrent_uni_streams it never `accept_uni`s."""
+
+    def __init__(self, limit):
+        self.frame_type, self.name = limit.frame_type, limit.name
+        self.sent = self.value = 2
+        self.used = 0
+
+    def __setattr__(self, key, val):
+        if key in ("value", "sent") and key in self.__dict__:
+            return        # never raise the credit
+        object.__setattr__(self, key, val)
+
+
+def test_notify_to_a_peer_that_takes_no_more_streams_is_dropped(settings):
+    """Review fix: every NOTIFY past the peer's stream credit used to queue a blocked stream in
+    the relay for the connection's life (0k-sync clients never read NOTIFY)."""
+    asyncio.run(_no_credit(settings))
+
+
+async def _no_credit(settings):
+    import ssl
+
+    from aioquic.asyncio import connect
+    from aioquic.quic.configuration import QuicConfiguration
+
+    import sync_client
+
+    class Proto(sync_client._Proto):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._quic._local_max_streams_uni = _NoNotifyReader(self._quic._local_max_streams_uni)
+
+    async with relay(settings) as (port, node, _):
+        g, a, b = group_id(b"credit"), Device(), Device()
+        ca, _ = await device_session(port, a, g)
+        conf = QuicConfiguration(is_client=True, alpn_protocols=[sync_client.ALPN],
+                                 verify_mode=ssl.CERT_NONE)
+        ctx = connect("127.0.0.1", port, configuration=conf, create_protocol=Proto)
+        cb = SyncClient(await ctx.__aenter__(), ctx)
+        assert await cb.authenticate(b) == ["Done", "AuthProof"]
+        assert await cb.request(join(g, *admission(a, g, b))) == ["Done", "Join"]
+        assert (await cb.request(hello(1, "quinn", g)))[0] == "Welcome"
+        for n in range(1, 6):       # one NOTIFY each (each PUSH_ACK follows its own commit)
+            assert (await ca.request(push(blob(n), b"p", 0)))[:3] == ["PushAck", blob(n), n]
+        assert [(await cb.next_uni())[0] for _ in range(2)] == ["Notify", "Notify"]
+        conn = next(c for c in node.sync.conns if c.device_id == b.id)
+        assert conn._quic._streams_blocked_uni == []
+        # the session goes on: PULL still answers everything
+        page = await cb.request(pull(0, 10))
+        assert [e[1] for e in page[1]] == [1, 2, 3, 4, 5]
+        await ca.close()
+        await cb.close()
+
+
+def test_frames_after_the_request_are_not_buffered(settings):
+    """Review fix: frames a client kept writing on a request stream after its request (while
+    the PUSH waited for its commit) were all kept in memory; only the identity exchange reads
+    a second frame, so at most one is held."""
+    asyncio.run(_extra_frames(settings))
+
+
+async def _extra_frames(settings):
+    async with relay(settings) as (port, node, driver):
+        g, a = group_id(b"extra frames"), Device()
+        ca, _ = await device_session(port, a, g)
+        driver.paused = True
+        await asyncio.sleep(0.2)
+        sid = ca._open()
+        ca.proto._quic.send_stream_data(sid, frame(push(blob(1), b"p", 0)) +
+                                        frame(pull(0, 1)) * 50, end_stream=False)
+        ca.proto.transmit()
+        conn = next(c for c in node.sync.conns if c.device_id == a.id)
+        while sid not in conn.streams or conn.streams[sid].got < 2:
+            await asyncio.sleep(0.05)
+        await ca.request(pull(0, 1))          # the relay has read everything sent before it
+        assert len(conn.streams[sid].later) <= 1
+        driver.paused = False
+        ca.proto._quic.send_stream_data(sid, b"", end_stream=True)
+        ca.proto.transmit()
+        out = await asyncio.wait_for(ca.proto.fins[sid], 30)
+        assert out[4:] == push_ack(1)
+        await ca.close()
+
+
+def push_ack(n: int) -> bytes:
+    return msg("PushAck", b"\xc4\x10" + blob(n), uint(n))

@@ -23,7 +23,8 @@ DEFAULT_PULL_LIMIT = 100
 CURSOR_GAP_CAP = 10_000
 # F-012: device names are cut to this many UTF-8 bytes, never inside a character.
 MAX_DEVICE_NAME_BYTES = 256
-# TTL: 0 means the default; anything longer is clamped (0k-sync has no upper clamp).
+# TTL: 0 means the default; anything longer is clamped (0k-sync has no upper clamp); the
+# shell raises anything shorter than `push_ack_timeout_seconds` to it.
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
 MAX_TTL_SECONDS = 30 * 24 * 3600
 # Per group: sum of stored payload bytes (pushes in flight included).
@@ -51,6 +52,7 @@ def clamp_pull_limit(limit: int, max_limit: int = MAX_PULL_LIMIT,
 
 
 def effective_ttl(ttl: int, default: int = DEFAULT_TTL_SECONDS,
-                  maximum: int = MAX_TTL_SECONDS) -> int:
-    """0 -> default; longer than the maximum -> the maximum."""
-    return default if ttl == 0 else min(ttl, maximum)
+                  maximum: int = MAX_TTL_SECONDS, minimum: int = 0) -> int:
+    """0 -> default; longer than the maximum -> the maximum; shorter than the minimum (the
+    shell passes its PUSH_ACK wait, so the stream never rejects a row as expired) -> it."""
+    return max(minimum, default if ttl == 0 else min(ttl, maximum))
