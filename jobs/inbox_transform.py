@@ -137,7 +137,7 @@ def transform(batch: pa.Table, state: InboxState, rules: StreamRules, batch_id: 
     batch_seen: set[bytes] = set()
     for i in np.nonzero(code == _OK)[0]:
         e = ids[i]
-        if e in state.seen or e in batch_seen:
+        if state.seen.get(e, 0) > now_us or e in batch_seen:   # an expired id is forgotten
             code[i] = _DUP
         else:
             batch_seen.add(e)

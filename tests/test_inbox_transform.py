@@ -104,3 +104,15 @@ def test_transform_of_a_spark_dataframe(spark):
     expected = spark.createDataFrame([(A, 1), (B, 1), (A, 2), (A, 3), (B, 2)],
                                      actual.schema)
     assert_df_equality(actual, expected)
+
+
+def test_an_expired_id_is_not_a_duplicate_even_before_eviction():
+    """The first batch after an idle spell runs before `evict`: a resend of an envelope whose
+    TTL has passed is a new envelope then too, not a duplicate."""
+    row = landing_row(A, b"same" * 64, received_at=at(1), ttl=timedelta(hours=1))
+    state = InboxState()
+    state.apply(transform(batch([dict(row)]), state, RULES, 0, at(2)))
+    resent = dict(row, **{C.RECEIVED_AT: at(7200), C.EXPIRES_AT: at(7200 + 3600)})
+    out = transform(batch([resent], version=2), state, RULES, 1, at(7201))   # no evict yet
+    assert out.rejects.num_rows == 0
+    assert [r[C.CURSOR] for r in out.inbox.to_pylist()] == [2]
