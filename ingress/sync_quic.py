@@ -23,9 +23,7 @@ import asyncio
 import hashlib
 import logging
 import math
-import os
 import secrets
-import ssl
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -47,6 +45,7 @@ from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_DEVICE_REVOKED, CLOSE_
                                  State)
 from engine.sync.token_bucket import KeyedBuckets, TokenBucket
 from relay.config import Settings
+from relay import tls
 from relay.listener import Listener
 
 from .sync_control import SyncControl
@@ -55,7 +54,6 @@ from .sync_inbox import SyncInbox, encode_meta
 log = logging.getLogger("relay.ingress.sync")
 logging.getLogger("quic").setLevel(logging.WARNING)   # aioquic logs connection ids per event
 
-CERT_FILE, KEY_FILE = "sync_server.crt", "sync_server.key"
 # Room a PULL_RESPONSE needs around one blob beyond the PUSH that carried it (tag, cursor,
 # timestamp, has_more, max_cursor): a PUSH closer than this to the frame cap could never be
 # pulled, so it is refused as too large (0k-sync accepts it and cannot deliver it).
@@ -76,57 +74,11 @@ def unix_now() -> int:
 def load_or_create_cert(settings: Settings) -> tuple[Path, Path]:
     """`sync.cert_file` / `sync.key_file`, or `<data>/keys/sync_server.{crt,key}` created on
     first start (ECDSA P-256, self-signed, 10 years; clients pin its SHA-256, `relay keys`)."""
-    conf = settings.sync
-    if conf.cert_file or conf.key_file:
-        cert, key = Path(conf.cert_file), Path(conf.key_file)
-        if not (cert.exists() and key.exists()):
-            raise FileNotFoundError("sync.cert_file / sync.key_file: both must exist")
-        return cert, key
-    keys = Path(settings.data_dir).resolve() / "keys"
-    cert, key = keys / CERT_FILE, keys / KEY_FILE
-    if not cert.exists():
-        _create_cert(cert, key)
-    return cert, key
+    return tls.load_or_create_server_cert(settings.data_dir, settings.sync.cert_file,
+                                          settings.sync.key_file, listener="sync")
 
 
-def _create_cert(cert: Path, key: Path) -> None:
-    """Key first (exclusive, 0600), then the certificate: never a half-written pair."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    cert.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    private = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "spark-relay cursor-sync")])
-    now = datetime.now(timezone.utc)
-    certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-                   .public_key(private.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - timedelta(hours=1))
-                   .not_valid_after(now + timedelta(days=365 * 10))
-                   .add_extension(x509.BasicConstraints(ca=False, path_length=None), True)
-                   .sign(private, hashes.SHA256()))
-    try:
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        deadline = time.monotonic() + 5      # another process is creating the pair
-        while not cert.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(private.private_bytes(serialization.Encoding.PEM,
-                                       serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-        os.fsync(fh.fileno())
-    tmp = cert.with_name(cert.name + f".{os.getpid()}.tmp")
-    tmp.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    os.replace(tmp, cert)
-    log.info("created sync server certificate", extra={"event": "sync_cert_created",
-                                                       "path": str(cert)})
-
-
-def cert_der(cert: Path) -> bytes:
-    return ssl.PEM_cert_to_DER_cert(cert.read_text())
+cert_der = tls.server_cert_der
 
 
 # --- the listener ---------------------------------------------------------------------------

@@ -39,8 +39,8 @@ EVENTS: dict[str, str] = {
     "heya_store_failed": "a SEND's landing commit failed; closed, no RECV (size, error)",
     "heya_control_loaded": "the Heya control tables were loaded (mailboxes, send_tokens)",
     "heya_inbox_bootstrap": "the Heya inbox view was rebuilt (version, tokens)",
-    "heya_cert_created": "the Heya server certificate was created (path)",
-    "heya_cert_recreated": "a Heya key without certificate was replaced by a new pair",
+    "server_cert_created": "a listener's server certificate was created (listener, path)",
+    "server_cert_recreated": "a listener's key without certificate was replaced by a new pair",
     # ppp (ingress process)
     "ppp_control_loaded": "the PPP control tables were loaded (delivery_tokens, backups)",
     "ppp_inbox_bootstrap": "the PPP inbox view was rebuilt (version, rows, pending)",
@@ -64,7 +64,6 @@ EVENTS: dict[str, str] = {
     "sync_member_changed": "group membership changed (op: created | joined | revoke)",
     "sync_blob_deleted": "a DELETE acknowledged by every device removed a blob",
     "sync_task_failed": "a sync connection's request loop raised; closed",
-    "sync_cert_created": "the sync server certificate was created (path)",
     # egress
     "egress_bootstrap": "egress rebuilt its pending view from inbox minus acks (version, rows)",
     "egress_rebuild": "the inbox tail lost its place (log cleaned up) and rebuilt",

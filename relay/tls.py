@@ -33,8 +33,6 @@ from pathlib import Path
 
 log = logging.getLogger("relay.tls")
 
-CERT_FILE = "heya_server.crt"
-KEY_FILE = "heya_server.key"
 CERT_YEARS = 10
 
 _SSL_VERIFY_PEER = 0x01
@@ -54,33 +52,35 @@ def cert_digest(der: bytes) -> bytes:
 
 
 def server_cert_paths(data_dir: str | os.PathLike, cert_file: str = "",
-                      key_file: str = "") -> tuple[Path, Path]:
+                      key_file: str = "", listener: str = "heya") -> tuple[Path, Path]:
     keys = Path(data_dir).resolve() / "keys"
-    return (Path(cert_file) if cert_file else keys / CERT_FILE,
-            Path(key_file) if key_file else keys / KEY_FILE)
+    return (Path(cert_file) if cert_file else keys / f"{listener}_server.crt",
+            Path(key_file) if key_file else keys / f"{listener}_server.key")
 
 
 def load_or_create_server_cert(data_dir: str | os.PathLike, cert_file: str = "",
-                               key_file: str = "") -> tuple[Path, Path]:
-    """Paths of the server certificate and key; created under `<data>/keys/` on first start
-    when none is configured. A configured pair that does not exist is an error, not created."""
-    cert, key = server_cert_paths(data_dir, cert_file, key_file)
+                               key_file: str = "", listener: str = "heya") -> tuple[Path, Path]:
+    """Paths of a listener's server certificate and key (Heya's TLS, cursor-sync's QUIC);
+    created as `<data>/keys/<listener>_server.{crt,key}` on first start when none is
+    configured. A configured pair that does not exist is an error, not created."""
+    cert, key = server_cert_paths(data_dir, cert_file, key_file, listener)
     if cert_file or key_file:
         if not (cert.exists() and key.exists()):
-            raise FileNotFoundError("heya.cert_file / heya.key_file: both must exist")
+            raise FileNotFoundError(f"{listener}.cert_file / {listener}.key_file: "
+                                    "both must exist")
         return cert, key
     if not cert.exists():
-        _create(cert, key)
+        _create(cert, key, listener)
         # Lost a creation race: the winner links its certificate right after its key. A key
         # whose certificate never follows is what a crash between the two links leaves.
         deadline = time.monotonic() + 5
         while not cert.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         if not cert.exists():
-            log.warning("heya server key without certificate; creating a new pair",
-                        extra={"event": "heya_cert_recreated"})
+            log.warning("server key without certificate; creating a new pair",
+                        extra={"event": "server_cert_recreated", "listener": listener})
             key.unlink(missing_ok=True)
-            _create(cert, key)
+            _create(cert, key, listener)
     return cert, key
 
 
@@ -88,7 +88,7 @@ def server_cert_der(cert: Path) -> bytes:
     return ssl.PEM_cert_to_DER_cert(cert.read_text())
 
 
-def _create(cert: Path, key: Path) -> None:
+def _create(cert: Path, key: Path, listener: str) -> None:
     """Key first (exclusive, 0600), then the certificate linked into place: a process that
     loses the race loads the winner's pair, and nobody reads a half-written file."""
     from cryptography import x509
@@ -98,7 +98,7 @@ def _create(cert: Path, key: Path) -> None:
 
     cert.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     private = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "spark-relay heya")])
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"spark-relay {listener}")])
     now = datetime.now(timezone.utc)
     certificate = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
                    .public_key(private.public_key()).serial_number(x509.random_serial_number())
@@ -129,8 +129,8 @@ def _create(cert: Path, key: Path) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-        log.info("created heya server certificate", extra={"event": "heya_cert_created",
-                                                           "path": str(cert)})
+        log.info("created server certificate", extra={"event": "server_cert_created",
+                                                      "listener": listener, "path": str(cert)})
     finally:
         tmp_key.unlink(missing_ok=True)
         tmp_cert.unlink(missing_ok=True)
