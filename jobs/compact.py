@@ -405,6 +405,26 @@ def _merge(target: DeltaTable, source: pa.Table, on: tuple[str, ...] = (C.SEQ,))
     return target.merge(source, match, source_alias=_S, target_alias=_T, streamed_exec=False)
 
 
+def delete_unneeded(target: DeltaTable, rows: pa.Table, needed, identity: tuple[str, ...],
+                    at: str = "at") -> int:
+    """Delete the control-table rows among `rows` (their `at` and `identity` columns, read
+    from `target`'s snapshot) whose `at` is not in `needed`, the set a protocol's state fold
+    still rests on. The MERGE joins on the non-secret `at` only; the identity columns (tokens,
+    keys) are compared by name in the clause, never spelled into a predicate the Delta log
+    records. No commit when nothing is unneeded. Used by the Heya, PPP and sync steps."""
+    import pyarrow.compute as pc
+    keep = pc.is_in(pc.cast(rows.column(at), pa.int64()), pa.array(sorted(needed), pa.int64()))
+    source = rows.filter(pc.invert(keep)).select([at, *identity])
+    if source.num_rows == 0:
+        return 0
+    same = " AND ".join(f"{_T}.{c} = {_S}.{c}" for c in identity)
+    try:
+        merge = _merge(target, source, (at,))
+    except RuntimeError:   # two rows share an `at` (never written so): leave them
+        return 0
+    return int(merge.when_matched_delete(same).execute()["num_target_rows_deleted"])
+
+
 
 
 def _ts(moment: datetime) -> str:

@@ -115,20 +115,9 @@ def compact_heya(layout: Layout, report, target_size: int, retention_hours: int)
         dt = DeltaTable(str(paths[name]))
         t = read_table(paths[name])
         needed = load_state(paths).needed_at()[name]
-        at = pc.cast(t.column(H.AT), pa.int64())
-        keep = pc.is_in(at, pa.array(sorted(needed), pa.int64()))
-        drop = pc.invert(keep)
         if exclude is not None:
-            drop = pc.and_(drop, pc.invert(exclude(t)))
-        source = t.filter(drop).select([H.AT, *_IDENTITY[name]])
-        if source.num_rows == 0:
-            return 0
-        same = " AND ".join(f"{_T}.{c} = {_S}.{c}" for c in _IDENTITY[name])
-        try:
-            merge = compact._merge(dt, source, (H.AT,))
-        except RuntimeError:   # two rows share an `at` (never written so): leave them
-            return 0
-        return int(merge.when_matched_delete(same).execute()["num_target_rows_deleted"])
+            t = t.filter(pc.invert(exclude(t)))
+        return compact.delete_unneeded(dt, t, needed, _IDENTITY[name], H.AT)
 
     removed = 0
     for name in (HEYA_SEND_TOKENS.name, HEYA_PUSH_TOKENS.name, HEYA_TRIMS.name,

@@ -31,8 +31,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from delta_tables.layout import Layout
@@ -55,25 +53,16 @@ def compact_ppp(layout: Layout, report, target_size: int, retention_hours: int) 
     paths = table_paths(layout)
     if not all((p / "_delta_log").exists() for p in paths.values()):
         return "no PPP control tables"
-    _S, _T = compact._S, compact._T
 
     def garbage(name: str) -> int:
         dt = DeltaTable(str(paths[name]))
-        # The candidates, from dt's own snapshot (never the ciphertext: at + identity only).
+        # The candidates, from dt's own snapshot (never the ciphertext: at + identity only),
+        # then the state from a snapshot at least as new.
         t = sql({"t": dt}, f"SELECT {', '.join((Q.AT, *_IDENTITY[name]))} FROM t")
         if t.num_rows == 0:
             return 0
-        needed = load_state(paths).needed_at()[name]   # a snapshot at least as new
-        keep = pc.is_in(pc.cast(t.column(Q.AT), pa.int64()), pa.array(sorted(needed), pa.int64()))
-        source = t.filter(pc.invert(keep))
-        if source.num_rows == 0:
-            return 0                                    # nothing to do: no commit
-        same = " AND ".join(f"{_T}.{c} = {_S}.{c}" for c in _IDENTITY[name])
-        try:
-            merge = compact._merge(dt, source, (Q.AT,))
-        except RuntimeError:   # two rows share an `at` (never written so): leave them
-            return 0
-        return int(merge.when_matched_delete(same).execute()["num_target_rows_deleted"])
+        return compact.delete_unneeded(dt, t, load_state(paths).needed_at()[name],
+                                       _IDENTITY[name], Q.AT)
 
     def guarded(name: str, fn: Callable[[], int]) -> int:
         try:

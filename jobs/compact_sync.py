@@ -31,8 +31,6 @@ append on a fresh handle.
 
 from __future__ import annotations
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from delta_tables.layout import Layout
@@ -56,24 +54,14 @@ def compact_sync(layout: Layout, report, target_size: int, retention_hours: int)
     paths = table_paths(layout)
     if not all((p / "_delta_log").exists() for p in paths.values()):
         return "no sync control tables"
-    _S, _T = compact._S, compact._T
 
     def garbage(name: str) -> int:
         dt = DeltaTable(str(paths[name]))
         t = sql({"t": dt}, f"SELECT {', '.join((S.AT, *_IDENTITY[name]))} FROM t")
         if t.num_rows == 0:
             return 0
-        needed = load_state(paths).needed_at()[name]   # snapshots at least as new
-        keep = pc.is_in(pc.cast(t.column(S.AT), pa.int64()), pa.array(sorted(needed), pa.int64()))
-        source = t.filter(pc.invert(keep))
-        if source.num_rows == 0:
-            return 0                                    # nothing to do: no commit
-        same = " AND ".join(f"{_T}.{c} = {_S}.{c}" for c in _IDENTITY[name])
-        try:
-            merge = compact._merge(dt, source, (S.AT,))
-        except RuntimeError:   # two rows share an `at` (never written so): leave them
-            return 0
-        return int(merge.when_matched_delete(same).execute()["num_target_rows_deleted"])
+        return compact.delete_unneeded(dt, t, load_state(paths).needed_at()[name],
+                                       _IDENTITY[name], S.AT)   # snapshots at least as new
 
     counts = {}
     for name in (SYNC_DEVICE_ACKS.name, SYNC_MEMBERS.name, SYNC_PUSH.name):
