@@ -42,6 +42,21 @@ def _envelopes(t: pa.Table) -> dict[tuple[str, bytes], list[PendingEnvelope]]:
     return out
 
 
+def read_protocol_rows(inbox_path: Path, acks_path: Path, protocol: str, columns: list[str],
+                       row_filter: ds.Expression | None = None) -> tuple[int, pa.Table, pa.Array]:
+    """A listener's bootstrap read of its own protocol: (inbox version read, the rows sorted by
+    mailbox and cursor, the acked seqs). The tail then follows from that version."""
+    dt = DeltaTable(str(inbox_path))
+    version = dt.version()
+    flt = equals(C.PROTOCOL, protocol)
+    t = dt.to_pyarrow_dataset().to_table(
+        columns=columns, filter=flt if row_filter is None else flt & row_filter,
+        use_threads=False)
+    acked = DeltaTable(str(acks_path)).to_pyarrow_dataset().to_table(
+        columns=[C.SEQ], filter=flt, use_threads=False).column(C.SEQ).combine_chunks()
+    return version, t.sort_by([(C.MAILBOX, "ascending"), (C.CURSOR, "ascending")]), acked
+
+
 class InboxTail:
     def __init__(self, inbox_path: Path, acks_path: Path, hub: MailboxHub,
                  protocols: set[str] | None = None, exclude: set[str] | None = None):

@@ -33,12 +33,10 @@ from pathlib import Path
 from typing import Iterable, Protocol
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
-from deltalake import DeltaTable
 
-from delta_tables.layout import equals
 from delta_tables.schema import C
+from egress.inbox_tail import read_protocol_rows
 from egress.pending import PendingEnvelope
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 from engine.ppp.ids import PROTOCOL
@@ -134,17 +132,11 @@ class PppInbox:
 
     # --- what the stream committed -------------------------------------------------------------
     def _bootstrap_read(self) -> tuple[int, pa.Table, pa.Array]:
-        dt = DeltaTable(str(self.inbox_path))
-        version = dt.version()
         now = pa.scalar(datetime.now(timezone.utc), pa.timestamp("us", tz="UTC"))
-        t = dt.to_pyarrow_dataset().to_table(
-            columns=[C.MAILBOX, C.SEQ, C.CURSOR, C.EVENT_ID, C.ENVELOPE, C.EXPIRES_AT],
-            filter=equals(C.PROTOCOL, PROTOCOL) & (ds.field(C.EXPIRES_AT) > now),
-            use_threads=False)
-        acked = DeltaTable(str(self.acks_path)).to_pyarrow_dataset().to_table(
-            columns=[C.SEQ], filter=equals(C.PROTOCOL, PROTOCOL),
-            use_threads=False).column(C.SEQ).combine_chunks()
-        return version, t.sort_by([(C.MAILBOX, "ascending"), (C.CURSOR, "ascending")]), acked
+        return read_protocol_rows(
+            self.inbox_path, self.acks_path, PROTOCOL,
+            [C.MAILBOX, C.SEQ, C.CURSOR, C.EVENT_ID, C.ENVELOPE, C.EXPIRES_AT],
+            ds.field(C.EXPIRES_AT) > now)
 
     async def bootstrap(self) -> int:
         """Rebuild from the inbox; returns the version read (the tail goes on from there)."""

@@ -44,6 +44,7 @@ from deltalake import DeltaTable
 
 from delta_tables.layout import equals
 from delta_tables.schema import C
+from egress.inbox_tail import read_protocol_rows
 from egress.pending import PendingEnvelope
 from engine.sync import PROTOCOL
 
@@ -158,15 +159,9 @@ class SyncInbox:
 
     # --- bootstrap -------------------------------------------------------------------------
     def _bootstrap_read(self) -> tuple[int, pa.Table, pa.Array]:
-        dt = DeltaTable(str(self.inbox_path))
-        version = dt.version()
-        t = dt.to_pyarrow_dataset().to_table(
-            columns=[C.MAILBOX, C.CURSOR, C.SEQ, C.EVENT_ID, C.ENVELOPE, C.META, C.EXPIRES_AT],
-            filter=equals(C.PROTOCOL, PROTOCOL), use_threads=False)
-        acked = DeltaTable(str(self.acks_path)).to_pyarrow_dataset().to_table(
-            columns=[C.SEQ], filter=equals(C.PROTOCOL, PROTOCOL),
-            use_threads=False).column(C.SEQ).combine_chunks()
-        return version, t.sort_by([(C.MAILBOX, "ascending"), (C.CURSOR, "ascending")]), acked
+        return read_protocol_rows(
+            self.inbox_path, self.acks_path, PROTOCOL,
+            [C.MAILBOX, C.CURSOR, C.SEQ, C.EVENT_ID, C.ENVELOPE, C.META, C.EXPIRES_AT])
 
     async def bootstrap(self) -> int:
         """Rebuild from the inbox; returns the version read (the tail continues from it)."""
