@@ -481,6 +481,23 @@ def build_app(server: PppServer) -> FastAPI:
             return 200
         return 409 if "duplicate" in reply.fields.get("reason", "") else 400
 
+    async def _signed_post(request: Request, name: str) -> Response:
+        """A polling POST: body limit, signature, then the command map (`cmd` implied)."""
+        try:
+            body = await read_body(request, server.conf.max_message_bytes)
+        except _Body:
+            return Response(status_code=413)
+        ok, err = await _authed(request, body, name)
+        if err is not None:
+            return err
+        pubkey, rid = ok
+        try:
+            cmd = P.decode_map(P.unpack_map(body), implied=name)
+        except P.ProtocolError as e:   # counted and logged with the request id (§5.x)
+            return _msgpack(svc._fail(name, e.reason, rid), 400)
+        reply = await svc.run(pubkey, cmd, rid)
+        return _msgpack(reply, _status(reply))
+
     @app.post("/v1/events", summary="Store an event (STORE, §5.2)", description=_AUTH_DOC
               + " Body: the STORE command map (`cmd` optional). Reply: STORED or STORE_FAIL.",
               openapi_extra=_body_doc(_STORE_BODY),
@@ -489,20 +506,7 @@ def build_app(server: PppServer) -> FastAPI:
                                  "duplicate event", _413="body too large",
                                  _429="STORE_FAIL rate limited"))
     async def http_store(request: Request) -> Response:
-        try:
-            body = await read_body(request, server.conf.max_message_bytes)
-        except _Body:
-            return Response(status_code=413)
-        ok, err = await _authed(request, body, "STORE")
-        if err is not None:
-            return err
-        pubkey, rid = ok
-        try:
-            cmd = P.decode_map(P.unpack_map(body), implied="STORE")
-        except P.ProtocolError as e:   # counted and logged with the request id (§5.x)
-            return _msgpack(svc._fail("STORE", e.reason, rid), 400)
-        reply = await svc.run(pubkey, cmd, rid)
-        return _msgpack(reply, _status(reply))
+        return await _signed_post(request, "STORE")
 
     @app.get("/v1/events", summary="Fetch events (FETCH, §5.2)", description=_AUTH_DOC
              + " The signed body is empty (the signature covers the timestamp). Reply: "
@@ -524,19 +528,6 @@ def build_app(server: PppServer) -> FastAPI:
                                  _401="AUTH_FAIL", _413="body too large",
                                  _429="STORE_FAIL rate limited"))
     async def http_ack(request: Request) -> Response:
-        try:
-            body = await read_body(request, server.conf.max_message_bytes)
-        except _Body:
-            return Response(status_code=413)
-        ok, err = await _authed(request, body, "ACK")
-        if err is not None:
-            return err
-        pubkey, rid = ok
-        try:
-            cmd = P.decode_map(P.unpack_map(body), implied="ACK")
-        except P.ProtocolError as e:   # counted and logged with the request id (§5.x)
-            return _msgpack(svc._fail("ACK", e.reason, rid), 400)
-        reply = await svc.run(pubkey, cmd, rid)
-        return _msgpack(reply, _status(reply))
+        return await _signed_post(request, "ACK")
 
     return app
