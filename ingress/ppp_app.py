@@ -129,7 +129,8 @@ class PppServer(Listener):
         self.layout = Layout(settings.data_dir)
         self.control = PppControl(self.layout, fsync=fsync)
         self.inbox = PppInbox(self.layout.inbox, self.layout.acks,
-                              notify_window=self.conf.notify_window_ms / 1000)
+                              notify_window=self.conf.notify_window_ms / 1000,
+                              cache_bytes=self.conf.cache_bytes)
         self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.inbox,
                               protocols={PROTOCOL})
         self.ack_appender = GroupCommitAppender(DeltaAppendTarget(self.layout.acks, ACKS,

@@ -10,8 +10,11 @@ stream's new inbox rows, per mailbox in cursor order).
 * The duplicate check is this index plus the ids this process landed (`remember`) and those
   being landed right now. Across ingress nodes it is not synchronous: two nodes racing the
   same event both answer STORED and the stream keeps one (the other goes to `rejects`).
-* Memory: every unacked, unexpired PPP envelope is held (FETCH is served from memory), plus
-  one id per unexpired event; `sweep` drops expired entries.
+* Memory: per unacked, unexpired event its metadata (cursor, both ids, created_at, expiry),
+  plus one id per unexpired event; `sweep` drops expired entries. Envelope bytes are held up
+  to `ppp.cache_bytes` (`egress.envelope_cache`); FETCH reads the rest back from the inbox,
+  so an offline recipient's backlog costs disk, not RAM (bootstrap still reads the live
+  envelopes once, to learn each GiftWrap's id).
 * NOTIFY (§5.1) is batched per recipient (§8 "batch windows"): the first new event starts a
   `window` timer, later ones add to the count, and when it fires every connected session of
   the recipient gets one NOTIFY(count). No session connected: nothing is queued (the client
@@ -36,6 +39,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from delta_tables.schema import C
+from egress.envelope_cache import EnvelopeCache
 from egress.inbox_tail import read_protocol_rows
 from egress.pending import PendingEnvelope
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
@@ -54,12 +58,12 @@ class PppEvent:
     cursor: int
     event_id: bytes        # as stored (the inbox / acks key)
     wrap_id: bytes         # authenticated-path id of the GiftWrap
-    envelope: bytes
+    size: int              # envelope bytes (held in `PppInbox.envelopes` or on disk)
     created_at: int
     expires: float         # unix seconds
 
     def __repr__(self) -> str:
-        return f"PppEvent(cursor={self.cursor}, size={len(self.envelope)})"
+        return f"PppEvent(cursor={self.cursor}, size={self.size})"
 
 
 def _unix(t: datetime | None) -> float:
@@ -97,9 +101,11 @@ class _Box:
 
 
 class PppInbox:
-    def __init__(self, inbox_path: Path, acks_path: Path, *, notify_window: float = 30.0):
+    def __init__(self, inbox_path: Path, acks_path: Path, *, notify_window: float = 30.0,
+                 cache_bytes: int = 256 << 20):
         self.inbox_path = Path(inbox_path)
         self.acks_path = Path(acks_path)
+        self.envelopes = EnvelopeCache(inbox_path, PROTOCOL, cache_bytes)
         self.notify_window = notify_window
         self.known: dict[bytes, float] = {}     # event id -> expiry (unix s)
         self._boxes: dict[bytes, _Box] = {}
@@ -154,6 +160,7 @@ class PppInbox:
                 ev = self._event(seq, cur, eid, env, exp)
                 if ev is not None:
                     box.put(ev)
+                    self.envelopes.put(seq, env)
                     pending += 1
         log.info("ppp inbox view rebuilt", extra={"event": "ppp_inbox_bootstrap",
                                                   "version": version, "rows": t.num_rows,
@@ -166,7 +173,7 @@ class PppInbox:
             gw = GiftWrap.decode(envelope)
         except GiftWrapError:
             return None   # never landed by this relay; not servable as a GiftWrap
-        return PppEvent(seq, cursor, eid, gw.event_id, envelope, gw.created_at,
+        return PppEvent(seq, cursor, eid, gw.event_id, len(envelope), gw.created_at,
                         _unix(expires_at))
 
     def add(self, protocol: str, mailbox: bytes, envelopes: Iterable[PendingEnvelope]) -> None:
@@ -183,6 +190,7 @@ class PppInbox:
             ev = self._event(env.seq, env.cursor, env.event_id, env.envelope, env.expires_at)
             if ev is not None:
                 box.put(ev)
+                self.envelopes.put(env.seq, env.envelope)
                 fresh += 1
         if fresh:
             self.events_seen += fresh
@@ -244,6 +252,7 @@ class PppInbox:
             for cursor in sorted(box.ids.get(i, ())):
                 ev = box.drop(cursor)
                 if ev is not None:
+                    self.envelopes.drop(ev.seq)   # read back from disk if put back
                     out.append(ev)
         return out
 
@@ -265,5 +274,5 @@ class PppInbox:
             del self.known[i]
         for box in self._boxes.values():
             for cursor in [c for c, ev in box.events.items() if ev.expires <= now]:
-                box.drop(cursor)
+                self.envelopes.drop(box.drop(cursor).seq)
         return len(gone)

@@ -83,7 +83,7 @@ class PppService:
         if isinstance(cmd, P.Store):
             return await self.store(cmd.event, request_id)
         if isinstance(cmd, P.Fetch):
-            return self.fetch(pubkey, cmd.since, cmd.cursor)
+            return await self.fetch(pubkey, cmd.since, cmd.cursor)
         if isinstance(cmd, P.Ack):
             return await self.ack(pubkey, cmd.event_ids, request_id)
         if isinstance(cmd, P.RegisterDeliveryToken):
@@ -169,9 +169,11 @@ class PppService:
         return None
 
     # --- FETCH / ACK ---------------------------------------------------------------------------
-    def fetch(self, pubkey: bytes, since: int, cursor: int | None) -> P.Reply:
+    async def fetch(self, pubkey: bytes, since: int, cursor: int | None) -> P.Reply:
         evts, nxt = self.inbox.fetch(pubkey, since, cursor, self.page_size, self.clock())
-        return P.events([e.envelope for e in evts], nxt)
+        envelopes = await self.inbox.envelopes.get([e.seq for e in evts])
+        # None: the row left the inbox since (expired and compacted): not served
+        return P.events([env for env in envelopes if env is not None], nxt)
 
     async def ack(self, pubkey: bytes, ids, request_id: str) -> P.Reply:
         if len(ids) > MAX_ACK_IDS:

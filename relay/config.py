@@ -152,6 +152,9 @@ class PppConf:
     trusted_proxies: str = "127.0.0.0/8,::1"
     max_in_flight: int = 64      # commands of one WebSocket being carried out at once
     max_connections: int = 10000
+    # Envelope bytes of pending events held in memory for FETCH; the rest is read back from
+    # the inbox (an offline recipient's backlog costs disk, not RAM).
+    cache_bytes: int = 268435456
 
 
 @dataclass

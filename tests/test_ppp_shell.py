@@ -465,3 +465,27 @@ def test_connection_cap_and_concurrent_duplicate_stores(settings):
             await c.close()
             await a1.close()
     asyncio.run(go())
+
+
+def test_fetch_reads_envelopes_beyond_the_memory_budget_from_the_inbox(settings):
+    """An offline recipient's backlog costs disk, not RAM: with room for three envelopes,
+    FETCH still returns all ten byte for byte, the rest read back from the inbox table."""
+    settings.ppp.cache_bytes = 3 * 1200
+
+    async def go():
+        async with node(settings, Clock()) as n:
+            bob = SigningKey.generate()
+            events = [giftwrap(pk(bob), created_at=1000 + i) for i in range(10)]
+            land_inbox(settings, pk(bob), events)
+            b = await Ws.login(n.ppp.bound_port, bob)
+            await b.recv()                                              # NOTIFY
+            cache = n.ppp.inbox.envelopes
+            assert cache.held_bytes <= settings.ppp.cache_bytes
+            got = await b.call({"cmd": "FETCH", "since": 0})
+            assert got["events"] == [e for e, _ in events]
+            assert cache.disk_reads == 1 and cache.held_bytes <= settings.ppp.cache_bytes
+            r = await b.call({"cmd": "ACK", "event_ids": [eid for _, eid in events[:9]]})
+            assert r == {"cmd": "ACKED", "count": 9}
+            assert await b.call({"cmd": "FETCH", "since": 0}) == {
+                "cmd": "EVENTS", "events": [events[9][0]]}
+    asyncio.run(go())
