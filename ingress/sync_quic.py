@@ -41,7 +41,7 @@ from engine.sync import ALPN, PROTOCOL, identity, limits
 from engine.sync import messages as m
 from engine.sync.framing import FrameError, FrameReader, frame
 from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_DEVICE_REVOKED, CLOSE_RATE_LIMITED,
-                                 CLOSE_TOO_MANY_SESSIONS, RATE_LIMITED, Code, Refused, Session,
+                                 CLOSE_TOO_MANY_SESSIONS, CONTROL_LIMITED, RATE_LIMITED, Code, Refused, Session,
                                  State)
 from engine.sync.token_bucket import KeyedBuckets, TokenBucket
 from relay.config import Settings
@@ -105,6 +105,7 @@ class SyncServer(Listener):
         now = time.monotonic()
         self.global_limit = TokenBucket(conf.global_requests_per_second, 1.0, now)
         self.device_limit = KeyedBuckets(conf.messages_per_minute, 60.0)
+        self.control_limit = KeyedBuckets(conf.control_requests_per_minute, 60.0)
         self.connect_limit = KeyedBuckets(conf.connections_per_minute, 60.0)
         self.conns: set[SyncConnection] = set()
         self.inflight: dict[bytes, int] = {}      # group -> payload bytes being stored
@@ -400,6 +401,9 @@ class SyncConnection(QuicConnectionProtocol):
             handler = self.session.route(msg)
             if isinstance(msg, RATE_LIMITED):
                 self._rate_limit()
+            elif isinstance(msg, CONTROL_LIMITED) and not self.server.control_limit.take(
+                    self.device_id, time.monotonic()):
+                raise Refused(Code.RATE_LIMITED, "rate limited")
             await getattr(self, f"_on_{handler}")(sid, msg)
         except Refused as exc:
             self._refuse(sid, msg, exc)

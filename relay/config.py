@@ -176,6 +176,7 @@ class SyncConf:
     max_concurrent_sessions: int = 10000     # F-007: past it, close code 2
     connections_per_minute: int = 10         # per device id; past it, close code 1
     messages_per_minute: int = 100           # per device, PUSH + PULL (burst = the count)
+    control_requests_per_minute: int = 60    # per device, our extension requests (burst = it)
     global_requests_per_second: int = 1000   # SR-001: PUSH + PULL of everyone
     max_pull_limit: int = 1000               # F-013
     default_pull_limit: int = 100            # a PULL with limit 0

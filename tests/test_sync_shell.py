@@ -457,3 +457,20 @@ async def _extra_frames(settings):
 
 def push_ack(n: int) -> bytes:
     return msg("PushAck", b"\xc4\x10" + blob(n), uint(n))
+
+
+def test_extension_requests_have_their_own_budget(settings):
+    """Each extension request writes a Delta row or fans out to the group: a device gets
+    `control_requests_per_minute` of them (a token bucket), and PUSH / PULL are untouched."""
+    settings.sync.control_requests_per_minute = 3
+
+    async def go():
+        async with relay(settings) as (port, node, driver):
+            g, a = group_id(b"control"), Device()
+            ca, _ = await device_session(port, a, g)
+            for _ in range(3):
+                assert (await ca.request(presence(True)))[0] == "PresenceList"
+            assert await ca.request(ack(1)) == ["Error", 2000, "rate limited"]     # the 4th
+            assert (await ca.request(pull(0, 0)))[0] == "PullResponse"      # other bucket
+            await ca.close()
+    asyncio.run(go())

@@ -71,6 +71,11 @@ TABLE: dict[State, dict[type, str]] = {
 V2_ONLY = (m.ContentRef, m.ContentAck)
 # Requests counted by the rate limiters (0k-sync limits Push and Pull only).
 RATE_LIMITED = (m.Push, m.Pull)
+# Our extension requests have a per-device bucket of their own: each one writes a durable
+# Delta row (Join, Ack, Delete, Revoke, push registrations) or fans out to the group (Presence,
+# ContentRef/Ack), so unmetered they would be a cheap way to make the relay commit or send.
+CONTROL_LIMITED = (m.Join, m.Ack, m.Delete, m.RevokeDevice, m.RegisterPush, m.UnregisterPush,
+                   m.Presence, m.ContentRef, m.ContentAck)
 
 
 class Refused(Exception):
