@@ -193,7 +193,8 @@ def _mailboxes(rng: np.random.Generator, n: int = MAILBOXES) -> pa.Array:
 # Every listening port the bench's relay processes might open: ephemeral (0), so a bench never
 # collides with a relay (or a test) already running on this machine. Metrics port 0 = off.
 _PORT_ENV = {"RELAY_TRUESEAL_PUSH_PORT": "0", "RELAY_TRUESEAL_RECEIVE_PORT": "0",
-             "RELAY_HEYA_PORT": "0", "RELAY_SYNC_PORT": "0", "RELAY_METRICS_PORT_INGRESS": "0",
+             "RELAY_HEYA_PORT": "0", "RELAY_SYNC_PORT": "0", "RELAY_PPP_PORT": "0",
+             "RELAY_METRICS_PORT_INGRESS": "0",
              "RELAY_METRICS_PORT_EGRESS": "0", "RELAY_METRICS_PORT_STREAM": "0",
              "RELAY_METRICS_PORT_COMPACT": "0"}
 
@@ -538,10 +539,41 @@ def bench_stream(spark, root: Path, args, p: dict) -> dict:
 
 # --- 5. push -> deliver latency through the whole pipeline --------------------------------------
 
-def _start_role(role: str, args, data_dir: Path, log_dir: Path) -> tuple[subprocess.Popen, dict]:
+def write_conf(settings: config.Settings, path: Path) -> Path:
+    """`settings` as a TOML file for a child `relay` role (`_start_role(conf=path)`): the
+    bench's effective settings with a section's overrides (a lifted limit, a 0 ms window)."""
+    def val(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return repr(v)
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(val(x) for x in v) + "]"
+        raise TypeError(f"no TOML form for {type(v).__name__}")
+
+    lines: list[str] = []
+
+    def table(name: str, d: dict) -> None:
+        if name:
+            lines.append(f"[{name}]")
+        lines.extend(f"{json.dumps(k)} = {val(v)}" for k, v in d.items()
+                     if not isinstance(v, dict))
+        for k, v in d.items():
+            if isinstance(v, dict):
+                table(f"{name}.{json.dumps(k)}" if name else json.dumps(k), v)
+    table("", config.as_dict(settings))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _start_role(role: str, args, data_dir: Path, log_dir: Path,
+                conf: Path | None = None) -> tuple[subprocess.Popen, dict]:
+    """`relay <role>` as a child process; `conf` (else `args.conf`) is its settings file."""
     argv = [sys.executable, "-m", "relay.cli"]
-    if getattr(args, "conf", None):
-        argv += ["--conf", args.conf]
+    if conf or getattr(args, "conf", None):
+        argv += ["--conf", str(conf or args.conf)]
     argv += ["--data-dir", str(data_dir), role]
     env = dict(os.environ, **_PORT_ENV)
     log = open(log_dir / f"{role}.log", "w")
@@ -744,6 +776,15 @@ def _summary(res: dict) -> str:
     lines.append(f"  heya sends/s            : {res.get('heya_sends_per_s')} "
                  f"(fsync on; {g('heya', 'throughput', 'connections')} TLS connections); "
                  f"send->HAVE ms p50 {hh.get('p50')}, p99 {hh.get('p99')}")
+    pn = res.get("ppp_store_to_notify_ms") or {}
+    lines.append(f"  ppp acked stores/s      : {res.get('ppp_acked_stores_per_s')} "
+                 f"(fsync on; {g('ppp', 'throughput', 'sockets')} WebSockets); store->NOTIFY "
+                 f"ms p50 {pn.get('p50')}, p99 {pn.get('p99')} (notify window "
+                 f"{pn.get('notify_window_ms')} ms)")
+    sn = res.get("sync_push_to_notify_ms") or {}
+    lines.append(f"  sync pushes/s           : {res.get('sync_pushes_per_s')} "
+                 f"(each PUSH_ACK waits for its inbox commit); push->NOTIFY ms "
+                 f"p50 {sn.get('p50')}, p99 {sn.get('p99')}")
     lines.append(f"  ratios                  : trueseal/ceiling "
                  f"{res.get('trueseal_vs_ceiling_ratio')}, "
                  f"stream/ceiling {res.get('stream_vs_ceiling_ratio')}")

@@ -8,12 +8,16 @@
    each. Appendix C.3 allows 60 STOREs per pubkey per minute, so the load is many identities
    each sending its whole minute's budget (`STORES_PER_SOCKET`, pipelined) at the same
    moment: counted STORED replies over the time from the first send to the last reply.
-2. `ppp_store_to_notify_ms` {p50, p99}: the node and the inbox stream (Spark, this process)
-   together; senders STORE at a steady rate (rotating identities to stay inside the STORE
-   budget) to one connected recipient; from writing STORE to reading the NOTIFY that covers
-   it: landing commit, stream micro-batch, inbox tail, NOTIFY batch window. The window used
-   is reported (`notify_window_ms`, default 0 here so the figure is the pipeline's own; the
-   spec's 30 s default would add up to 30 s by design).
+   STORED needs only the landing commit, so no stream runs here: the node has this process
+   to itself and the clients are in their own.
+2. `ppp_store_to_notify_ms` {p50, p99}: as `relay up` runs it: `relay ingress` as a child
+   process (its settings, e.g. the window below, from a TOML file the bench writes), the inbox
+   stream in this process (its foreachBatch holds this process's GIL per micro-batch), the
+   clients in a `spawn`ed process: senders STORE at a steady rate (rotating identities to stay
+   inside the STORE budget) to one connected recipient; from writing STORE to reading the
+   NOTIFY that covers it: landing commit, stream micro-batch, inbox tail, NOTIFY batch window.
+   The window used is reported (`notify_window_ms`, default 0 here so the figure is the
+   pipeline's own; the spec's 30 s default would add up to 30 s by design).
 
 Clients are written from the spec (msgpack maps, `websockets`, PyNaCl), no relay code.
 """
@@ -124,74 +128,106 @@ async def _throughput(settings, p: dict) -> dict:
     secs = max(r["last"] for r in results) - min(r["first"] for r in results)
     return {"stores_per_s": _r(stored / secs, 0), "stored": stored, "seconds": _r(secs, 2),
             "sockets": p["clients"] * p["sockets"], "stores_per_socket": p["stores"],
-            "landing_commits": commits, "fsync": True, "ciphertext_bytes": CT_SIZE}
+            "landing_commits": commits, "fsync": True, "ciphertext_bytes": CT_SIZE,
+            "method": ("IngressNode in the bench process (no stream running; STORED = landing "
+                       "commit with fsync), spawned client process(es) with authenticated "
+                       "WebSockets each sending its minute's STORE budget pipelined; rate = "
+                       "STORED replies / (last reply - first send)")}
 
 
-async def _latency(settings, p: dict) -> dict:
-    import msgpack
-    from ingress.service import IngressNode
-    node = IngressNode(settings, fsync=True)
-    await node.start()
+def notify_worker(queue, port: int, rate: float, seconds: float) -> None:
+    """Latency load (a spawned process): one recipient, `LATENCY_SENDERS` senders."""
     try:
-        port = node.ppp.bound_port
-        rx, rx_pk = await _login(port)
-        senders = [await _login(port) for _ in range(LATENCY_SENDERS)]
-        # Warm-up (not timed): the stream's and the tail's first batches pay one-off costs
-        # (Python worker start, first Delta reads) that a steady relay does not.
-        warm, _ = await _login(port)
-        for _ in range(WARMUP_EVENTS):
-            await warm.send(msgpack.packb({"cmd": "STORE", "event": _wrap(rx_pk)},
-                                          use_bin_type=True))
-        notified = 0
-        while notified < WARMUP_EVENTS:
+        asyncio.run(_notify_worker(queue, port, rate, seconds))
+    except Exception as exc:
+        queue.put({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+
+async def _notify_worker(queue, port, rate, seconds) -> None:
+    import msgpack
+    rx, rx_pk = await _login(port)
+    senders = [await _login(port) for _ in range(LATENCY_SENDERS)]
+    # Warm-up (not timed): the stream's and the tail's first batches pay one-off costs
+    # (Python worker start, first Delta reads) that a steady relay does not.
+    warm, _ = await _login(port)
+    for _ in range(WARMUP_EVENTS):
+        await warm.send(msgpack.packb({"cmd": "STORE", "event": _wrap(rx_pk)},
+                                      use_bin_type=True))
+    notified = 0
+    while notified < WARMUP_EVENTS:
+        m = msgpack.unpackb(await asyncio.wait_for(rx.recv(), 120), raw=False)
+        notified += m["count"] if m["cmd"] == "NOTIFY" else 0
+    await warm.close()
+    sent: list[float] = []          # STORE write times, in order
+    stored_at: list[float] = []     # STORE -> STORED, per sender in order
+    lat: list[float] = []
+    total = int(rate * seconds)
+
+    async def receive():
+        while len(lat) < total:
             m = msgpack.unpackb(await asyncio.wait_for(rx.recv(), 120), raw=False)
-            notified += m["count"] if m["cmd"] == "NOTIFY" else 0
-        await warm.close()
-        sent: list[float] = []          # STORE write times, in order
-        lat: list[float] = []
-        total = int(p["rate"] * p["latency_seconds"])
+            if m["cmd"] == "NOTIFY":
+                now = time.perf_counter()
+                for _ in range(m["count"]):
+                    lat.append((now - sent[len(lat)]) * 1000)
 
-        async def receive():
-            while len(lat) < total:
-                m = msgpack.unpackb(await asyncio.wait_for(rx.recv(), 120), raw=False)
-                if m["cmd"] == "NOTIFY":
-                    now = time.perf_counter()
-                    for _ in range(m["count"]):
-                        lat.append((now - sent[len(lat)]) * 1000)
+    by_sender: list[list[float]] = [[] for _ in senders]
 
-        async def send():
-            period = 1.0 / p["rate"]
-            t_next = time.perf_counter()
-            for i in range(total):
-                ws, _ = senders[i % len(senders)]
-                await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
-                frame = msgpack.packb({"cmd": "STORE", "event": _wrap(rx_pk)}, use_bin_type=True)
-                sent.append(time.perf_counter())
-                await ws.send(frame)
-                t_next += period
+    async def send():
+        period = 1.0 / rate
+        t_next = time.perf_counter()
+        for i in range(total):
+            ws, _ = senders[i % len(senders)]
+            await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
+            frame = msgpack.packb({"cmd": "STORE", "event": _wrap(rx_pk)}, use_bin_type=True)
+            t = time.perf_counter()
+            sent.append(t)
+            by_sender[i % len(senders)].append(t)
+            await ws.send(frame)
+            t_next += period
 
-        async def drain(ws):   # STORED replies (not timed here)
-            for _ in range(-(-total // len(senders))):
-                try:
-                    await asyncio.wait_for(ws.recv(), 120)
-                except Exception:
-                    return
+    async def drain(k, ws):   # STORED replies, in order per WebSocket
+        for j in range(len(range(k, total, len(senders)))):
+            try:
+                await asyncio.wait_for(ws.recv(), 120)
+            except Exception:
+                return
+            while len(by_sender[k]) <= j:
+                await asyncio.sleep(0.001)
+            stored_at.append((time.perf_counter() - by_sender[k][j]) * 1000)
 
-        await asyncio.gather(receive(), send(), *(drain(ws) for ws, _ in senders))
-        for ws, _ in senders + [(rx, rx_pk)]:
-            await ws.close()
-    finally:
-        await node.close()
+    await asyncio.gather(receive(), send(), *(drain(k, ws) for k, (ws, _) in enumerate(senders)))
+    for ws, _ in senders + [(rx, rx_pk)]:
+        await ws.close()
+    queue.put({"ok": True, "latency_ms": lat, "stored_ms": stored_at})
+
+
+def _latency(spark, settings, p: dict) -> dict:
+    from . import bench
+    from .bench_sync import _collect, _port, child_ingress_and_stream
+    with child_ingress_and_stream(spark, settings) as (listening, query, sink, relay):
+        queue = mp.get_context("spawn").Queue()
+        worker = bench._spawn(notify_worker, queue, _port(listening, "ppp"), p["rate"],
+                              p["latency_seconds"])
+        res = _collect(queue, [worker], 1, p["latency_seconds"] + 300)[0]
+        worker.join(timeout=10)
+    lat = res["latency_ms"]
     return {"p50": _r(_p(lat, 50)), "p99": _r(_p(lat, 99)), "count": len(lat),
             "warmup_events": WARMUP_EVENTS,
+            "store_to_stored_ms": {"p50": _r(_p(res["stored_ms"], 50)),
+                                   "p99": _r(_p(res["stored_ms"], 99))},
             "rate_per_s": p["rate"], "notify_window_ms": settings.ppp.notify_window_ms,
             "trigger_interval_ms": settings.stream.trigger_interval_ms,
-            "tail_poll_interval_ms": settings.egress.poll_interval_ms}
+            "tail_poll_interval_ms": settings.egress.poll_interval_ms,
+            "method": ("relay ingress as a child process (fsync on; notify_window_ms from its "
+                       "conf file), the inbox stream in the bench process, one spawned client "
+                       f"process: {LATENCY_SENDERS} sender WebSockets (rotating identities) at "
+                       "an open-loop rate and one recipient WebSocket; latency = NOTIFY "
+                       "arrival - STORE write, NOTIFY counts matched to STOREs in order")}
 
 
 def run(settings, quick: bool, spark=None) -> dict:
     """Both PPP figures; `settings.data_dir` is this section's own (empty) directory."""
-    from jobs.inbox_stream import start_inbox_stream
     p = QUICK if quick else FULL
     out: dict = {}
     root = Path(settings.data_dir)
@@ -199,6 +235,7 @@ def run(settings, quick: bool, spark=None) -> dict:
     s1.data_dir = str(root / "stores")
     s1.ppp.port = 0
     s1.heya.enabled = False
+    s1.sync.enabled = False
     out["throughput"] = asyncio.run(_throughput(s1, p))
     out["ppp_acked_stores_per_s"] = out["throughput"]["stores_per_s"]
     if spark is not None:
@@ -207,9 +244,6 @@ def run(settings, quick: bool, spark=None) -> dict:
         s2.ppp.port = 0
         s2.heya.enabled = False
         s2.ppp.notify_window_ms = NOTIFY_WINDOW_MS
-        query, sink = start_inbox_stream(spark, s2)
-        try:
-            out["ppp_store_to_notify_ms"] = asyncio.run(_latency(s2, p))
-        finally:
-            query.stop()
+        s2.sync.enabled = False
+        out["ppp_store_to_notify_ms"] = _latency(spark, s2, p)
     return out
