@@ -30,7 +30,7 @@ import asyncio
 import bisect
 import heapq
 import logging
-from collections import OrderedDict, deque
+from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -38,12 +38,12 @@ from typing import Iterable, Protocol
 
 import msgpack
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from delta_tables.layout import equals
 from delta_tables.schema import C
+from egress.envelope_cache import EnvelopeCache
 from egress.inbox_tail import read_protocol_rows
 from egress.pending import PendingEnvelope
 from engine.sync import PROTOCOL
@@ -73,8 +73,7 @@ class Blob:
     sender: bytes
     timestamp: int          # unix seconds, the relay's clock (0k-sync `current_timestamp`)
     size: int
-    expires_at: datetime | None
-    payload: bytes | None   # None: evicted from memory, read from the inbox on demand
+    expires_at: datetime | None     # (the payload is in `SyncInbox.envelopes`, by seq)
 
     def __repr__(self) -> str:
         return f"Blob(cursor={self.cursor}, size={self.size})"
@@ -121,7 +120,7 @@ class SyncInbox:
     def __init__(self, inbox_path: Path, acks_path: Path, *, cache_bytes: int = 256 << 20):
         self.inbox_path = Path(inbox_path)
         self.acks_path = Path(acks_path)
-        self.cache_bytes = cache_bytes
+        self.envelopes = EnvelopeCache(inbox_path, PROTOCOL, cache_bytes)   # the payloads
         self._groups: dict[bytes, _Group] = {}
         self._cursor_of: dict[bytes, int] = {}               # event_id -> cursor
         self._meta: dict[bytes, tuple[bytes, bytes, int]] = {}  # event_id -> pushed meta
@@ -130,13 +129,10 @@ class SyncInbox:
         self._expiry: list[tuple[datetime, bytes, int, bytes]] = []
         self._forget: deque[tuple[datetime, bytes, int]] = deque()  # (when, event_id, cursor)
         self.forget_after = timedelta(hours=1)
-        self._cache: OrderedDict[tuple[bytes, int], int] = OrderedDict()  # cached payloads
-        self._cached = 0
         self.blobs_seen = 0
-        self.disk_reads = 0
 
     def __repr__(self) -> str:
-        return f"SyncInbox(groups={len(self._groups)}, cached_bytes={self._cached})"
+        return f"SyncInbox(groups={len(self._groups)}, cached_bytes={self.envelopes.held_bytes})"
 
     def _group(self, group: bytes) -> _Group:
         g = self._groups.get(group)
@@ -180,7 +176,7 @@ class SyncInbox:
                     or meta is None:
                 continue
             blob_id, sender, ts = decode_meta(meta)
-            self._insert(mb, g, Blob(cur, seq, eid, blob_id, sender, ts, len(env), exp, env))
+            self._insert(mb, g, Blob(cur, seq, eid, blob_id, sender, ts, len(env), exp), env)
             rows += 1
         log.info("sync inbox view rebuilt", extra={"event": "sync_inbox_bootstrap",
                                                    "version": version, "blobs": rows,
@@ -207,8 +203,8 @@ class SyncInbox:
             if meta is None:
                 continue
             blob = Blob(env.cursor, env.seq, env.event_id, meta[0], meta[1], meta[2],
-                        len(env.envelope), env.expires_at, env.envelope)
-            self._insert(mailbox, g, blob)
+                        len(env.envelope), env.expires_at)
+            self._insert(mailbox, g, blob, env.envelope)
             fresh.append(blob)
             for fut in self._waiters.pop(env.event_id, ()):
                 if not fut.done():
@@ -250,23 +246,12 @@ class SyncInbox:
             return None
         return decode_meta(t.column(C.META)[0].as_py())
 
-    def _insert(self, group: bytes, g: _Group, blob: Blob) -> None:
+    def _insert(self, group: bytes, g: _Group, blob: Blob, payload: bytes) -> None:
         g.blobs[blob.cursor] = blob
         g.cursors.append(blob.cursor)
         g.by_blob_id[blob.blob_id] = blob.cursor
         g.stored += blob.size
-        if blob.payload is not None:
-            self._cache[(group, blob.cursor)] = blob.size
-            self._cached += blob.size
-            self._evict()
-
-    def _evict(self) -> None:
-        while self._cached > self.cache_bytes and self._cache:
-            (group, cursor), size = self._cache.popitem(last=False)
-            self._cached -= size
-            blob = self._groups[group].blobs.get(cursor)
-            if blob is not None:
-                blob.payload = None
+        self.envelopes.put(blob.seq, payload)
 
     # --- PUSH_ACK --------------------------------------------------------------------------
     def cursor_of(self, event_id: bytes) -> int | None:
@@ -330,31 +315,9 @@ class SyncInbox:
         if blob is None:
             return
         g.stored -= blob.size
-        size = self._cache.pop((group, cursor), None)
-        if size is not None:
-            self._cached -= size
+        self.envelopes.drop(blob.seq)
 
-    async def payloads(self, group: bytes, blobs: list[Blob]) -> list[bytes]:
+    async def payloads(self, blobs: list[Blob]) -> list[bytes]:
         """Payloads of `blobs`, from memory or (evicted ones) from the inbox table."""
-        missing = [b.seq for b in blobs if b.payload is None]
-        found: dict[int, bytes] = {}
-        if missing:
-            self.disk_reads += 1
-            found = await asyncio.to_thread(self._read_payloads, missing)
-        out = []
-        for b in blobs:
-            if b.payload is not None:
-                self._cache.move_to_end((group, b.cursor), last=True) \
-                    if (group, b.cursor) in self._cache else None
-                out.append(b.payload)
-            else:
-                out.append(found.get(b.seq, b""))
-        return out
-
-    def _read_payloads(self, seqs: list[int]) -> dict[int, bytes]:
-        t = DeltaTable(str(self.inbox_path)).to_pyarrow_dataset().to_table(
-            columns=[C.SEQ, C.ENVELOPE],
-            filter=equals(C.PROTOCOL, PROTOCOL) & ds.field(C.SEQ).isin(seqs)
-            & ds.field(C.ENVELOPE).is_valid(), use_threads=False)
-        t = t.filter(pc.is_valid(t.column(C.ENVELOPE)))
-        return dict(zip(t.column(C.SEQ).to_pylist(), t.column(C.ENVELOPE).to_pylist()))
+        found = await self.envelopes.get([b.seq for b in blobs])
+        return [p if p is not None else b"" for p in found]

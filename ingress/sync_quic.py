@@ -554,7 +554,7 @@ class SyncConnection(QuicConnectionProtocol):
                 break
             room -= cost
             picked.append(blob)
-        payloads = await srv.inbox.payloads(group, picked)
+        payloads = await srv.inbox.payloads(picked)
         entries = [m.PullBlob(b.blob_id, b.cursor, p, b.timestamp)
                    for b, p in zip(picked, payloads)]
         if picked:
