@@ -28,7 +28,8 @@ from delta_tables.schema import C
 from .pending import MailboxHub, PendingEnvelope
 
 log = logging.getLogger("relay.egress")
-_COLS = [C.PROTOCOL, C.MAILBOX, C.SEQ, C.CURSOR, C.EVENT_ID, C.ENVELOPE, C.EXPIRES_AT]
+_COLS = [C.PROTOCOL, C.MAILBOX, C.SEQ, C.CURSOR, C.EVENT_ID, C.ENVELOPE, C.EXPIRES_AT,
+         C.META]
 
 
 def _envelopes(t: pa.Table) -> dict[tuple[str, bytes], list[PendingEnvelope]]:
@@ -37,8 +38,8 @@ def _envelopes(t: pa.Table) -> dict[tuple[str, bytes], list[PendingEnvelope]]:
     t = t.sort_by([(C.PROTOCOL, "ascending"), (C.MAILBOX, "ascending"), (C.CURSOR, "ascending")])
     out: dict[tuple[str, bytes], list[PendingEnvelope]] = {}
     cols = [t.column(c).to_pylist() for c in _COLS]
-    for p, m, seq, cur, eid, env, exp in zip(*cols):
-        out.setdefault((p, m), []).append(PendingEnvelope(seq, cur, eid, env, exp))
+    for p, m, seq, cur, eid, env, exp, meta in zip(*cols):
+        out.setdefault((p, m), []).append(PendingEnvelope(seq, cur, eid, env, exp, meta))
     return out
 
 

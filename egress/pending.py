@@ -35,6 +35,7 @@ class PendingEnvelope:
     event_id: bytes
     envelope: bytes
     expires_at: datetime | None = None
+    meta: bytes | None = None      # the row's relay-visible protocol fields (schema `meta`)
 
     def __repr__(self) -> str:  # never show envelope bytes
         return f"PendingEnvelope(seq={self.seq}, cursor={self.cursor}, size={len(self.envelope)})"

@@ -10,9 +10,8 @@ and its SQLite relay does not deliver (interop §2.2).
 * `bootstrap` reads the group rows of the inbox (tombstones for the top cursor and the
   event_id -> cursor index; acked rows, i.e. DELETEd blobs, and expired rows left out of the
   visible set), with their `meta` (blob_id, sender, timestamp).
-* `add` takes new rows. Their metadata comes from the PUSH that landed them (this process owns
-  the sync listener, so that is every push), or, for rows landed before a restart, from the
-  inbox `meta` column (a short synchronous read, only after a restart).
+* `add` takes new rows with their `meta` column (blob_id, sender, timestamp), as the PUSH
+  that landed them wrote it.
 * PUSH_ACK: `cursor_of(event_id)` answers a blob the view knows; `wait(event_id)` returns a
   future the matching `add` resolves. A re-push of a known blob id answers its original
   cursor; the stream sends the duplicate row to `rejects`.
@@ -38,10 +37,7 @@ from typing import Iterable, Protocol
 
 import msgpack
 import pyarrow as pa
-import pyarrow.dataset as ds
-from deltalake import DeltaTable
 
-from delta_tables.layout import equals
 from delta_tables.schema import C
 from egress.envelope_cache import EnvelopeCache
 from egress.inbox_tail import read_protocol_rows
@@ -123,7 +119,6 @@ class SyncInbox:
         self.envelopes = EnvelopeCache(inbox_path, PROTOCOL, cache_bytes)   # the payloads
         self._groups: dict[bytes, _Group] = {}
         self._cursor_of: dict[bytes, int] = {}               # event_id -> cursor
-        self._meta: dict[bytes, tuple[bytes, bytes, int]] = {}  # event_id -> pushed meta
         self._waiters: dict[bytes, list[asyncio.Future]] = {}
         # (expires_at, group, cursor, event_id): blobs to drop once expired, soonest first
         self._expiry: list[tuple[datetime, bytes, int, bytes]] = []
@@ -184,10 +179,6 @@ class SyncInbox:
         return version
 
     # --- what the stream committed ---------------------------------------------------------
-    def expect(self, event_id: bytes, blob_id: bytes, sender: bytes, timestamp: int) -> None:
-        """A PUSH is about to land this event: remember its metadata for `add`."""
-        self._meta.setdefault(event_id, (blob_id, sender, timestamp))
-
     def add(self, protocol: str, mailbox: bytes, envelopes: Iterable[PendingEnvelope]) -> None:
         if protocol != PROTOCOL:
             return
@@ -199,9 +190,9 @@ class SyncInbox:
                 continue          # known (a tail rebuild replays what it had)
             g.top = env.cursor
             self._track(mailbox, env.cursor, env.event_id, env.expires_at)
-            meta = self._meta.pop(env.event_id, None) or self._read_meta(env.seq)
-            if meta is None:
-                continue
+            if env.meta is None:
+                continue          # not a row this listener landed
+            meta = decode_meta(env.meta)
             blob = Blob(env.cursor, env.seq, env.event_id, meta[0], meta[1], meta[2],
                         len(env.envelope), env.expires_at)
             self._insert(mailbox, g, blob, env.envelope)
@@ -237,15 +228,6 @@ class SyncInbox:
                 del self._cursor_of[eid]
         return dropped
 
-    def _read_meta(self, seq: int) -> tuple[bytes, bytes, int] | None:
-        """A row this process did not see pushed (landed before a restart)."""
-        t = DeltaTable(str(self.inbox_path)).to_pyarrow_dataset().to_table(
-            columns=[C.META], filter=equals(C.PROTOCOL, PROTOCOL) & (ds.field(C.SEQ) == seq),
-            use_threads=False)
-        if t.num_rows == 0 or t.column(C.META)[0].as_py() is None:
-            return None
-        return decode_meta(t.column(C.META)[0].as_py())
-
     def _insert(self, group: bytes, g: _Group, blob: Blob, payload: bytes) -> None:
         g.blobs[blob.cursor] = blob
         g.cursors.append(blob.cursor)
@@ -272,7 +254,6 @@ class SyncInbox:
             mine.remove(fut)
             if not mine:
                 del self._waiters[event_id]
-                self._meta.pop(event_id, None)
 
     # --- reads -----------------------------------------------------------------------------
     def top(self, group: bytes) -> int:

@@ -510,7 +510,6 @@ class SyncConnection(QuicConnectionProtocol):
         # stream took it would be rejected, and its PUSH would hang until the timeout.
         ttl = limits.effective_ttl(msg.ttl, conf.default_ttl_seconds, conf.max_ttl_seconds,
                                    math.ceil(conf.push_ack_timeout_seconds))
-        srv.inbox.expect(eid, msg.blob_id, dev, ts)
         waiter = srv.inbox.wait(eid)
         try:
             await srv.appender.append({
