@@ -286,6 +286,39 @@ class RoleProc:
 
 # -- wire helpers ------------------------------------------------------------------------------
 
+# Every port a role may listen on gets a free one, so that concurrent runs (and a relay on the
+# default ports) never collide.
+PORT_VARS = ("RELAY_TRUESEAL_PUSH_PORT", "RELAY_TRUESEAL_RECEIVE_PORT", "RELAY_PPP_PORT",
+             "RELAY_SYNC_PORT", "RELAY_HEYA_PORT", "RELAY_METRICS_PORT_INGRESS",
+             "RELAY_METRICS_PORT_EGRESS", "RELAY_METRICS_PORT_STREAM",
+             "RELAY_METRICS_PORT_COMPACT")
+
+
+class RelayProcesses:
+    """A data directory, a conf file, free ports and one `RoleProc` per role: the relay a
+    crash test starts, kills and restarts."""
+
+    def __init__(self, tmp_path: Path, conf: str, roles: tuple[str, ...]):
+        self.data = tmp_path / "data"
+        self.logs = tmp_path / "logs"
+        self.logs.mkdir()
+        self.ports = dict(zip(PORT_VARS, free_ports(len(PORT_VARS))))
+        conf_file = tmp_path / "relay.toml"
+        conf_file.write_text(conf)
+        self.prefix = ["--conf", str(conf_file)]
+        self.env = dict(os.environ, RELAY_DATA_DIR=str(self.data),
+                        RELAY_TRIGGER_INTERVAL_MS="100", PYTHONUNBUFFERED="1",
+                        **{var: str(p) for var, p in self.ports.items()})
+        self.procs = {r: RoleProc(r, self.env, self.prefix, self.logs) for r in roles}
+
+    def tails(self) -> str:
+        return "\n".join(p.tail() for p in self.procs.values())
+
+    def cleanup(self) -> None:
+        for p in self.procs.values():
+            p.cleanup()
+
+
 class SessionLost(Exception):
     """The relay went away (refused, reset, EOF, timeout) before the exchange finished."""
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from deltalake import DeltaTable
 
-from crash_harness import (REPO, PushLoad, Receivers, RoleProc, envelope_uid, free_ports,
+from crash_harness import (REPO, PushLoad, Receivers, RelayProcesses, envelope_uid,
                            latest_commit, log)
 
 pytestmark = pytest.mark.crash
@@ -42,13 +42,6 @@ STREAM_READY_TIMEOUT = 240.0
 ACK_DEADLINE = 120.0        # after the load: every envelope acked by then (retries included)
 DELIVERY_DEADLINE = 120.0   # then: every acked envelope delivered by then
 
-# Every other port a role may listen on gets a free one too, so that concurrent runs (and a
-# relay on the default ports) never collide; variables a build does not know are ignored.
-OTHER_PORT_VARS = ("RELAY_HEYA_PORT", "RELAY_SYNC_PORT", "RELAY_PPP_PORT",
-                   "RELAY_METRICS_PORT_INGRESS",
-                   "RELAY_METRICS_PORT_EGRESS",
-                   "RELAY_METRICS_PORT_STREAM", "RELAY_METRICS_PORT_COMPACT")
-
 # Small per-mailbox memory in egress, so a restart after a backlog pages from Delta.
 CONF = """
 [egress]
@@ -56,35 +49,17 @@ max_pending_per_mailbox = 64
 """
 
 
-class Relay:
+class Relay(RelayProcesses):
     def __init__(self, tmp_path: Path):
-        self.data = tmp_path / "data"
-        self.logs = tmp_path / "logs"
-        self.logs.mkdir()
-        ports = free_ports(2 + len(OTHER_PORT_VARS))
-        self.push_port, self.receive_port = ports[:2]
-        conf = tmp_path / "relay.toml"
-        conf.write_text(CONF)
-        self.env = dict(os.environ, RELAY_DATA_DIR=str(self.data),
-                        RELAY_TRUESEAL_PUSH_PORT=str(self.push_port),
-                        RELAY_TRUESEAL_RECEIVE_PORT=str(self.receive_port),
-                        RELAY_TRIGGER_INTERVAL_MS="100", PYTHONUNBUFFERED="1",
-                        **{var: str(p) for var, p in zip(OTHER_PORT_VARS, ports[2:])})
-        self.prefix = ["--conf", str(conf)]
-        self.procs = {r: RoleProc(r, self.env, self.prefix, self.logs) for r in ROLES}
+        super().__init__(tmp_path, CONF, ROLES)
+        self.push_port = self.ports["RELAY_TRUESEAL_PUSH_PORT"]
+        self.receive_port = self.ports["RELAY_TRUESEAL_RECEIVE_PORT"]
 
     def relay_pub(self) -> bytes:
         out = subprocess.run([sys.executable, "-m", "relay.cli", *self.prefix, "keys"],
                              cwd=REPO, env=self.env, capture_output=True, text=True, check=True)
         keys = dict(line.split() for line in out.stdout.splitlines() if line.strip())
         return bytes.fromhex(keys["trueseal"])
-
-    def tails(self) -> str:
-        return "\n".join(p.tail() for p in self.procs.values())
-
-    def cleanup(self) -> None:
-        for p in self.procs.values():
-            p.cleanup()
 
 
 @pytest.fixture

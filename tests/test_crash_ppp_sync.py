@@ -49,7 +49,7 @@ from deltalake import DeltaTable
 from nacl.signing import SigningKey
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from crash_harness import RoleProc, free_ports, latest_commit, log
+from crash_harness import RelayProcesses, latest_commit, log
 from ppp_wire import Ws, giftwrap
 from sync_client import Device, SyncClient, group_id, hello, join, pull, push
 
@@ -68,11 +68,6 @@ SETTLE_DEADLINE = 150.0      # after the chaos: every event stored / blob acked 
 CONNECT_TIMEOUT = 5.0        # a QUIC handshake to a dead port hangs (UDP): give up after this
 PUSH_TIMEOUT = 45.0          # > sync.push_ack_timeout_seconds (30): the relay answers first
 
-PORT_VARS = ("RELAY_PPP_PORT", "RELAY_SYNC_PORT", "RELAY_TRUESEAL_PUSH_PORT",
-             "RELAY_TRUESEAL_RECEIVE_PORT", "RELAY_HEYA_PORT", "RELAY_METRICS_PORT_INGRESS",
-             "RELAY_METRICS_PORT_EGRESS", "RELAY_METRICS_PORT_STREAM",
-             "RELAY_METRICS_PORT_COMPACT")
-
 # Heya off (not under test). The sync rate limits are raised: the load is paced by the test,
 # and a device re-pushes all its blobs at the end (the default 100 messages/min would refuse
 # some, which is correct but not what this test is about). PPP's budgets are appendix C's
@@ -88,26 +83,11 @@ control_requests_per_minute = 1000
 """
 
 
-class Relay:
+class Relay(RelayProcesses):
     def __init__(self, tmp_path: Path):
-        self.data = tmp_path / "data"
-        self.logs = tmp_path / "logs"
-        self.logs.mkdir()
-        ports = dict(zip(PORT_VARS, free_ports(len(PORT_VARS))))
-        self.ppp_port, self.sync_port = ports["RELAY_PPP_PORT"], ports["RELAY_SYNC_PORT"]
-        conf = tmp_path / "relay.toml"
-        conf.write_text(CONF)
-        self.env = dict(os.environ, RELAY_DATA_DIR=str(self.data),
-                        RELAY_TRIGGER_INTERVAL_MS="100", PYTHONUNBUFFERED="1",
-                        **{var: str(p) for var, p in ports.items()})
-        self.procs = {r: RoleProc(r, self.env, ["--conf", str(conf)], self.logs) for r in ROLES}
-
-    def tails(self) -> str:
-        return "\n".join(p.tail() for p in self.procs.values())
-
-    def cleanup(self) -> None:
-        for p in self.procs.values():
-            p.cleanup()
+        super().__init__(tmp_path, CONF, ROLES)
+        self.ppp_port = self.ports["RELAY_PPP_PORT"]
+        self.sync_port = self.ports["RELAY_SYNC_PORT"]
 
 
 @pytest.fixture
