@@ -7,6 +7,13 @@ the versions in (start, end], spread over at most `maxPartitions` tasks; `read` 
 record batches (2x faster than tuples). Everything a task needs travels in its partition, so
 executors on another machine only need to reach the files: no driver state is assumed.
 
+Warm-up: Spark plans its first micro-batch only when the latest offset differs from the last
+committed one, and that first batch pays seconds of one-off costs (the data source's Python
+worker, the foreachBatch callback path, JIT). So every reader reports a `boot` key, new per
+query run, in its latest offsets: the first trigger after any start is an (often empty) batch
+that pays those costs before `relay stream` says it is ready (jobs/stream_main.py), instead
+of delaying the first messages a client sends. `boot` carries no position; readers ignore it.
+
 Rules for the log: landing tables are append-only. An OPTIMIZE add (`dataChange=false`) is
 skipped; any other remove is refused rather than silently re-read or lost. A table that
 disappears was dropped by compaction after the stream consumed it, and is skipped.
@@ -15,6 +22,7 @@ disappears was dropped by compaction after the stream consumed it, and is skippe
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -81,6 +89,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[str, int] | None = None
         self._adds_cache: dict[tuple[str, int], list[str]] = {}
         self._sealed: dict[str, int] = {}   # generation -> its final version
+        self._boot = secrets.token_hex(4)   # see the module docstring: one warm-up batch
 
     # -- offsets ----------------------------------------------------------------------------
     def initialOffset(self) -> dict:
@@ -115,7 +124,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._latest()
 
     def reportLatestOffset(self) -> dict:
-        return {"v": self._latest()}
+        return {"v": self._latest(), "boot": self._boot}
 
     def _adds(self, key: str, version: int) -> list[str]:
         cached = self._adds_cache.get((key, version))
@@ -137,11 +146,11 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             while v < latest[key]:
                 n = len(self._adds(key, v + 1))
                 if budget is not None and taken > 0 and taken + n > budget:
-                    return {"v": end}
+                    return {"v": end, "boot": self._boot}
                 v += 1
                 taken += n
                 end[key] = v
-        return {"v": end}
+        return {"v": end, "boot": self._boot}
 
     # -- planning and reading ----------------------------------------------------------------
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:

@@ -1,9 +1,20 @@
-"""`relay stream`: run the inbox stream until told to stop."""
+"""`relay stream`: run the inbox stream until told to stop.
+
+Ready means ready: the stream announces itself only after its first micro-batch has committed
+(the source forces one warm-up batch on every start, delta_tables/landing_source.py), so a
+message acked from that moment is in the inbox at the steady-state latency, not after the
+seconds of one-off costs a cold first batch pays.
+
+Stopping: the caller's `stop` event (SIGINT / SIGTERM) ends the loop; the query is stopped
+from Python while the JVM is still up (the JVM runs in a session of its own,
+jobs/spark_session.py, so a signal to our process group does not reach it first), then Spark.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from delta_tables.layout import Layout
 from relay import metrics
@@ -14,29 +25,52 @@ from .spark_session import get_spark
 
 log = logging.getLogger("relay.stream")
 
+WARM_UP_TIMEOUT_SECONDS = 300.0
+
+
+def wait_first_batch(query, stop: threading.Event, timeout: float = WARM_UP_TIMEOUT_SECONDS
+                     ) -> bool:
+    """Block until the query has finished a micro-batch (its progress is reported after the
+    batch's sink commit). False if it stopped or `stop` was set first."""
+    deadline = time.monotonic() + timeout
+    while query.isActive and not stop.is_set():
+        if query.lastProgress is not None:
+            return True
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"inbox stream ran no batch in {timeout:.0f} s")
+        stop.wait(0.05)
+    return False
+
 
 def run(settings: Settings, stop: threading.Event, *, available_now: bool = False,
-        ready=None) -> None:
+        ready=None, on_spark_started=None) -> None:
+    """`on_spark_started`: called once the SparkSession exists (the CLI re-installs its signal
+    handlers there: pyspark replaces the SIGINT handler when it creates a SparkContext)."""
     spark = get_spark(settings.stream.master, "relay-inbox-stream")
+    if on_spark_started:
+        on_spark_started()
     stream_metrics = metrics.StreamMetrics(Layout(settings.data_dir), settings.stream_checkpoint)
-    query, sink = start_inbox_stream(spark, settings, available_now=available_now,
-                                     on_batch=stream_metrics.observe_batch)
-    exporter = metrics.serve_role(settings, "stream", stream_metrics.registry)
-    if ready:
-        metrics.announce(ready, exporter, settings.metrics.bind)(
-            {"checkpoint": str(settings.stream_checkpoint), "spark": settings.stream.master})
+    exporter = None
+    query = None
+    sink = None
     try:
+        query, sink = start_inbox_stream(spark, settings, available_now=available_now,
+                                         on_batch=stream_metrics.observe_batch)
+        exporter = metrics.serve_role(settings, "stream", stream_metrics.registry)
+        if wait_first_batch(query, stop) and ready:
+            metrics.announce(ready, exporter, settings.metrics.bind)(
+                {"checkpoint": str(settings.stream_checkpoint), "spark": settings.stream.master})
         while query.isActive and not stop.is_set():
             stop.wait(0.5)
             stream_metrics.observe_progress(query.lastProgress)
         if query.exception():
             raise RuntimeError(f"inbox stream failed: {query.exception()}")
     finally:
-        if query.isActive:
+        if query is not None and query.isActive:
             # A batch interrupted here is replayed on the next start; its marker makes the
             # replay write nothing twice.
             query.stop()
         metrics.stop(exporter)
         log.info("stream stopped", extra={"event": "stream_stopped",
-                                          "batches": len(sink.history)})
+                                          "batches": len(sink.history) if sink else 0})
         spark.stop()
