@@ -36,7 +36,29 @@ def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | N
                .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable))
     for k, v in (extra or {}).items():
         builder = builder.config(k, v)
+    _launch_jvm_in_own_session(builder)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(LandingDataSource)
     return spark
+
+
+def _launch_jvm_in_own_session(builder) -> None:
+    """Start the driver JVM in a session (process group) of its own, once per process.
+
+    Ctrl-C in a terminal, or `kill -- -<pgid>`, signals every process of the group; a JVM in
+    it would stop its SparkContext (shutdown hook) while Python is still stopping the query,
+    and the stop would end in Py4J tracebacks. Outside the group only Python signals it: it
+    stops the query, then Spark, and the JVM exits when its stdin (our pipe) closes, so it
+    never outlives the Python driver. pyspark's own `launch_gateway` takes the Popen
+    arguments for exactly this kind of customisation."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    if SparkContext._gateway is not None:
+        return
+    conf = SparkConf(loadDefaults=False)
+    for k, v in builder._options.items():
+        conf.set(k, v)
+    SparkContext._ensure_initialized(gateway=launch_gateway(
+        conf, popen_kwargs={"start_new_session": True}), conf=conf)
