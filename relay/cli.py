@@ -18,9 +18,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import threading
+import time
 
 from . import config, logs
 
@@ -39,12 +41,43 @@ def _ready(role: str):
     return announce
 
 
+# --- signals: how a role is told to stop ------------------------------------------------------
+# A role started by `relay up` (RELAY_SUPERVISED = the supervisor's pid) ignores SIGINT: Ctrl-C
+# in a terminal signals the whole process group, and the supervisor alone decides the stop
+# order (relay/up.py). It stops on SIGTERM, or by itself if the supervisor vanished.
+SUPERVISED_ENV = "RELAY_SUPERVISED"
+
+
+def _supervisor() -> int | None:
+    pid = os.environ.get(SUPERVISED_ENV, "")
+    return int(pid) if pid.isdigit() else None
+
+
+def _stop_signals() -> tuple[signal.Signals, ...]:
+    return (signal.SIGTERM,) if _supervisor() else (signal.SIGINT, signal.SIGTERM)
+
+
+def _watch_supervisor(stop_soon) -> None:
+    pid = _supervisor()
+    if pid is None:
+        return
+
+    def watch() -> None:
+        while os.getppid() == pid:
+            time.sleep(1.0)
+        stop_soon()
+    threading.Thread(target=watch, name="supervisor-watch", daemon=True).start()
+
+
 def _run_async(main) -> None:
     async def runner():
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        if _supervisor():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in _stop_signals():
             loop.add_signal_handler(sig, stop.set)
+        _watch_supervisor(lambda: loop.call_soon_threadsafe(stop.set))
         await main(stop)
     asyncio.run(runner())
 
@@ -63,20 +96,29 @@ def cmd_egress(args) -> None:
     _run_async(lambda stop: service.run(settings, stop, _ready("egress")))
 
 
-def _stop_on_signals() -> threading.Event:
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    return stop
+class _StopFlag:
+    """A threading.Event set by the stop signals; `install` (re)takes them (pyspark replaces
+    the SIGINT handler when it creates a SparkContext, so the stream calls it again then)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.install()
+        _watch_supervisor(self.event.set)
+
+    def install(self) -> None:
+        if _supervisor():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        for sig in _stop_signals():
+            signal.signal(sig, lambda *_: self.event.set())
 
 
 def cmd_stream(args) -> None:
     from jobs import stream_main
     settings = _settings(args)
     logs.setup("stream")
-    stop = _stop_on_signals()
-    stream_main.run(settings, stop, available_now=args.available_now,
-                    ready=_ready("stream"))
+    stop = _StopFlag()
+    stream_main.run(settings, stop.event, available_now=args.available_now,
+                    ready=_ready("stream"), on_spark_started=stop.install)
 
 
 def cmd_compact(args) -> None:
@@ -85,11 +127,12 @@ def cmd_compact(args) -> None:
     logs.setup("compact")
     if args.loop:
         from . import metrics
-        stop = _stop_on_signals()
+        stop = _StopFlag()
         compaction_metrics = metrics.CompactionMetrics(settings.data_dir)
         exporter = metrics.serve_role(settings, "compact", compaction_metrics.registry)
         metrics.announce(_ready("compact"), exporter, settings.metrics.bind)({})
-        compact.compaction_loop(settings, stop, progress=lambda m: print(m, flush=True),
+        # steps are logged (`compaction_step`), like every long-running role's output
+        compact.compaction_loop(settings, stop.event,
                                 on_report=compaction_metrics.observe,
                                 on_failure=compaction_metrics.failed)
         metrics.stop(exporter)
@@ -298,6 +341,10 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conf", help="settings file (default: $RELAY_CONF or ./conf/relay.toml)")
     parser.add_argument("--data-dir", help="data directory (default: $RELAY_DATA_DIR or ./data)")
+    parser.add_argument("--log-format", choices=["auto", "text", "json"],
+                        help="logs on stderr: readable text, or one JSON object per line "
+                             "(default: $RELAY_LOG_FORMAT or auto = text on a terminal, "
+                             "else json); `relay up` passes it to every role")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="run everything embedded").set_defaults(func=cmd_up)
     sub.add_parser("ingress", help="protocol listeners -> landing").set_defaults(func=cmd_ingress)
@@ -332,6 +379,8 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=cmd_bench)
     _add_ppp_parser(sub)
     args = parser.parse_args(argv)
+    if args.log_format:
+        os.environ["RELAY_LOG_FORMAT"] = args.log_format   # children of `relay up` inherit it
     args.func(args)
 
 
