@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from delta_tables.schema import C
 from .pending import MailboxHub, PendingEnvelope
 
 log = logging.getLogger("relay.egress")
+REBUILD_AFTER_FAILURES = 3
+FAILURE_LOG_SECONDS = 30.0
 _COLS = [C.PROTOCOL, C.MAILBOX, C.SEQ, C.CURSOR, C.EVENT_ID, C.ENVELOPE, C.EXPIRES_AT,
          C.META]
 
@@ -145,11 +148,29 @@ class InboxTail:
         return t.num_rows
 
     async def run(self, interval: float, stop: asyncio.Event) -> None:
+        """Poll until `stop`. A view never stays behind the inbox: a poll that keeps failing
+        (a file or log entry it cannot read) is followed, after `REBUILD_AFTER_FAILURES`
+        tries, by a rebuild from the current snapshot, which no longer names what was
+        unreadable; and the failures are logged once per `FAILURE_LOG_SECONDS`, not per poll."""
+        failures = 0
+        logged_at = float("-inf")
         while not stop.is_set():
             try:
-                await self.poll_once()
-            except Exception:
-                log.exception("inbox tail poll failed", extra={"event": "egress_poll_failed"})
+                if failures >= REBUILD_AFTER_FAILURES:
+                    log.warning("inbox tail kept failing, rebuilding",
+                                extra={"event": "egress_rebuild", "failures": failures})
+                    await self.bootstrap()
+                else:
+                    await self.poll_once()
+                failures = 0
+            except Exception as e:
+                failures += 1
+                now = time.monotonic()
+                if now - logged_at >= FAILURE_LOG_SECONDS:
+                    logged_at = now
+                    log.warning("inbox tail poll failed", extra={
+                        "event": "egress_poll_failed", "failures": failures,
+                        "error": type(e).__name__})
             try:
                 await asyncio.wait_for(stop.wait(), interval)
             except asyncio.TimeoutError:
