@@ -3,7 +3,8 @@
 The protocol is `engine.heya.session.HeyaSession`; this module owns the socket, the clocks,
 the stores and the views, and carries out each command the core reports:
 
-* Identity: SHA-256 of the client certificate's DER (`relay/tls.py`, interop §1).
+* TLS 1.3 through pyOpenSSL (`relay/tls_stream.py`); any client certificate is accepted and
+  its DER's SHA-256 is the identity (`relay/tls.py`, interop §1).
 * SEND is checked against the send token (known, not revoked, `start <= now <= end`: interop
   §5.1) and stored as a landing row (protocol "heya", mailbox = send token, envelope = body)
   through the ingress `GroupCommitAppender`; RECV goes out only after `append` returned, i.e.
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
@@ -50,7 +50,7 @@ from engine.heya.frames import (MAX_UINT, Auth, Dall, Deau, Extd, Inco, Iosa, Io
                                 ListTokens, Send, Trim, Want)
 from engine.heya.ids import PROTOCOL, event_id
 from engine.heya.session import HeyaSession, Phase
-from relay import tls
+from relay import tls, tls_stream
 from relay.config import Settings
 from relay.listener import Listener
 
@@ -126,9 +126,22 @@ class HeyaServer(Listener):
         self._stop = asyncio.Event()
         self._tail_task: asyncio.Task | None = None
 
-    def _server_options(self) -> dict:
-        return {"ssl": self.ssl_context,
-                "ssl_handshake_timeout": self.conf.handshake_timeout_seconds}
+    async def _start_server(self) -> tls_stream.TLSServer:
+        return await tls_stream.start_server(
+            self._on_connect, self.host, self.port, self.ssl_context,
+            handshake_timeout=self.conf.handshake_timeout_seconds,
+            on_handshake_failed=self._handshake_failed)
+
+    def _handshake_failed(self, kind: str, detail: str) -> None:
+        """A TLS handshake that failed or timed out; a client that left during it is no news."""
+        if kind == "timeout":
+            log.info("heya TLS handshake timed out", extra={"event": "handshake_timeout",
+                                                            "listener": self.name})
+            self.rejected["handshake_timeout"] += 1
+        elif kind == "tls":
+            log.debug("heya TLS handshake failed", extra={"event": "heya_closed",
+                                                          "reason": "tls", "detail": detail})
+            self.rejected["tls_handshake"] += 1
 
     async def start(self) -> None:
         await asyncio.to_thread(self.layout.ensure_shared_tables)
@@ -151,7 +164,7 @@ class HeyaServer(Listener):
         # Stores under way are queued for commit; the node closes the appender after this.
         await asyncio.gather(*self._stores, return_exceptions=True)
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(self, reader: tls_stream.TLSStream, writer: tls_stream.TLSStream) -> None:
         await _HeyaConnection(self, reader, writer).run()
 
     def set_mailbox(self, owner: bytes, mailbox: bool, origin: "_HeyaConnection") -> None:
@@ -162,8 +175,8 @@ class HeyaServer(Listener):
 
 
 class _HeyaConnection:
-    def __init__(self, server: HeyaServer, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter):
+    def __init__(self, server: HeyaServer, reader: tls_stream.TLSStream,
+                 writer: tls_stream.TLSStream):
         self.server = server
         self.conf = server.conf
         self.control = server.control
@@ -186,9 +199,8 @@ class _HeyaConnection:
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def run(self) -> None:
-        ssl_object = self.writer.get_extra_info("ssl_object")
-        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
-        if not der:   # CERT_REQUIRED makes this unreachable; never serve without identity
+        der = self.writer.peer_certificate()
+        if not der:   # unreachable (VERIFY_FAIL_IF_NO_PEER_CERT); never serve without identity
             self.writer.transport.abort()
             return
         self.owner = tls.cert_digest(der)
@@ -228,7 +240,7 @@ class _HeyaConnection:
             self.writer.close()
         try:
             await asyncio.wait_for(self.writer.wait_closed(), self.conf.write_timeout_seconds)
-        except (asyncio.TimeoutError, TimeoutError, ConnectionError, OSError, ssl.SSLError):
+        except (asyncio.TimeoutError, TimeoutError, ConnectionError, OSError):
             self._abort()
 
     def _abort(self) -> None:
@@ -263,7 +275,7 @@ class _HeyaConnection:
                 self.server.rejected[f"{what}_timeout"] += 1
                 self.core.close()
                 return
-            except (ConnectionError, OSError, ssl.SSLError):
+            except (ConnectionError, OSError):
                 self.core.close()
                 return
             arrived = self.loop.time()
@@ -331,7 +343,7 @@ class _HeyaConnection:
                     self.server.rejected["write_timeout"] += 1
                     self._abort()
                     return
-                except (ConnectionError, OSError, ssl.SSLError):
+                except (ConnectionError, OSError):
                     self._abort()
                     return
             self._drained.set()

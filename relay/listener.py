@@ -37,9 +37,14 @@ class Listener:
         """Hook: extra `asyncio.start_server` arguments (a TLS listener returns `ssl=...`)."""
         return {}
 
+    async def _start_server(self):
+        """Hook: the server whose connections reach `_on_connect(reader, writer)` (the Heya
+        listener brings its own TLS streams, `relay/tls_stream.py`)."""
+        return await asyncio.start_server(self._on_connect, self.host, self.port,
+                                          **self._server_options())
+
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._on_connect, self.host, self.port,
-                                                  **self._server_options())
+        self._server = await self._start_server()
         log.info("listener started", extra={"event": "listener_started",
                                             "listener": self.name, "port": self.bound_port})
 

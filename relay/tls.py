@@ -8,11 +8,11 @@ certificate from everyone but accepts any (self-signed, expired, unknown issuer)
 * Client certificates: the public server uses Go's `RequireAnyClientCert` (interop §1): a
   certificate is mandatory, it is not verified, TLS only proves the client holds its key.
   Python's `ssl` has no switch for that (CERT_REQUIRED verifies against a CA store and aborts
-  on a self-signed certificate), so `_accept_any_client_certificate` sets OpenSSL's verify
-  callback on the context's SSL_CTX through ctypes, to one that accepts every chain. CPython
-  keeps an existing callback when it sets the verify mode (`_ssl.c` `_set_verify_mode`), and a
-  self-check refuses to start if the pointer does not look like the context's SSL_CTX.
-  OpenSSL still checks the client's CertificateVerify signature, so the key is proven.
+  on a self-signed certificate), so `server_context` is a pyOpenSSL context:
+  `VERIFY_PEER | VERIFY_FAIL_IF_NO_PEER_CERT` (a client without a certificate fails the
+  handshake) with a verify callback that accepts every chain. The callback only decides
+  chain trust: OpenSSL still checks the client's CertificateVerify signature, so the key is
+  proven. `relay/tls_stream.py` runs the context over asyncio.
 * TLS 1.3 only, as the public server (interop §1: a TLS 1.2 client gets `protocol_version`).
 
 The mailbox identity is SHA-256 of the client certificate's DER (interop §1), see
@@ -21,7 +21,6 @@ The mailbox identity is SHA-256 of the client certificate's DER (interop §1), s
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import logging
 import os
@@ -31,19 +30,11 @@ import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from OpenSSL import SSL
+
 log = logging.getLogger("relay.tls")
 
 CERT_YEARS = 10
-
-_SSL_VERIFY_PEER = 0x01
-_SSL_VERIFY_FAIL_IF_NO_PEER_CERT = 0x02
-_VERIFY_CB = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
-
-
-@_VERIFY_CB
-def _accept_chain(preverify_ok: int, store_ctx: int) -> int:   # noqa: ARG001
-    return 1
-
 
 def cert_digest(der: bytes) -> bytes:
     """The Heya mailbox identity: SHA-256 of the whole DER certificate, so a renewed
@@ -136,39 +127,21 @@ def _create(cert: Path, key: Path, listener: str) -> None:
         tmp_cert.unlink(missing_ok=True)
 
 
-def server_context(cert: Path, key: Path) -> ssl.SSLContext:
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.load_cert_chain(str(cert), str(key))
-    ctx.verify_mode = ssl.CERT_REQUIRED
-    _accept_any_client_certificate(ctx)
+def server_context(cert: Path, key: Path) -> SSL.Context:
+    """The Heya listener's TLS 1.3 context: `RequireAnyClientCert` (see the module docstring)."""
+    ctx = SSL.Context(SSL.TLS_SERVER_METHOD)
+    ctx.set_min_proto_version(SSL.TLS1_3_VERSION)
+    ctx.use_certificate_chain_file(str(cert))
+    ctx.use_privatekey_file(str(key))
+    ctx.check_privatekey()
+    ctx.set_verify(SSL.VERIFY_PEER | SSL.VERIFY_FAIL_IF_NO_PEER_CERT, _accept_any_chain)
+    # A server that asks for client certificates must name its sessions, or OpenSSL refuses
+    # every resumption attempt with a fatal error (Python's ssl names them "Python").
+    ctx.set_session_id(b"heya")
+    ctx.set_mode(SSL.MODE_RELEASE_BUFFERS)   # no record buffers held by idle connections
     return ctx
 
 
-def _libssl() -> ctypes.CDLL:
-    import _ssl
-    lib = ctypes.CDLL(_ssl.__file__)   # resolves libssl's symbols through _ssl's own link
-    lib.SSL_CTX_set_verify.argtypes = [ctypes.c_void_p, ctypes.c_int, _VERIFY_CB]
-    lib.SSL_CTX_set_verify.restype = None
-    lib.SSL_CTX_get_verify_mode.argtypes = [ctypes.c_void_p]
-    lib.SSL_CTX_get_verify_mode.restype = ctypes.c_int
-    lib.SSL_CTX_get_verify_callback.argtypes = [ctypes.c_void_p]
-    lib.SSL_CTX_get_verify_callback.restype = ctypes.c_void_p
-    return lib
-
-
-def _accept_any_client_certificate(ctx: ssl.SSLContext) -> None:
-    """RequireAnyClientCert for Python's ssl (see the module docstring)."""
-    lib = _libssl()
-    # PySSLContext is `PyObject_HEAD; SSL_CTX *ctx; ...` (Modules/_ssl.c): the pointer
-    # follows the object header.
-    header = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
-    ssl_ctx = ctypes.c_void_p.from_address(id(ctx) + header).value
-    mode = _SSL_VERIFY_PEER | _SSL_VERIFY_FAIL_IF_NO_PEER_CERT
-    if not ssl_ctx or lib.SSL_CTX_get_verify_mode(ssl_ctx) != mode:
-        raise RuntimeError("cannot reach the SSL_CTX of this Python's ssl module; the Heya "
-                           "listener cannot accept self-signed client certificates")
-    lib.SSL_CTX_set_verify(ssl_ctx, mode, _accept_chain)
-    if lib.SSL_CTX_get_verify_callback(ssl_ctx) != ctypes.cast(_accept_chain,
-                                                                ctypes.c_void_p).value:
-        raise RuntimeError("setting the client certificate verify callback failed")
+def _accept_any_chain(conn, cert, errno: int, depth: int, ok: int) -> bool:   # noqa: ARG001
+    """Every client chain is trusted (RequireAnyClientCert): self-signed, expired, any issuer."""
+    return True

@@ -19,15 +19,20 @@ from cryptography.x509.oid import NameOID
 class Cert:
     """A client certificate and key on disk; `digest` is the mailbox identity it gives."""
 
-    def __init__(self, directory: Path, name: str, *, key=None):
+    def __init__(self, directory: Path, name: str, *, key=None,
+                 valid: tuple[timedelta, timedelta] = (timedelta(days=-1), timedelta(days=1)),
+                 issuer: "Cert | None" = None):
+        """Self-signed unless `issuer` signs it; valid from now + valid[0] to now + valid[1]."""
         directory.mkdir(parents=True, exist_ok=True)
         self.key_obj = key or ec.generate_private_key(ec.SECP256R1())
         subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+        self.subject = subject
         now = datetime.now(timezone.utc)
-        cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
+        cert = (x509.CertificateBuilder().subject_name(subject)
+                .issuer_name(issuer.subject if issuer else subject)
                 .public_key(self.key_obj.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(now - timedelta(days=1)).not_valid_after(now + timedelta(days=1))
-                .sign(self.key_obj, hashes.SHA256()))
+                .not_valid_before(now + valid[0]).not_valid_after(now + valid[1])
+                .sign(issuer.key_obj if issuer else self.key_obj, hashes.SHA256()))
         self.der = cert.public_bytes(serialization.Encoding.DER)
         self.digest = hashlib.sha256(self.der).digest()
         self.cert_file = directory / f"{name}.crt"

@@ -9,9 +9,12 @@ same through the real stream.
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
+import hmac
 import logging
 import os
+import socket
 import ssl
 import time
 from contextlib import asynccontextmanager
@@ -19,6 +22,10 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM, ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
 from deltalake import DeltaTable, write_deltalake
 
 from delta_tables.layout import Layout
@@ -26,7 +33,7 @@ from delta_tables.schema import C, INBOX
 from ingress.heya_control import mint_inbox_tokens
 from ingress.service import IngressNode
 
-from heya_client import Cert, HeyaClient, recv_line, send_line
+from heya_client import Cert, HeyaClient, client_context, recv_line, send_line
 
 END = 2220385707   # the upstream tests' end time (2040)
 
@@ -446,3 +453,347 @@ def test_operator_mints_inbox_tokens_with_the_cli_while_the_node_runs(settings, 
                               bytes.fromhex(tokens[1]))
             a.close()
     asyncio.run(go())
+
+
+# --- TLS: any client certificate, key possession proven (relay/tls.py, relay/tls_stream.py) ------
+
+def test_any_client_certificate_is_accepted_and_its_der_digest_is_the_identity(settings,
+                                                                               tmp_path):
+    """Go's RequireAnyClientCert (interop §1): self-signed, expired, not yet valid, or issued
+    by a CA nobody knows, each certificate is a mailbox named by SHA-256 of its DER."""
+    async def go():
+        ca = Cert(tmp_path, "unknown-ca")
+        certs = [Cert(tmp_path, "self-signed"),
+                 Cert(tmp_path, "expired", valid=(timedelta(days=-30), timedelta(days=-1))),
+                 Cert(tmp_path, "not-yet-valid", valid=(timedelta(days=1), timedelta(days=30))),
+                 Cert(tmp_path, "unknown-issuer", issuer=ca)]
+        async with node(settings) as n:
+            port = n.heya.bound_port
+            for cert, inbox_token in zip(certs, mint(settings, len(certs))):
+                c = await mailbox(port, cert, inbox_token)
+                assert [s.owner for s in n.heya.inbox.sessions_of(cert.digest)] == [cert.digest]
+                assert n.heya.control.is_mailbox(cert.digest)
+                c.close()
+            assert n.heya.rejected["tls_handshake"] == 0
+            await no_connections(n)
+    asyncio.run(go())
+
+
+_LOG_RECORD_FIELDS = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+def test_tls_failures_close_quietly_and_are_counted(settings, tmp_path, caplog):
+    """No certificate, TLS 1.2, not TLS at all: closed with the alert TLS owes, counted, and
+    logged without a traceback, a client address or port."""
+    caplog.set_level(logging.DEBUG)
+    loop_errors: list[dict] = []
+    client_ports: list[int] = []
+
+    async def go():
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: loop_errors.append(ctx))
+        async with node(settings) as n:
+            port = n.heya.bound_port
+            # TLS 1.3 clients finish first; the refusal comes as an alert on their first read.
+            c = await HeyaClient.connect(port, None, greeting=None)
+            client_ports.append(c.writer.get_extra_info("sockname")[1])
+            with pytest.raises(ssl.SSLError, match="CERTIFICATE_REQUIRED"):
+                await c.read_exact(1)
+            c.close()
+            with pytest.raises(ssl.SSLError, match="PROTOCOL_VERSION"):   # interop §1
+                await HeyaClient.connect(port, Cert(tmp_path, "old"),
+                                         max_version=ssl.TLSVersion.TLSv1_2)
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            client_ports.append(writer.get_extra_info("sockname")[1])
+            writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            try:
+                await asyncio.wait_for(reader.read(), 5)   # to EOF: the server closed
+            except ConnectionError:
+                pass
+            writer.close()
+            await no_connections(n)
+            assert n.heya.rejected["tls_handshake"] == 3
+            assert n.heya.accepted == 0
+            # The listener still serves.
+            (await HeyaClient.connect(port, Cert(tmp_path, "fine"))).close()
+    asyncio.run(go())
+    assert not loop_errors, loop_errors
+    failed = [r for r in caplog.records if getattr(r, "reason", None) == "tls"]
+    assert len(failed) == 3
+    for rec in caplog.records:
+        assert rec.exc_info is None and "Traceback" not in rec.getMessage(), rec
+        said = rec.getMessage() + repr({k: v for k, v in vars(rec).items()
+                                        if k not in _LOG_RECORD_FIELDS})
+        assert "127.0.0.1" not in said, said
+        assert not any(str(p) in said for p in client_ports), said
+
+
+def test_a_client_that_never_finishes_its_handshake_is_closed_at_the_deadline(settings,
+                                                                              tmp_path):
+    async def go():
+        async with node(settings, handshake_timeout_seconds=0.5) as n:
+            port = n.heya.bound_port
+            silent = HeyaClient(*await asyncio.open_connection("127.0.0.1", port))
+            ctx = client_context(Cert(tmp_path, "slow"))
+            hello = ctx.wrap_bio(ssl.MemoryBIO(), out := ssl.MemoryBIO())
+            with pytest.raises(ssl.SSLWantReadError):
+                hello.do_handshake()
+            client_hello = out.read()
+            halfway = HeyaClient(*await asyncio.open_connection("127.0.0.1", port))
+            halfway.send(client_hello[:len(client_hello) // 2])
+            t0 = time.monotonic()
+            assert not await silent.closed_by_server(timeout=0.2)
+            assert n.heya.connections == 0   # a handshake is not a session yet
+            assert await silent.closed_by_server(timeout=5)
+            assert await halfway.closed_by_server(timeout=5)
+            assert 0.25 < time.monotonic() - t0 < 3
+            assert n.heya.rejected["handshake_timeout"] == 2
+            # Nothing of them is left: no stream, no OpenSSL connection.
+            deadline = time.monotonic() + 5
+            while _tls_objects():
+                assert time.monotonic() < deadline, _tls_objects()
+                await asyncio.sleep(0.05)
+            # A client within the deadline is served as usual.
+            (await HeyaClient.connect(port, Cert(tmp_path, "quick"))).close()
+    asyncio.run(go())
+
+
+def _tls_objects() -> list:
+    from OpenSSL import SSL
+    from relay.tls_stream import TLSStream
+    gc.collect()
+    return [o for o in gc.get_objects() if isinstance(o, (TLSStream, SSL.Connection))]
+
+
+def test_a_resumed_session_keeps_its_certificate_identity(settings, tmp_path):
+    """TLS 1.3 resumption (the server names its session context): the resumed connection
+    is the same mailbox, LAST lines included."""
+    async def go():
+        (inbox_token,) = mint(settings)
+        alice = Cert(tmp_path, "alice")
+        async with node(settings) as n:
+            port = n.heya.bound_port
+            a = await mailbox(port, alice, inbox_token)
+            t_hex = await auth(a)
+            a.close()
+
+            def two_connections():
+                ctx = client_context(alice)
+                greetings, session = [], None
+                for _ in range(2):
+                    with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), 10),
+                                         session=session) as s:
+                        got = b""
+                        while not got.endswith(b"DONE\n"):
+                            got += s.recv(4096)
+                        greetings.append((got, s.session_reused))
+                        session = s.session
+                return greetings
+            first, second = await asyncio.to_thread(two_connections)
+            greeting = b"HEYA 0\nLAST " + t_hex + b" 0\nDONE\n"
+            assert first == (greeting, False)
+            assert second == (greeting, True)
+    asyncio.run(go())
+
+
+def test_a_certificate_without_its_key_cannot_complete_the_handshake(settings, tmp_path,
+                                                                      caplog):
+    """Key possession is still proven: the client's CertificateVerify, re-signed in flight by
+    another key (Finished recomputed to match), fails the handshake; re-signed by the
+    certificate's own key, the same forgery passes (so the forger itself is sound)."""
+    caplog.set_level(logging.DEBUG, logger="relay")
+
+    async def go():
+        alice = Cert(tmp_path, "alice")
+        mallory_key = ec.generate_private_key(ec.SECP256R1())
+        async with node(settings) as n:
+            port = n.heya.bound_port
+            got = await _resigned_handshake(port, alice, alice.key_obj, tmp_path / "k1")
+            assert got == b"HEYA 0\nDONE\n"
+            with pytest.raises(ssl.SSLError, match="DECRYPT_ERROR"):
+                await _resigned_handshake(port, alice, mallory_key, tmp_path / "k2")
+            assert n.heya.rejected["tls_handshake"] == 1
+            await no_connections(n)
+            assert not n.heya.inbox.sessions_of(alice.digest)
+    asyncio.run(go())
+    (failed,) = [r for r in caplog.records if getattr(r, "reason", None) == "tls"]
+    assert "signature" in failed.detail   # OpenSSL: "bad signature"
+
+
+def test_tls_stream_stops_reading_for_a_slow_application_and_ends_with_close_notify(tmp_path):
+    """relay/tls_stream.py on its own: decrypted bytes the application has not read stay
+    under the bound (the socket is not read meanwhile), 32 MiB each way arrive intact, and
+    close() is a clean EOF for the client (close_notify), not a reset."""
+    from relay import tls, tls_stream
+
+    async def go():
+        cert, key = tls.load_or_create_server_cert(tmp_path / "data")
+        blob = os.urandom(32 << 20)
+        release, streams = asyncio.Event(), []
+
+        async def handler(reader, writer):
+            streams.append(writer)
+            await release.wait()
+            got = bytearray()
+            while len(got) < len(blob):
+                data = await reader.read(65536)
+                assert data
+                got += data
+            writer.write(bytes(got))
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+
+        server = await tls_stream.start_server(handler, "127.0.0.1", 0,
+                                               tls.server_context(cert, key),
+                                               handshake_timeout=5)
+        try:
+            port = server.sockets[0].getsockname()[1]
+            c = await HeyaClient.connect(port, Cert(tmp_path, "c"), greeting=None)
+            c.send(blob)
+            await asyncio.sleep(1.0)
+            (stream,) = streams
+            assert stream._paused_reading
+            assert len(stream._buffer) <= tls_stream.READ_LIMIT + 2 * tls_stream.READ_CHUNK
+            release.set()
+            assert await c.read_exact(len(blob), timeout=60) == blob
+            assert await asyncio.wait_for(c.reader.read(), 5) == b""
+            c.close()
+        finally:
+            server.close()
+            await server.wait_closed()
+    asyncio.run(go())
+
+
+# A TLS 1.3 client whose CertificateVerify is replaced in flight. Python's ssl refuses to load
+# a certificate with another key, so the client runs with its real key over memory BIOs, logs
+# its handshake secrets (keylog), and the bytes it sends are rewritten: the Certificate kept,
+# CertificateVerify signed by `signer` over the real transcript (RFC 8446 §4.4.3), Finished
+# recomputed for the new transcript (§4.4.4). The application keys do not depend on the
+# client's second flight, so the client still reads what the server sends after it.
+
+_SUITES = {0x1301: (AESGCM, 16, hashes.SHA256), 0x1302: (AESGCM, 32, hashes.SHA384),
+           0x1303: (ChaCha20Poly1305, 32, hashes.SHA256)}
+
+
+def _records(data: bytes) -> list[tuple[int, bytes, bytes]]:
+    """(type, header, payload) of each TLS record."""
+    out, i = [], 0
+    while i < len(data):
+        length = int.from_bytes(data[i + 3:i + 5], "big")
+        out.append((data[i], data[i:i + 5], data[i + 5:i + 5 + length]))
+        i += 5 + length
+    return out
+
+
+def _messages(data: bytes) -> list[bytes]:
+    out, i = [], 0
+    while i < len(data):
+        length = int.from_bytes(data[i + 1:i + 4], "big")
+        out.append(data[i:i + 4 + length])
+        i += 4 + length
+    return out
+
+
+def _expand_label(secret: bytes, label: bytes, length: int, hash_cls) -> bytes:
+    label = b"tls13 " + label
+    info = length.to_bytes(2, "big") + bytes([len(label)]) + label + b"\x00"
+    return HKDFExpand(hash_cls(), length, info).derive(secret)
+
+
+class _RecordKeys:
+    def __init__(self, secret: bytes, suite: int):
+        aead, key_len, self.hash = _SUITES[suite]
+        self.aead = aead(_expand_label(secret, b"key", key_len, self.hash))
+        self.iv = _expand_label(secret, b"iv", 12, self.hash)
+        self.seq = 0
+
+    def _nonce(self) -> bytes:
+        nonce = bytes(a ^ b for a, b in zip(self.iv, self.seq.to_bytes(12, "big")))
+        self.seq += 1
+        return nonce
+
+    def open(self, header: bytes, payload: bytes) -> bytes:
+        inner = self.aead.decrypt(self._nonce(), payload, header).rstrip(b"\x00")
+        assert inner[-1] == 22, "a handshake record"
+        return inner[:-1]
+
+    def seal(self, handshake: bytes) -> bytes:
+        inner = handshake + b"\x16"
+        header = b"\x17\x03\x03" + (len(inner) + 16).to_bytes(2, "big")
+        return header + self.aead.encrypt(self._nonce(), inner, header)
+
+
+async def _resigned_handshake(port: int, cert: Cert, signer, keylog) -> bytes:
+    ctx = client_context(cert)
+    ctx.keylog_filename = str(keylog)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = ctx.wrap_bio(incoming, outgoing)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        with pytest.raises(ssl.SSLWantReadError):
+            client.do_handshake()
+        hello = outgoing.read()
+        writer.write(hello)
+        from_server = b""
+        while True:   # until the client has the server's whole flight and answers it
+            data = await asyncio.wait_for(reader.read(65536), 10)
+            assert data, "server closed during its flight"
+            from_server += data
+            incoming.write(data)
+            try:
+                client.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                pass
+        flight = outgoing.read()
+
+        secrets_ = dict(line.split()[0::2] for line in keylog.read_text().splitlines()
+                        if line.startswith(("CLIENT_HANDSHAKE", "SERVER_HANDSHAKE")))
+        (client_hello,) = [p for t, _, p in _records(hello) if t == 22]
+        server_records = _records(from_server)
+        (server_hello,) = [p for t, _, p in server_records if t == 22]
+        suite = int.from_bytes(server_hello[39 + server_hello[38]:][:2], "big")
+        server_keys = _RecordKeys(bytes.fromhex(secrets_["SERVER_HANDSHAKE_TRAFFIC_SECRET"]),
+                                  suite)
+        client_keys = _RecordKeys(bytes.fromhex(secrets_["CLIENT_HANDSHAKE_TRAFFIC_SECRET"]),
+                                  suite)
+        server_flight = b"".join(server_keys.open(h, p) for t, h, p in server_records
+                                 if t == 23)
+        client_records = _records(flight)
+        ccs = b"".join(h + p for t, h, p in client_records if t == 20)
+        certificate, verify, _finished = _messages(b"".join(
+            client_keys.open(h, p) for t, h, p in client_records if t == 23))
+        assert (certificate[0], verify[0]) == (11, 15)
+        hash_cls = client_keys.hash
+
+        def transcript(*msgs: bytes) -> bytes:
+            h = hashes.Hash(hash_cls())
+            h.update(client_hello + server_hello + server_flight + b"".join(msgs))
+            return h.finalize()
+        scheme = verify[4:6]
+        assert scheme == b"\x04\x03"   # ecdsa_secp256r1_sha256
+        signature = signer.sign(b"\x20" * 64 + b"TLS 1.3, client CertificateVerify\x00"
+                                + transcript(certificate), ec.ECDSA(hashes.SHA256()))
+        body = scheme + len(signature).to_bytes(2, "big") + signature
+        new_verify = b"\x0f" + len(body).to_bytes(3, "big") + body
+        secret = bytes.fromhex(secrets_["CLIENT_HANDSHAKE_TRAFFIC_SECRET"])
+        mac = hmac.new(_expand_label(secret, b"finished", hash_cls.digest_size, hash_cls),
+                       transcript(certificate, new_verify), hash_cls.name).digest()
+        new_finished = b"\x14" + len(mac).to_bytes(3, "big") + mac
+        client_keys.seq = 0   # in place of the client's records
+        writer.write(ccs + client_keys.seal(certificate + new_verify + new_finished))
+
+        got = b""
+        while len(got) < len(b"HEYA 0\nDONE\n"):
+            try:
+                got += client.read(4096)
+                continue
+            except ssl.SSLWantReadError:
+                pass
+            data = await asyncio.wait_for(reader.read(65536), 10)
+            if not data:
+                raise ConnectionResetError("closed by the server")
+            incoming.write(data)
+        return got
+    finally:
+        writer.close()
