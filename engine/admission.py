@@ -1,0 +1,272 @@
+"""Fair connection budgets: which connection may hold a slot, and which one loses it.
+
+Pure, like the protocol cores (python-websockets `protocol.py`): no socket, clock or task.
+A listener's shell asks it at accept and at each stage a connection reaches, closes what it
+says to close, and tells it when a connection is gone. Every listener (trueseal, Heya, PPP,
+cursor-sync) counts its connections through one `Admission`.
+
+Stages, in order (a connection only moves forward; moving frees the slot it held):
+
+* `HANDSHAKE`: accepted, transport handshake not finished (Noise, TLS, QUIC; for HTTP, no
+  complete request head / upgrade yet).
+* `UNAUTH`: transport up, client not authenticated; for an anonymous protocol (trueseal
+  push after NK) the anonymous session.
+* `AUTH`: authenticated (a device key, a mailbox, a send token, AUTH_OK, HELLO...).
+
+Limits: per stage a total and a per-address cap, and a total over all stages. "Address" is
+`address_key(host)`: an IPv4 address, or the /64 of an IPv6 one (a host owns a /64).
+
+Rules (first-come slots cannot be hoarded):
+
+1. An address at its per-address cap of a stage is refused that stage; others are not.
+2. `HANDSHAKE` or `UNAUTH` full: the oldest connection of that stage, of the address that
+   holds the most in it, is evicted to make room (among addresses holding equally many, the
+   one that has held that many longest). A real client crosses these stages in
+   milliseconds; an address holding them idle loses them first, the newcomer last.
+3. `AUTH` is never displaced: full, a new authentication is refused (per-address caps keep
+   one address from filling it).
+4. The overall total full: a `HANDSHAKE` connection is evicted as in 2; if there is none,
+   the newcomer is refused (trueseal interop §1: closed at once). So keep
+   `unauth.total + auth.total` below `total`: then established sessions can never fill the
+   house, and a newcomer always finds a slot or a handshake to evict.
+
+API (all a shell needs):
+
+    adm = Admission(Limits(total=1000, handshake=Cap(1000, 64), unauth=Cap(500, 32),
+                           auth=Cap(400, 16)))
+    d = adm.admit(address_key(host), now)      # accepted: Decision
+    for t in d.evicted: t.close()              # the shell closes what lost its slot
+    if d.ticket is None: close at once         # d.refused: ADDRESS_CAP | STAGE_FULL | TOTAL_FULL
+    d.ticket.closer = transport.abort          # how to close it should it be evicted
+    d = adm.advance(ticket, Stage.UNAUTH, now) # handshake done: same Decision; if refused,
+                                               # close the connection (it keeps its old slot
+                                               # until `release`)
+    adm.release(ticket)                        # connection gone (idempotent; also after an
+                                               # eviction)
+    adm.count(Stage.HANDSHAKE), adm.count_of(addr, stage), adm.total  # for metrics
+
+`now` is the shell's clock (any monotonic float); it is kept as `ticket.since`, the time the
+ticket entered its stage, for the shell's deadlines and metrics. Eviction order does not
+depend on it (arrival order does). Every operation is O(1).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Callable
+
+# Why a connection was refused (the shell's counters use these names).
+ADDRESS_CAP = "address_cap"   # rule 1
+STAGE_FULL = "stage_full"     # rule 3 (or a stage with a total of 0)
+TOTAL_FULL = "total_full"     # rule 4
+GONE = "gone"                 # advance() of a ticket already evicted or released
+
+
+class Stage(IntEnum):
+    HANDSHAKE = 0
+    UNAUTH = 1
+    AUTH = 2
+
+    @property
+    def evictable(self) -> bool:
+        return self is not Stage.AUTH
+
+
+@dataclass(frozen=True)
+class Cap:
+    """One stage's budget: at most `total` connections, at most `per_address` of one address."""
+    total: int
+    per_address: int
+
+
+@dataclass(frozen=True)
+class Limits:
+    total: int            # all stages together: what the listener may hold in descriptors
+    handshake: Cap
+    unauth: Cap
+    auth: Cap
+
+    def cap(self, stage: Stage) -> Cap:
+        return (self.handshake, self.unauth, self.auth)[stage]
+
+
+def address_key(host: str) -> str:
+    """What one client is: an IPv4 address, or the /64 of an IPv6 one (an IPv4-mapped IPv6
+    address is its IPv4 address; a zone index is dropped). Anything else (a Unix socket
+    path, "") is one key of its own."""
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if ip.version == 6:
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((int(ip) >> 64 << 64, 64)))
+    return str(ip)
+
+
+class Ticket:
+    """One connection's slot. `closer` is the shell's: how to close the connection should it
+    be evicted (`close()` calls it, once)."""
+
+    __slots__ = ("address", "stage", "since", "live", "closer")
+
+    def __init__(self, address: str, stage: Stage, since: float):
+        self.address = address
+        self.stage = stage
+        self.since = since
+        self.live = True      # holds a slot (False once evicted or released)
+        self.closer: Callable[[], object] | None = None
+
+    def close(self) -> None:
+        closer, self.closer = self.closer, None
+        if closer is not None:
+            closer()
+
+    def __repr__(self) -> str:   # no address: reprs end up in logs
+        return f"Ticket({self.stage.name}, live={self.live})"
+
+
+@dataclass
+class Decision:
+    ticket: Ticket | None             # None: refused
+    refused: str | None = None        # ADDRESS_CAP | STAGE_FULL | TOTAL_FULL | GONE
+    evicted: tuple[Ticket, ...] = ()  # already released here; the shell closes them
+
+    def __bool__(self) -> bool:
+        return self.refused is None
+
+
+class _StageBook:
+    """The connections of one stage: per address in arrival order, and the addresses bucketed
+    by how many they hold, so the biggest holder is found in O(1)."""
+
+    __slots__ = ("count", "by_address", "buckets", "top")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.by_address: dict[str, dict[Ticket, None]] = {}
+        self.buckets: dict[int, dict[str, None]] = {}   # n -> addresses holding n (ordered)
+        self.top = 0
+
+    def holds(self, address: str) -> int:
+        held = self.by_address.get(address)
+        return len(held) if held else 0
+
+    def _rebucket(self, address: str, old: int, new: int) -> None:
+        if old:
+            bucket = self.buckets[old]
+            del bucket[address]
+            if not bucket:
+                del self.buckets[old]
+        if new:
+            self.buckets.setdefault(new, {})[address] = None
+        if new > self.top:
+            self.top = new
+        elif old == self.top and old not in self.buckets:
+            self.top = new   # one step down: nobody holds more than `new` now
+
+    def add(self, ticket: Ticket) -> None:
+        held = self.by_address.setdefault(ticket.address, {})
+        held[ticket] = None
+        self.count += 1
+        self._rebucket(ticket.address, len(held) - 1, len(held))
+
+    def remove(self, ticket: Ticket) -> None:
+        held = self.by_address[ticket.address]
+        del held[ticket]
+        self.count -= 1
+        if not held:
+            del self.by_address[ticket.address]
+        self._rebucket(ticket.address, len(held) + 1, len(held))
+
+    def victim(self) -> Ticket | None:
+        """The oldest connection of the address holding the most."""
+        if not self.top:
+            return None
+        address = next(iter(self.buckets[self.top]))
+        return next(iter(self.by_address[address]))
+
+
+class Admission:
+    def __init__(self, limits: Limits):
+        self.limits = limits
+        self.total = 0
+        self._books = {stage: _StageBook() for stage in Stage}
+        self.evictions = 0     # counters for metrics: connections evicted (rules 2 and 4)
+        self.refusals = 0      # and refused (rules 1, 3 and 4)
+
+    # --- questions --------------------------------------------------------------------------
+    def count(self, stage: Stage) -> int:
+        return self._books[stage].count
+
+    def count_of(self, address: str, stage: Stage) -> int:
+        return self._books[stage].holds(address)
+
+    def counts(self) -> dict[Stage, int]:
+        return {stage: book.count for stage, book in self._books.items()}
+
+    # --- decisions ----------------------------------------------------------------------------
+    def admit(self, address: str, now: float) -> Decision:
+        """A connection was accepted from `address`: a ticket in HANDSHAKE, or a refusal."""
+        refused = self._refused_by_address(address, Stage.HANDSHAKE)
+        if refused is not None:
+            return refused
+        evicted: list[Ticket] = []
+        book, cap = self._books[Stage.HANDSHAKE], self.limits.handshake
+        while self.total >= self.limits.total or book.count >= cap.total:
+            victim = book.victim()
+            if victim is None:
+                self.refusals += 1
+                return Decision(None, TOTAL_FULL if self.total >= self.limits.total
+                                else STAGE_FULL, tuple(evicted))
+            self._evict(victim)
+            evicted.append(victim)
+        ticket = Ticket(address, Stage.HANDSHAKE, now)
+        book.add(ticket)
+        self.total += 1
+        return Decision(ticket, None, tuple(evicted))
+
+    def advance(self, ticket: Ticket, stage: Stage, now: float) -> Decision:
+        """`ticket` reached `stage` (a later one). Refused: it keeps its slot in the stage it
+        was in, and the shell is expected to close the connection and `release` it."""
+        if not ticket.live:
+            return Decision(None, GONE)
+        if stage <= ticket.stage:
+            raise ValueError(f"cannot move from {ticket.stage.name} to {stage.name}")
+        refused = self._refused_by_address(ticket.address, stage)
+        if refused is not None:
+            return refused
+        evicted: list[Ticket] = []
+        book, cap = self._books[stage], self.limits.cap(stage)
+        while book.count >= cap.total:
+            victim = book.victim() if stage.evictable else None
+            if victim is None:
+                self.refusals += 1
+                return Decision(None, STAGE_FULL, tuple(evicted))
+            self._evict(victim)
+            evicted.append(victim)
+        self._books[ticket.stage].remove(ticket)
+        ticket.stage, ticket.since = stage, now
+        book.add(ticket)
+        return Decision(ticket, None, tuple(evicted))
+
+    def release(self, ticket: Ticket) -> None:
+        """The connection is gone. Idempotent; a no-op for an evicted ticket."""
+        if ticket.live:
+            ticket.live = False
+            self._books[ticket.stage].remove(ticket)
+            self.total -= 1
+
+    # --- inside -------------------------------------------------------------------------------
+    def _refused_by_address(self, address: str, stage: Stage) -> Decision | None:
+        if self._books[stage].holds(address) >= self.limits.cap(stage).per_address:
+            self.refusals += 1
+            return Decision(None, ADDRESS_CAP)
+        return None
+
+    def _evict(self, ticket: Ticket) -> None:
+        self.release(ticket)
+        self.evictions += 1

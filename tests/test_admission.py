@@ -1,0 +1,185 @@
+"""engine/admission.py on its own: addresses and stages in, decisions out; no sockets."""
+
+import random
+
+import pytest
+
+from engine.admission import (ADDRESS_CAP, GONE, STAGE_FULL, TOTAL_FULL, Admission, Cap,
+                              Limits, Stage, address_key)
+
+H, U, A = Stage.HANDSHAKE, Stage.UNAUTH, Stage.AUTH
+
+
+def limits(total=100, handshake=(100, 100), unauth=(100, 100), auth=(100, 100)) -> Limits:
+    return Limits(total, Cap(*handshake), Cap(*unauth), Cap(*auth))
+
+
+def test_address_key_is_the_ipv4_address_or_the_ipv6_slash_64():
+    assert address_key("127.0.0.2") == "127.0.0.2"
+    assert address_key("::ffff:10.1.2.3") == "10.1.2.3"
+    assert address_key("2001:db8:1:2::7") == address_key("2001:db8:1:2:ffff::1") \
+        == "2001:db8:1:2::/64"
+    assert address_key("2001:db8:1:3::7") != address_key("2001:db8:1:2::7")
+    assert address_key("fe80::1%eth0") == "fe80::/64"
+    assert address_key("") == ""
+
+
+def test_an_address_at_its_cap_is_refused_and_others_are_not():
+    adm = Admission(limits(handshake=(100, 2)))
+    assert adm.admit("a", 0) and adm.admit("a", 0)
+    d = adm.admit("a", 0)
+    assert (d.ticket, d.refused, d.evicted) == (None, ADDRESS_CAP, ())
+    assert adm.admit("b", 0)
+    assert (adm.count_of("a", H), adm.count_of("b", H), adm.total) == (2, 1, 3)
+
+
+def test_full_handshake_stage_evicts_the_oldest_of_the_biggest_holder():
+    adm = Admission(limits(handshake=(5, 10)))
+    a = [adm.admit("a", t).ticket for t in range(3)]
+    b = [adm.admit("b", t).ticket for t in range(2)]
+    closed = []
+    for t in a + b:
+        t.closer = lambda t=t: closed.append(t)
+    d = adm.admit("c", 9)
+    assert d.ticket is not None and d.evicted == (a[0],)
+    for t in d.evicted:
+        t.close()
+    assert closed == [a[0]] and not a[0].live
+    # a and b now hold two each; b has held two longer (a just came down), so b loses, then a
+    assert adm.admit("c", 10).evicted == (b[0],)
+    assert adm.admit("d", 11).evicted == (a[1],)
+    assert adm.counts() == {H: 5, U: 0, A: 0}
+
+
+def test_equal_holders_lose_their_slots_oldest_first_so_a_newcomer_outlasts_a_flood():
+    adm = Admission(limits(handshake=(50, 50)))
+    flood = [adm.admit(f"10.0.0.{i}", i).ticket for i in range(50)]
+    legit = adm.admit("192.0.2.1", 100)
+    assert legit.evicted == (flood[0],)
+    for i in range(49):          # the flood goes on: every new connection evicts its own
+        d = adm.admit(f"10.0.1.{i}", 200 + i)
+        assert d.evicted and d.evicted[0] is not legit.ticket
+    assert legit.ticket.live
+
+
+def test_advancing_frees_the_previous_stage_and_full_unauth_evicts_there():
+    adm = Admission(limits(handshake=(2, 2), unauth=(2, 2)))
+    t1, t2 = adm.admit("a", 0).ticket, adm.admit("a", 0).ticket
+    assert adm.advance(t1, U, 1) and adm.advance(t2, U, 2)
+    assert adm.counts() == {H: 0, U: 2, A: 0} and adm.total == 2
+    assert (t1.stage, t1.since) == (U, 1)
+    t3 = adm.admit("b", 3).ticket
+    d = adm.advance(t3, U, 4)
+    assert d.evicted == (t1,) and adm.count_of("b", U) == 1
+    assert adm.advance(t3, A, 5) and adm.counts() == {H: 0, U: 1, A: 1}
+
+
+def test_auth_is_never_displaced():
+    adm = Admission(limits(auth=(2, 5)))
+    held = []
+    for addr in "ab":
+        t = adm.admit(addr, 0).ticket
+        assert adm.advance(t, A, 0)
+        held.append(t)
+    t = adm.admit("c", 0).ticket
+    d = adm.advance(t, A, 0)
+    assert (d.ticket, d.refused, d.evicted) == (None, STAGE_FULL, ())
+    assert all(h.live for h in held)
+    assert t.stage is H and t.live      # refused: keeps its old slot until released
+    adm.release(t)
+    assert adm.total == 2
+
+
+def test_per_address_cap_applies_at_every_stage():
+    adm = Admission(limits(unauth=(100, 1), auth=(100, 1)))
+    t1, t2 = adm.admit("a", 0).ticket, adm.admit("a", 0).ticket
+    assert adm.advance(t1, U, 0)
+    assert adm.advance(t2, U, 0).refused == ADDRESS_CAP
+    assert adm.advance(t2, A, 0)       # a stage may be skipped (trueseal receive: XX -> AUTH)
+    t3 = adm.admit("a", 0).ticket
+    assert adm.advance(t3, A, 0).refused == ADDRESS_CAP
+
+
+def test_a_full_house_of_sessions_refuses_newcomers_and_handshakes_are_evicted_first():
+    adm = Admission(limits(total=3))
+    s = adm.admit("a", 0).ticket
+    adm.advance(s, U, 0)
+    h1, h2 = adm.admit("b", 0).ticket, adm.admit("b", 0).ticket
+    d = adm.admit("c", 1)
+    assert d.ticket is not None and d.evicted == (h1,)
+    for t in (h2, d.ticket):
+        adm.advance(t, U, 2)
+    d = adm.admit("d", 3)                 # interop §1: nothing to evict, closed at once
+    assert (d.ticket, d.refused) == (None, TOTAL_FULL)
+    assert s.live
+
+
+def test_release_is_idempotent_and_an_evicted_ticket_cannot_advance():
+    adm = Admission(limits(handshake=(1, 1)))
+    t = adm.admit("a", 0).ticket
+    t2 = adm.admit("b", 0).ticket
+    assert not t.live
+    assert adm.advance(t, U, 0).refused == GONE
+    adm.release(t)
+    adm.release(t2)
+    adm.release(t2)
+    assert adm.total == 0 and adm.counts() == {H: 0, U: 0, A: 0}
+    with pytest.raises(ValueError):
+        t3 = adm.admit("a", 0).ticket
+        adm.advance(t3, U, 0)
+        adm.advance(t3, H, 0)
+
+
+def test_a_stage_with_no_room_at_all_refuses():
+    adm = Admission(limits(unauth=(0, 10)))
+    t = adm.admit("a", 0).ticket
+    assert adm.advance(t, U, 0).refused == STAGE_FULL
+
+
+def test_counts_and_victims_match_a_brute_force_model():
+    rng = random.Random(19)
+    lim = limits(total=40, handshake=(25, 8), unauth=(12, 5), auth=(10, 3))
+    adm = Admission(lim)
+    live: list = []
+    for step in range(5000):
+        op = rng.random()
+        if op < 0.45 or not live:
+            addr = f"10.0.0.{rng.randrange(12)}"
+            before = _holders(live, H)
+            d = adm.admit(addr, step)
+            for v in d.evicted:
+                assert v.stage is H
+                assert before.get(v.address, 0) == max(before.values())
+                live.remove(v)
+                before = _holders(live, H)
+            if d.ticket:
+                live.append(d.ticket)
+        elif op < 0.8:
+            t = rng.choice(live)
+            if t.stage is A:
+                continue
+            stage = Stage(t.stage + rng.choice([1, 2]) if t.stage is H else A)
+            d = adm.advance(t, stage, step)
+            for v in d.evicted:
+                assert v.stage is stage and stage is U
+                live.remove(v)
+        else:
+            t = rng.choice(live)
+            adm.release(t)
+            live.remove(t)
+        assert all(t.live for t in live)
+        assert adm.total == len(live) <= lim.total
+        for stage in Stage:
+            held = _holders(live, stage)
+            assert adm.count(stage) == sum(held.values()) <= lim.cap(stage).total
+            assert all(n <= lim.cap(stage).per_address for n in held.values())
+            for addr, n in held.items():
+                assert adm.count_of(addr, stage) == n
+
+
+def _holders(tickets, stage) -> dict:
+    out: dict = {}
+    for t in tickets:
+        if t.stage is stage:
+            out[t.address] = out.get(t.address, 0) + 1
+    return out
