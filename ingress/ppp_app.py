@@ -169,8 +169,12 @@ class PppServer(Listener):
         sock.listen(2048)
         sock.setblocking(False)
         self._sock = sock
+        # Logging: uvicorn configures none (log_config=None: our root handler, relay/logs.py)
+        # and its loggers stay at WARNING: its INFO records are per connection and carry the
+        # client's address ("127.0.0.1:48284 - "WebSocket /v1/ws" [accepted]").
         config = uvicorn.Config(
             self.app, ws="websockets-sansio", lifespan="off", log_config=None, access_log=False,
+            log_level=logging.WARNING,
             server_header=False, ws_max_size=self.conf.max_message_bytes,
             ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5,
             backlog=2048)

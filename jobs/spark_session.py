@@ -1,11 +1,46 @@
-"""The one place a SparkSession is configured for the relay (jobs, tests, notebooks)."""
+"""The one place a SparkSession is configured for the relay (jobs, tests, notebooks).
+
+Logs of the driver JVM: conf/log4j2.properties (root WARN, known noise at ERROR, lines shaped
+like relay/logs.py's: one JSON object per line, or a readable text line). In a relay process
+(`relay.logs.setup` was called) the JVM's stderr, and its Python workers', comes back through
+`logs.child_stderr`: every line a record of this process, in its format, through its filter.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
+from pathlib import Path
 
 from delta_tables.landing_source import LandingDataSource
+from relay import logs
+
+# Shipped with the repository (a clean checkout and an editable install both find it here).
+LOG4J2_CONF = Path(__file__).resolve().parents[1] / "conf" / "log4j2.properties"
+
+
+def driver_java_options(app_name: str) -> str:
+    """`spark.driver.extraJavaOptions`: the log4j2 configuration and what it reads.
+
+    `relay.log.appender` picks its layout: json, text or color (text with a coloured level);
+    `relay.log.process` is each line's `process`. Under a relay process the JVM always writes
+    json: `logs.child_stderr` turns each line into a record of ours (formatted as this process
+    formats). `-Dlog4j2.level` only applies when no configuration file is found (the log4j
+    default configuration): WARN there too."""
+    opts = ["-Dlog4j2.level=warn"]
+    if LOG4J2_CONF.is_file():
+        act = logs.active()
+        if act is not None:
+            appender, process = "json", act.process
+        else:
+            fmt = logs.resolve_format(None)
+            appender = "color" if fmt == "text" and logs.use_color() else fmt
+            process = app_name
+        opts += [f"-Dlog4j2.configurationFile={LOG4J2_CONF.as_uri()}",   # URI: no spaces
+                 f"-Drelay.log.appender={appender}",
+                 f"-Drelay.log.process={re.sub(r'[^A-Za-z0-9_.-]', '_', process)}"]
+    return " ".join(opts)
 
 
 def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | None = None):
@@ -32,12 +67,15 @@ def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | N
                .config("spark.hadoop.fs.AbstractFileSystem.file.impl",
                        "org.apache.hadoop.fs.local.RawLocalFs")
                .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
-               .config("spark.driver.extraJavaOptions", "-Dlog4j2.level=warn")
+               .config("spark.driver.extraJavaOptions", driver_java_options(app_name))
+               # no "[Stage 0:>  (0 + 2) / 2]" progress bar on stderr: lines are records
+               .config("spark.ui.showConsoleProgress", "false")
                .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable))
     for k, v in (extra or {}).items():
         builder = builder.config(k, v)
-    _launch_jvm_in_own_session(builder)
-    spark = builder.getOrCreate()
+    with logs.child_stderr("spark.stderr"):   # the JVM and its Python workers inherit it
+        _launch_jvm_in_own_session(builder)
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(LandingDataSource)
     return spark

@@ -1,23 +1,55 @@
-"""Structured JSON logs, one object per line, with a stable `event` vocabulary.
+"""Logs: one line per record on stderr, JSON for machines or text for a person, with a stable
+`event` vocabulary, and nothing in them that identifies a client or carries ciphertext.
 
-Every line: `ts` (unix seconds), `level`, `process` (ingress | egress | stream | compact | ...),
-`logger`, `msg` (for people), `event` (for machines: one of `EVENTS`), and the call's fields.
+The format is `RELAY_LOG_FORMAT` (`resolve_format`): `auto` (default: `text` when stderr is a
+terminal, else `json`), `json` or `text`.
+
+* json, one object per line: `ts` (unix seconds), `level`, `process` (ingress | egress |
+  stream | compact | ...), `logger`, `msg` (for people), `event` (for machines: one of
+  `EVENTS`), the call's fields and, with an exception, `exc` (its type and message).
+* text: `19:03:22.369 INFO  ingress  listener started  listener=heya port=8337`: local time,
+  level (coloured when stderr is a terminal and `NO_COLOR` is unset), process, message, the
+  fields (not the event), `logger=` for other libraries' records, `exc=`.
+Every record is one line; only at level DEBUG does an exception also carry its traceback
+(json: a `traceback` field; text: indented lines after the record).
+
 Fields come from `extra={...}` at the call site; every relay log call names its event
-(tests/test_logs.py checks the source and a traffic run against `EVENTS`).
+(tests/test_logs.py checks the source and a traffic run against `EVENTS`). Records of other
+libraries have no event; they pass the same guards.
 
-What may never appear (envelope bytes, mailbox or relay keys, client addresses) is simply
-never passed: fields are counts, sizes, reasons, ports, versions and exception type names.
-As a second guard, bytes values are replaced by their length so a careless `extra` cannot
-leak ciphertext or a key.
+What may never appear (envelope bytes, keys, tokens, client addresses and ports) is simply
+never passed: fields are counts, sizes, reasons, ports of our listeners, versions and
+exception type names. By construction, besides:
+* the libraries that log per connection (uvicorn's access and WebSocket "[accepted]" /
+  "connection open" records with the client's address, websockets, aioquic, asyncio) are held
+  at WARNING (`QUIET`), whatever the level;
+* `RedactFilter` on the handler rewrites every record: IP addresses (v4, v6, bracketed, with
+  a `:port`, or a `(host, port)` tuple) become `<addr>`, runs of 32+ hex digits `<hex>`, bytes
+  reprs `<bytes>` (message, string fields, exception text), and uvicorn's `color_message`
+  (ANSI codes) is dropped;
+* bytes values are replaced by their length, so a careless `extra` cannot leak ciphertext;
+* child processes' stderr (Spark's JVM and its Python workers, `child_stderr`) comes back as
+  records of this process: the JVM writes one JSON object per line (conf/log4j2.properties),
+  anything else becomes a record of its own, through the same filter and format.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import logging
+import os
+import re
 import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
 
-# The event vocabulary: name -> when it is logged (and its fields besides the standard ones).
+FORMAT_ENV = "RELAY_LOG_FORMAT"
+FORMATS = ("auto", "json", "text")
+
 EVENTS: dict[str, str] = {
     # listeners (ingress and egress shells)
     "listener_started": "a protocol listener is accepting (listener, port)",
@@ -91,32 +123,343 @@ EVENTS: dict[str, str] = {
     "metrics_started": "the /metrics endpoint is serving (port)",
     "metrics_unavailable": "the /metrics port could not be bound; the process runs without "
                            "it (port, error)",
+    # logging itself
+    "uncaught_exception": "an exception nobody caught ended a thread or the process "
+                          "(thread_name, exc)",
 }
 
 _STD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {"message", "asctime"}
 
+# Libraries that would log a record per connection or request (with the peer's address, a
+# connection id or a path): WARNING and above only, whatever the root level.
+QUIET = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi", "websockets", "quic",
+         "http3", "aioquic", "asyncio", "py4j")
+
+log = logging.getLogger("relay.logs")
+
+
+# --- redaction --------------------------------------------------------------------------------
+
+REDACTED_ADDR = "<addr>"
+# what may follow an address: `:port`, or `', port` inside a repr'd (host, port) tuple
+_PORT = r"(?::\d{1,5}(?!\d)|(?P<q>['\"])\s*,\s*\d{1,5}(?!\d))?"
+_V4 = re.compile(r"(?<![\w.])(?P<a>(?:\d{1,3}\.){3}\d{1,3})(?!\w)" + _PORT)
+_V6 = re.compile(r"(?<![\w:.%])\[?(?P<a>[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}"
+                 r"(?:\.\d{1,3}){0,3}(?:%[\w.-]+)?)\]?" + _PORT + r"(?![\w:])")
+_HEX = re.compile(r"(?<![0-9A-Fa-f])[0-9A-Fa-f]{32,}(?![0-9A-Fa-f])")
+_BYTES = re.compile(r"(?<!\w)b(['\"])(?:\\.|(?!\1)[^\\])*\1")
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return False
+
+
+def _addr(m: re.Match) -> str:
+    a = m.group("a")
+    head, _, tail = a.rpartition(":")
+    if _is_ip(a) or (":" in a and tail.isdigit() and _is_ip(head)):   # v6 "addr:port" unbracketed
+        return REDACTED_ADDR + (m.group("q") or "")
+    return m.group(0)
+
+
+def redact(text: str) -> str:
+    """`text` without IP addresses (and their ports), long hex runs or bytes reprs."""
+    if "." in text or ":" in text:
+        text = _V6.sub(_addr, text)     # first: "::ffff:127.0.0.1" is one address
+        text = _V4.sub(_addr, text)
+    text = _HEX.sub("<hex>", text)
+    return _BYTES.sub("<bytes>", text)
+
+
+def _plain(v) -> bool:
+    return v is None or isinstance(v, (bool, int, float, bytes, bytearray))
+
+
+class RedactFilter(logging.Filter):
+    """The second guard, on the handler: rewrites each record's message and fields through
+    `redact` (a string field stays a string; any other value that would render with an
+    address becomes its redacted text) and drops uvicorn's `color_message`. Never drops a
+    record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.__dict__.pop("color_message", None)
+        try:
+            msg = record.getMessage()
+        except Exception:   # a call's bad %-args: keep what it says, not a logging error
+            msg = f"{record.msg} <args not rendered>"
+        record.msg, record.args = redact(msg), None
+        for k, v in list(record.__dict__.items()):
+            if k in _STD or k.startswith("_") or _plain(v):
+                continue
+            text = v if isinstance(v, str) else str(v)
+            clean = redact(text)
+            if clean != text or isinstance(v, str):
+                record.__dict__[k] = clean
+        return True
+
+
+# --- formats --------------------------------------------------------------------------------
+
+def resolve_format(value: str | None = None, stream=None) -> str:
+    """`json` or `text`: what a `RELAY_LOG_FORMAT` / `--log-format` value means for `stream`
+    (default stderr). None or "" reads `RELAY_LOG_FORMAT` (unset: auto); `auto` is `text` on
+    a terminal, else `json`. Any other value raises ValueError."""
+    if not value:
+        value = os.environ.get(FORMAT_ENV) or "auto"
+    fmt = value.strip().lower()
+    if fmt not in FORMATS:
+        raise ValueError(f"{FORMAT_ENV} / --log-format must be one of {', '.join(FORMATS)}, "
+                         f"not {value!r}")
+    if fmt == "auto":
+        return "text" if _isatty(stream if stream is not None else sys.stderr) else "json"
+    return fmt
+
+
+def use_color(stream=None) -> bool:
+    """Colour the level in text lines: `stream` (default stderr) is a terminal and `NO_COLOR`
+    is unset or empty (no-color.org)."""
+    return _isatty(stream if stream is not None else sys.stderr) and not os.environ.get(
+        "NO_COLOR")
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def _fields(record: logging.LogRecord):
+    for k, v in record.__dict__.items():
+        if k not in _STD and not k.startswith("_"):
+            yield k, (f"<{len(v)} bytes>" if isinstance(v, (bytes, bytearray)) else v)
+
+
+def _exc(record: logging.LogRecord, full: bool) -> tuple[str | None, str | None]:
+    """(type: message, traceback if `full`) of the record's exception, redacted."""
+    ei = record.exc_info
+    if not ei or ei[0] is None:
+        return None, None
+    line = "".join(traceback.format_exception_only(ei[0], ei[1])).strip()
+    tb = "".join(traceback.format_exception(*ei)).rstrip() if full else None
+    return redact(line), (redact(tb) if tb else None)
+
 
 class JsonFormatter(logging.Formatter):
-    def __init__(self, process: str):
+    """One JSON object per line (the keys of the module docstring)."""
+
+    def __init__(self, process: str, tracebacks: bool = False):
         super().__init__()
         self.process = process
+        self.tracebacks = tracebacks
 
     def format(self, record: logging.LogRecord) -> str:
         out = {"ts": round(record.created, 3), "level": record.levelname.lower(),
                "process": self.process, "logger": record.name, "msg": record.getMessage()}
-        for k, v in record.__dict__.items():
-            if k not in _STD and not k.startswith("_"):
-                out[k] = f"<{len(v)} bytes>" if isinstance(v, (bytes, bytearray)) else v
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info).splitlines()[-1]
+        out.update(_fields(record))
+        exc, tb = _exc(record, self.tracebacks)
+        if exc is not None:
+            out["exc"] = exc
+        if tb is not None:
+            out["traceback"] = tb
         return json.dumps(out, default=str)
 
 
+_ESCAPES = {i: f"\\x{i:02x}" for i in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+_ESCAPES.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t", 0x2028: "\\u2028",
+                 0x2029: "\\u2029"})
+
+
+def _oneline(text: str) -> str:
+    """No line breaks and no terminal control sequences (ESC is escaped too)."""
+    return text.translate(_ESCAPES)
+
+
+def _text_value(v) -> str:
+    text = _oneline(v if isinstance(v, str) else
+                    json.dumps(v, default=str) if isinstance(v, (dict, list, tuple)) else str(v))
+    if not text or any(c in text for c in ' "='):
+        return '"' + text.replace('"', '\\"') + '"'
+    return text
+
+
+class TextFormatter(logging.Formatter):
+    """`19:03:22.369 INFO  ingress  listener started  listener=heya port=8337`."""
+
+    LEVELS = {"WARNING": "WARN", "CRITICAL": "CRIT"}
+    COLORS = {"DEBUG": "36", "INFO": "32", "WARNING": "33", "ERROR": "31", "CRITICAL": "31"}
+
+    def __init__(self, process: str, color: bool = False, tracebacks: bool = False):
+        super().__init__()
+        self.process = process
+        self.color = color
+        self.tracebacks = tracebacks
+
+    def formatTime(self, record, datefmt=None) -> str:   # noqa: N802 (logging's name)
+        return time.strftime("%H:%M:%S", time.localtime(record.created)) + \
+            f".{int(record.msecs):03d}"
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = f"{self.LEVELS.get(record.levelname, record.levelname):<5}"
+        if self.color:
+            level = f"\033[{self.COLORS.get(record.levelname, '0')}m{level}\033[0m"
+        line = (f"{self.formatTime(record)} {level} {self.process}  "
+                f"{_oneline(record.getMessage())}")
+        fields = [f"{k}={_text_value(v)}" for k, v in _fields(record)
+                  if k not in ("event", "exc")]
+        if record.name != "relay" and not record.name.startswith("relay."):
+            fields.append(f"logger={record.name}")
+        if fields:
+            line += "  " + " ".join(fields)
+        exc, tb = _exc(record, self.tracebacks)
+        if exc is None and isinstance(record.__dict__.get("exc"), str):
+            exc = record.__dict__["exc"]   # a child's record (the JVM's exception, one line)
+        if exc is not None:
+            line += f"  exc={_oneline(exc)}"
+        if tb is not None:
+            line += "\n" + "\n".join("    " + _oneline(t) for t in tb.splitlines())
+        return line
+
+
+# --- setup ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Active:
+    """What `setup` chose for this process (read by jobs/spark_session.py for the JVM)."""
+    process: str
+    format: str          # json | text
+    color: bool
+    level: int
+    handler: logging.Handler
+
+
+_active: Active | None = None
+
+
+def active() -> Active | None:
+    return _active
+
+
 def setup(process: str, level: str = "INFO") -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter(process))
+    """This process's logging: one handler on stderr in the `RELAY_LOG_FORMAT` format, with
+    `RedactFilter`; `QUIET` libraries at WARNING; warnings and uncaught exceptions as
+    records."""
+    global _active
+    fmt = resolve_format(None)
     root = logging.getLogger()
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+    debug = root.level <= logging.DEBUG
+    color = fmt == "text" and use_color(sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(process, tracebacks=debug) if fmt == "json" else
+                         TextFormatter(process, color=color, tracebacks=debug))
+    handler.addFilter(RedactFilter())
     root.handlers[:] = [handler]
-    root.setLevel(level)
-    for noisy in ("py4j", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for name in QUIET:
+        quiet = logging.getLogger(name)
+        quiet.setLevel(logging.WARNING)
+        quiet.handlers[:] = []
+        quiet.propagate = True
+    logging.captureWarnings(True)   # warnings.warn: a record, not two raw lines on stderr
+    sys.excepthook = _uncaught
+    threading.excepthook = lambda a: _uncaught(a.exc_type, a.exc_value, a.exc_traceback,
+                                               a.thread)
+    _active = Active(process, fmt, color, root.level, handler)
+
+
+def _uncaught(exc_type, exc, tb, thread=None) -> None:
+    """sys.excepthook / threading.excepthook: one record (type and message), not a
+    traceback on stderr (at DEBUG the record carries it)."""
+    if exc_type is SystemExit:
+        return
+    name = (thread or threading.current_thread()).name
+    log.critical("uncaught exception", exc_info=(exc_type, exc, tb),
+                 extra={"event": "uncaught_exception", "thread_name": name})
+
+
+# --- child processes' stderr ------------------------------------------------------------------
+
+# Lines a child writes that say nothing to an operator. The JDK prints the first at every start
+# because Spark's launcher always adds --add-modules=jdk.incubator.vector (spark-launcher's
+# JavaModuleOptions); it cannot be switched off.
+CHILD_NOISE = ("WARNING: Using incubator modules: jdk.incubator.vector",)
+_LEVELNO = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
+            "warn": logging.WARNING, "warning": logging.WARNING, "error": logging.ERROR,
+            "fatal": logging.CRITICAL, "critical": logging.CRITICAL}
+
+
+def child_record(line: str, source: str) -> logging.LogRecord | None:
+    """The record for one line a child wrote on stderr: a JSON object with ts, level, logger
+    and msg (the JVM's lines under conf/log4j2.properties, or another relay process's) keeps
+    them and its other fields; any other line is a WARNING of logger `source`; known noise
+    (`CHILD_NOISE`) and blank lines are None."""
+    line = line.rstrip("\r\n")
+    if not line.strip() or any(line.startswith(n) for n in CHILD_NOISE):
+        return None
+    obj = None
+    if line.startswith("{"):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            pass
+    if isinstance(obj, dict) and {"ts", "level", "logger", "msg"} <= obj.keys():
+        levelno = _LEVELNO.get(str(obj["level"]).lower(), logging.WARNING)
+        try:
+            created = float(obj["ts"])
+        except (TypeError, ValueError):
+            created = None
+        rec = logging.makeLogRecord({"name": str(obj["logger"]), "msg": str(obj["msg"]),
+                                     "levelno": levelno,
+                                     "levelname": logging.getLevelName(levelno)})
+        if created is not None:
+            rec.created, rec.msecs = created, (created % 1) * 1000
+        for k, v in obj.items():
+            if k not in _STD and k not in ("ts", "level", "logger", "msg"):
+                rec.__dict__[k] = v
+        return rec
+    return logging.makeLogRecord({"name": source, "msg": line, "levelno": logging.WARNING,
+                                  "levelname": "WARNING"})
+
+
+@contextlib.contextmanager
+def child_stderr(source: str):
+    """Processes started inside this block write their stderr into a pipe that a thread of
+    ours reads: each line becomes a record (`child_record`) of this process's handler, so it
+    gets our format, our filter and one line per record, also after the block. Without
+    `setup` (tests, notebooks) this does nothing. While the block runs, this process's own
+    records go to the real stderr as before."""
+    act = _active
+    if act is None or not isinstance(act.handler, logging.StreamHandler):
+        yield
+        return
+    handler = act.handler
+    read_fd, write_fd = os.pipe()
+    saved = os.dup(2)
+    own = open(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")
+    threading.Thread(target=_pump, args=(read_fd, source, handler), daemon=True,
+                     name=f"{source}-stderr").start()
+    sys.stderr.flush()
+    old = handler.setStream(own)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        handler.setStream(old)
+        own.close()
+
+
+def _pump(read_fd: int, source: str, handler: logging.Handler) -> None:
+    root = logging.getLogger()
+    with open(read_fd, "rb") as pipe:
+        for raw in pipe:
+            rec = child_record(raw.decode("utf-8", "replace"), source)
+            if rec is not None and rec.levelno >= root.getEffectiveLevel():
+                handler.handle(rec)
