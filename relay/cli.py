@@ -187,6 +187,7 @@ def cmd_loadgen(args) -> None:
 def cmd_up(args) -> None:
     from . import up
     settings = _settings(args)
+    logs.setup("up")
     sys.exit(up.run(settings, args.conf))
 
 

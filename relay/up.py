@@ -3,10 +3,23 @@
 Separate processes, not threads: a crash (or `kill -9`) of one role never takes the others
 down, delta-rs must not be inherited across fork (DESIGN.md: children are spawned fresh), and
 the same commands run the roles on separate machines. A child that dies is restarted with
-backoff. On SIGINT/SIGTERM the children are stopped in data-flow order: ingress first (it
-stops accepting and finishes the commits of pushes it is storing, so every acked envelope is in
-landing), then the stream, egress and compaction. Nothing acked is lost: what is in landing and
-not yet in the inbox is picked up by the next start.
+backoff.
+
+Ready: each role prints one `{"ready": role, "listening": ...}` line on its stdout when it
+serves (the stream after its warm-up batch, jobs/stream_main.py); `relay up` says "ready"
+once every role has, so a message sent from that moment is served at the normal latency.
+
+Stopping: SIGINT (Ctrl-C in a terminal signals the whole process group) or SIGTERM reaches
+`relay up`; its children ignore SIGINT (`RELAY_SUPERVISED`, relay/cli.py), so they are stopped
+by `relay up` alone, one SIGTERM each, in data-flow order: ingress first (it stops accepting
+and finishes the commits of pushes it is storing, so every acked envelope is in landing), then
+the stream, egress and compaction. Nothing acked is lost: what is in landing and not yet in
+the inbox is picked up by the next start. A child whose supervisor vanished (`kill -9` of
+`relay up`) stops by itself.
+
+Output: stdout carries what the relay tells its operator (where it listens, ready, stopped):
+readable lines, or one JSON object per line when the log format is json (relay/logs.py);
+every process's logs go to the shared stderr.
 """
 
 from __future__ import annotations
@@ -17,24 +30,48 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
+from . import logs
 from .config import Settings
 
 ROLES = [("ingress", []), ("stream", []), ("egress", []), ("compact", ["--loop"])]
 STOP_ORDER = ["ingress", "stream", "egress", "compact"]
+STOP_TIMEOUT_SECONDS = 60.0
+SUPERVISED_ENV = "RELAY_SUPERVISED"   # set for children: the supervisor's pid
+
+
+class Output:
+    """The supervisor's own lines on stdout, readable or JSON (`fmt` from relay/logs.py)."""
+
+    def __init__(self, fmt: str):
+        self.json = fmt == "json"
+        self._lock = threading.Lock()
+
+    def say(self, event: str, text: str, **fields) -> None:
+        line = (json.dumps({"ts": round(time.time(), 3), "process": "up", "event": event,
+                            **fields}) if self.json else f"relay: {text}")
+        with self._lock:
+            print(line, flush=True)
 
 
 class Child:
-    def __init__(self, role: str, extra: list[str], conf: str | None, data_dir: str):
+    def __init__(self, role: str, extra: list[str], conf: str | None, data_dir: str,
+                 out: Output):
         self.role = role
         self.argv = [sys.executable, "-m", "relay.cli"] + (["--conf", conf] if conf else []) + [
             "--data-dir", data_dir, role] + extra
+        self.out = out
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
         self.ready: dict | None = None
+        self.on_ready = lambda: None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.ready = None
+        env = dict(os.environ, **{SUPERVISED_ENV: str(os.getpid())})
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                     env=env)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
 
     def _read(self, proc: subprocess.Popen) -> None:
@@ -46,21 +83,36 @@ class Child:
                 msg = None
             if isinstance(msg, dict) and "ready" in msg:
                 self.ready = msg
-                where = ", ".join(f"{k} on {v}" for k, v in msg["listening"].items())
-                print(f"relay: {self.role} ready{': ' + where if where else ''}", flush=True)
-            else:
-                print(f"[{self.role}] {line}", flush=True)
+                listening = msg.get("listening", {})
+                where = ", ".join(f"{k} on {v}" for k, v in listening.items())
+                self.out.say("role_ready", f"{self.role} ready{': ' + where if where else ''}",
+                             role=self.role, listening=listening)
+                self.on_ready()
+            elif line:
+                self.out.say("role_output", f"[{self.role}] {line}", role=self.role,
+                             line=line)
 
 
 def run(settings: Settings, conf: str | None) -> int:
+    out = Output(logs.resolve_format())
     data_dir = str(settings.data_path)
     os.makedirs(data_dir, exist_ok=True)
-    print(f"relay: data directory {data_dir}", flush=True)
+    started = time.monotonic()
+    out.say("up_started", f"data directory {data_dir}", data_dir=data_dir)
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    children = {role: Child(role, extra, conf, data_dir) for role, extra in ROLES}
+    children = {role: Child(role, extra, conf, data_dir, out) for role, extra in ROLES}
+    announced = threading.Event()
+
+    def check_all_ready() -> None:
+        if not announced.is_set() and all(c.ready for c in children.values()):
+            announced.set()
+            out.say("relay_ready", f"ready in {time.monotonic() - started:.1f}s "
+                    "(every role serves)", seconds=round(time.monotonic() - started, 1))
+
     for child in children.values():
+        child.on_ready = check_all_ready
         child.start()
     backoff: dict[str, float] = {}
     while not stopping.is_set():
@@ -69,21 +121,26 @@ def run(settings: Settings, conf: str | None) -> int:
             if code is not None and not stopping.is_set():
                 delay = min(30.0, backoff.get(child.role, 0.5) * 2)
                 backoff[child.role] = delay
-                print(f"relay: {child.role} exited with {code}; restarting in {delay:.0f}s",
-                      flush=True)
+                out.say("role_exited", f"{child.role} exited with {code}; restarting in "
+                        f"{delay:.0f}s", role=child.role, code=code, restart_in=delay)
                 stopping.wait(delay)
                 if not stopping.is_set():
                     child.restarts += 1
                     child.start()
         stopping.wait(0.5)
-    print("relay: shutting down", flush=True)
+    out.say("shutting_down", "shutting down")
+    clean = True
     for role in STOP_ORDER:
         proc = children[role].proc
-        if proc and proc.poll() is None:
+        if proc.poll() is None:   # a role waiting for its restart has nothing to stop
             proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(timeout=60)
+                code = proc.wait(timeout=STOP_TIMEOUT_SECONDS)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        print(f"relay: {role} stopped", flush=True)
-    return 0
+                code = proc.wait()
+            clean = clean and code == 0
+        code = proc.returncode
+        out.say("role_stopped", f"{role} stopped" + (f" (exit {code})" if code else ""),
+                role=role, code=code)
+    return 0 if clean else 1

@@ -1,0 +1,126 @@
+"""`relay up` as an operator runs it, for the tests: a free port per listener and metrics
+endpoint (RELAY_* variables), a data directory, stdout and stderr collected line by line, the
+supervisor's JSON events (RELAY_LOG_FORMAT=json) read from stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROLES = ("ingress", "egress", "stream", "compact")
+LISTENERS = ("TRUESEAL_PUSH", "TRUESEAL_RECEIVE", "HEYA", "PPP", "SYNC")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RelayUp:
+    def __init__(self, data: Path, *, log_format: str = "json", **env: str):
+        self.data = Path(data)
+        self.ports = {name: free_port() for name in LISTENERS}
+        self.metrics_ports = {role: free_port() for role in ROLES}
+        self.env = dict(os.environ, RELAY_DATA_DIR=str(self.data), RELAY_LOG_FORMAT=log_format,
+                        **{f"RELAY_{k}_PORT": str(v) for k, v in self.ports.items()},
+                        **{f"RELAY_METRICS_PORT_{r.upper()}": str(p)
+                           for r, p in self.metrics_ports.items()}, **env)
+        self.env.pop("RELAY_SUPERVISED", None)
+        self.proc: subprocess.Popen | None = None
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        self._events: queue.Queue[dict] = queue.Queue()
+        self.events: list[dict] = []
+
+    def cli(self, *args: str) -> str:
+        """Run another `relay` command against the same settings; its stdout."""
+        return subprocess.run([sys.executable, "-m", "relay.cli", *args], env=self.env,
+                              capture_output=True, text=True, check=True).stdout
+
+    def start(self) -> "RelayUp":
+        # Its own process group, as a shell job is: a test can signal the group like Ctrl-C.
+        self.proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "up"], env=self.env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        threading.Thread(target=self._pump, args=(self.proc.stdout, self.stdout, True),
+                         daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, self.stderr, False),
+                         daemon=True).start()
+        return self
+
+    def _pump(self, stream, into: list[str], events: bool) -> None:
+        for line in stream:
+            into.append(line)
+            if events:
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(msg, dict) and "event" in msg:
+                    self._events.put(msg)
+
+    def wait_event(self, event: str, timeout: float = 240.0) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            for e in self.events:
+                if e["event"] == event:
+                    return e
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {event} in {timeout:.0f} s: {self.stdout[-20:]}"
+            assert self.proc.poll() is None, f"relay up exited: {self.stdout[-20:]}"
+            try:
+                self.events.append(self._events.get(timeout=min(left, 1.0)))
+            except queue.Empty:
+                pass
+
+    def ready(self, timeout: float = 240.0) -> dict:
+        return self.wait_event("relay_ready", timeout)
+
+    def stop(self, sig: int = signal.SIGTERM, *, group: bool = False,
+             timeout: float = 180.0) -> int:
+        if self.proc.poll() is None:
+            if group:
+                os.killpg(self.proc.pid, sig)
+            else:
+                self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=timeout)
+        time.sleep(0.2)   # let the pumps read the last lines
+        while not self._events.empty():
+            self.events.append(self._events.get_nowait())
+        return code
+
+    def kill(self) -> None:
+        """Test cleanup: whatever is left of the group goes."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+
+    def leftovers(self) -> list[int]:
+        """Processes still running with this relay's environment (the roles, the Spark JVM
+        and its Python workers all inherit RELAY_DATA_DIR)."""
+        mark = f"RELAY_DATA_DIR={self.data}".encode() + b"\0"
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    if mark in fh.read():
+                        found.append(int(pid))
+            except OSError:
+                continue
+        return found
+
+    @property
+    def output(self) -> str:
+        return "".join(self.stdout) + "".join(self.stderr)
