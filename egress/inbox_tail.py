@@ -24,7 +24,7 @@ from deltalake import DeltaTable
 from delta_tables.group_commit import GroupCommitAppender
 from delta_tables.landing_lag import latest_version
 from delta_tables.layout import equals
-from delta_tables.schema import C
+from delta_tables.schema import C, INBOX
 
 from .pending import MailboxHub, PendingEnvelope
 
@@ -33,6 +33,10 @@ REBUILD_AFTER_FAILURES = 3
 FAILURE_LOG_SECONDS = 30.0
 _COLS = [C.PROTOCOL, C.MAILBOX, C.SEQ, C.CURSOR, C.EVENT_ID, C.ENVELOPE, C.EXPIRES_AT,
          C.META]
+# Files of one poll are concatenated: each is cast to the declared types first, since writers
+# differ in encoding (Spark's Arrow path writes large_binary, delta-rs rewrites *_view), and
+# one mismatch would fail every poll of the versions that hold it.
+_SCHEMA = pa.schema([INBOX.arrow_schema().field(c) for c in _COLS])
 
 
 def _envelopes(t: pa.Table) -> dict[tuple[str, bytes], list[PendingEnvelope]]:
@@ -128,7 +132,7 @@ class InboxTail:
                 if "add" in a:
                     try:
                         tables.append(pq.read_table(self.inbox_path / a["add"]["path"],
-                                                    columns=_COLS))
+                                                    columns=_COLS).cast(_SCHEMA))
                     except FileNotFoundError:
                         raise LookupError(v)  # vacuumed before we read it: rebuild
         self.version = latest

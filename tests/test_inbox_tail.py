@@ -63,3 +63,27 @@ def test_a_tail_that_cannot_read_a_version_rebuilds_and_follows_on(tmp_path):
     assert hub.pending_count() == 5          # a's two and c's three; b's were deleted
     assert tail.version == DeltaTable(inbox).version()
 
+
+
+def test_versions_written_with_other_arrow_encodings_are_read_in_one_poll(tmp_path):
+    """Spark's Arrow path writes large_binary / large_string, delta-rs rewrites *_view: files
+    of one poll were concatenated as they came, and one such mix failed every poll."""
+    layout = Layout(tmp_path / "data")
+    layout.ensure_shared_tables()
+    inbox = str(layout.inbox)
+    hub = MailboxHub(ack_sink=None)
+    tail = InboxTail(layout.inbox, layout.acks, hub)
+
+    async def scenario():
+        await tail.bootstrap()
+        large = _rows(b"a" * 32, range(1, 3), 1)
+        large = large.cast(pa.schema([
+            pa.field(f.name, pa.large_binary() if f.type == pa.binary() else
+                     pa.large_string() if f.type == pa.string() else f.type, f.nullable)
+            for f in large.schema]))
+        write_deltalake(inbox, large, mode="append")
+        write_deltalake(inbox, _rows(b"b" * 32, range(1, 2), 3), mode="append")
+        assert await tail.poll_once() == 3
+
+    asyncio.run(scenario())
+    assert hub.pending_count() == 3
