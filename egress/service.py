@@ -8,7 +8,7 @@ import logging
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS
-from relay import keys, metrics
+from relay import keys, metrics, open_files
 from relay.config import Settings
 from relay.listener import serve_role
 
@@ -59,6 +59,7 @@ class EgressNode:
 
 
 async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:
+    open_files.raise_limit()   # before any socket: the listener's caps need the descriptors
     node = EgressNode(settings)
     await serve_role(settings, "egress", node, metrics.egress_registry(node), stop, ready)
     log.info("egress stopped", extra={"event": "egress_stopped",

@@ -192,6 +192,14 @@ class SyncConf:
 
 
 @dataclass
+class ProcessConf:
+    # Descriptors the TCP listeners of a process leave free for Delta commits, logs and
+    # /metrics: past the limit minus this, they stop accepting until descriptors free up.
+    # (Each process raises its soft RLIMIT_NOFILE to the hard limit at start.)
+    open_files_reserve: int = 256
+
+
+@dataclass
 class Settings:
     data_dir: str = "./data"
     bind: str = "127.0.0.1"
@@ -204,6 +212,7 @@ class Settings:
     ppp: PppConf = field(default_factory=PppConf)
     sync: SyncConf = field(default_factory=SyncConf)
     metrics: MetricsConf = field(default_factory=MetricsConf)
+    process: ProcessConf = field(default_factory=ProcessConf)
 
     @property
     def data_path(self) -> Path:

@@ -55,6 +55,8 @@ EVENTS: dict[str, str] = {
     "listener_started": "a protocol listener is accepting (listener, port)",
     "connection_refused": "past max_connections, a connection was closed at once (listener)",
     "handshake_timeout": "a client did not finish its Noise handshake in time (listener)",
+    "open_files_limit": "the process's descriptor limit after raising it at start (soft, "
+                        "hard)",
     # ingress
     "push_session_open": "a push session finished its handshake (debug)",
     "push_session_closed": "a push session ended (reason; debug)",
