@@ -19,6 +19,19 @@ race, interop §7).
 
 On close: acks already under way finish, then `session.close()` releases what was delivered
 and not acked, for the next session.
+
+Limits (README "Hostile clients"; settings in [trueseal]):
+* Admission (`engine/admission.py` through `relay/listener.py`): HANDSHAKE until XX is done,
+  then AUTH (the device key is proven; there is no anonymous stage): `max_handshakes`,
+  `max_receive_sessions` and their per-address caps, `max_connections` in all. A full
+  handshake stage evicts the oldest handshake of the address holding the most; receive
+  sessions are never evicted, so past their caps a new one is closed right after XX.
+* Deadlines: `handshake_timeout_seconds` for XX; after it the heartbeat bounds silence
+  (only whole frames count as an answer), and a Noise message must be whole
+  `frame_timeout_seconds` + length / `min_frame_bytes_per_second` after its first byte, so
+  a half-sent frame, or one dripped a byte at a time, does not hold a session; a Deliver or
+  Heartbeat not taken within `write_timeout_seconds` (a client that stopped reading) closes
+  the session, whose blobs then go to the next one.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ import asyncio
 import logging
 from typing import Protocol
 
+from engine.admission import Cap, Limits, Stage, Ticket
 from engine.noise_session import StaticKey
 from engine.trueseal.events import (ConnectionClosed, DeliverAckReceived, HandshakeComplete,
                                     HeartbeatReceived)
@@ -35,7 +49,7 @@ from engine.trueseal.receive import ReceiveSession
 from engine.trueseal.session import State
 from relay.config import Settings
 from relay.keys import RelayKey
-from relay.listener import Listener
+from relay.listener import Deadline, Listener, RecordClock
 
 log = logging.getLogger("relay.egress.trueseal_receive")
 
@@ -44,6 +58,14 @@ READ_SIZE = 65536
 
 class Hub(Protocol):   # egress.pending.MailboxHub
     def open_session(self, protocol: str, mailbox: bytes): ...
+
+
+def receive_limits(conf) -> Limits:
+    """[trueseal] budgets of the receive listener: after XX a session is AUTH at once."""
+    return Limits(conf.max_connections,
+                  handshake=Cap(conf.max_handshakes, conf.max_handshakes_per_address),
+                  unauth=Cap(0, 0),
+                  auth=Cap(conf.max_receive_sessions, conf.max_receive_sessions_per_address))
 
 
 class ReceiveServer(Listener):
@@ -55,26 +77,32 @@ class ReceiveServer(Listener):
         self.conf = settings.trueseal
         super().__init__(settings.bind if host is None else host,
                          self.conf.receive_port if port is None else port,
-                         self.conf.max_connections)
+                         self.conf.max_connections, limits=receive_limits(self.conf),
+                         backlog=self.conf.listen_backlog,
+                         open_files_reserve=settings.process.open_files_reserve)
         self.hub = hub
         self._static = StaticKey(key.private_bytes)
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _ReceiveConnection(self, reader, writer).run()
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    ticket: Ticket | None) -> None:
+        await _ReceiveConnection(self, reader, writer, ticket).run()
 
 
 class _ReceiveConnection:
     def __init__(self, server: ReceiveServer, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter):
+                 writer: asyncio.StreamWriter, ticket: Ticket | None):
         self.server = server
         self.conf = server.conf
         self.reader = reader
         self.writer = writer
+        self.ticket = ticket
         self.core = ReceiveSession(server._static)
         self.session = None
         self.acks: set[asyncio.Task] = set()
         self.loop = asyncio.get_running_loop()
-        self.last_rx = self.loop.time()
+        self.last_rx = self.loop.time()   # the last whole frame (a drip is no answer)
+        self.records = RecordClock()
+        self.deadline = Deadline(self._expired)
 
     async def run(self) -> None:
         tasks: list[asyncio.Task] = []
@@ -98,6 +126,7 @@ class _ReceiveConnection:
                 # Let durable acks finish before the unacked claims are released.
                 await asyncio.gather(*self.acks, return_exceptions=True)
             finally:
+                self.deadline.clear()
                 if self.session is not None:
                     self.session.close()
                 self.core.close()
@@ -114,8 +143,11 @@ class _ReceiveConnection:
                 data = await asyncio.wait_for(self.reader.read(READ_SIZE),
                                               deadline - self.loop.time())
             except (TimeoutError, asyncio.TimeoutError):
-                log.info("receive handshake timed out",
-                         extra={"event": "handshake_timeout", "listener": "trueseal_receive"})
+                self.server.rejected["handshake_timeout"] += 1
+                if (dropped := self.server.quiet.allow(("timeout", "handshake"))) is not None:
+                    log.info("receive handshake timed out", extra={
+                        "event": "handshake_timeout", "listener": "trueseal_receive",
+                        "suppressed": dropped})
                 return False
             except (ConnectionError, OSError):
                 return False
@@ -124,12 +156,30 @@ class _ReceiveConnection:
         return self.core.state is State.OPEN
 
     def _feed(self, data: bytes) -> None:
-        self.last_rx = self.loop.time()
+        now = self.loop.time()
         if data:
+            done = self.records.completed
+            self.records.feed(data, now)
+            if self.records.completed != done:
+                self.last_rx = now
             self.core.receive_data(data)
         else:
             self.core.receive_eof()
         self._handle_events()
+        if self.records.partial and self.core.state is State.OPEN:
+            self.deadline.at(self.records.started + self.conf.frame_timeout_seconds
+                             + self.records.length / self.conf.min_frame_bytes_per_second,
+                             "frame")
+        else:
+            self.deadline.clear()
+
+    def _expired(self, what: str) -> None:
+        self.server.rejected[f"{what}_timeout"] += 1
+        if (dropped := self.server.quiet.allow(("timeout", what))) is not None:
+            log.info("receive session timed out", extra={
+                "event": "session_timeout", "listener": self.server.name,
+                "waiting_for": what, "suppressed": dropped})
+        self.writer.close()   # the read loop sees EOF inside a frame: truncated, closed
 
     def _handle_events(self) -> None:
         for ev in self.core.events_received():
@@ -138,6 +188,9 @@ class _ReceiveConnection:
                 self.acks.add(task)
                 task.add_done_callback(self.acks.discard)
             elif isinstance(ev, HandshakeComplete):
+                if not self.server.advance(self.ticket, Stage.AUTH):
+                    self.core.close()   # receive sessions full, or this address's share
+                    continue
                 # Opened here, before any frame that followed msg 3 in the same read is handled.
                 self.session = self.server.hub.open_session(PROTOCOL, ev.remote_static)
                 log.debug("receive session open", extra={"event": "receive_session_open"})
@@ -153,16 +206,33 @@ class _ReceiveConnection:
                 log.debug("DeliverAck for a blob not pending here", extra={"event": "ack_ignored"})
         except Exception as exc:
             # Not acked means redelivered later; the client dedups (000 "Deliver").
-            log.error("ack failed", extra={"event": "ack_failed", "error": type(exc).__name__})
+            if (dropped := self.server.quiet.allow("ack_failed")) is not None:
+                log.error("ack failed", extra={"event": "ack_failed",
+                                               "error": type(exc).__name__,
+                                               "suppressed": dropped})
 
     async def _flush(self) -> None:
         data = self.core.data_to_send()   # nonce order; written before any other task runs
         if data and not self.writer.is_closing():
             self.writer.write(data)
             try:
-                await self.writer.drain()
+                async with asyncio.timeout(self.server.conf.write_timeout_seconds):
+                    await self.writer.drain()
+            except TimeoutError:   # before OSError: it is one
+                self._write_stalled()
             except (ConnectionError, OSError):
                 self.core.close()
+
+    def _write_stalled(self) -> None:
+        """The client stopped reading what we owe it: it only ever closes itself."""
+        server = self.server
+        server.rejected["write_timeout"] += 1
+        if (dropped := server.quiet.allow(("timeout", "write"))) is not None:
+            log.info("client not reading; closed", extra={
+                "event": "session_timeout", "listener": server.name,
+                "waiting_for": "write", "suppressed": dropped})
+        self.core.close()
+        self.writer.transport.abort()
 
     async def _read_loop(self) -> None:
         while self.core.state is State.OPEN:
@@ -200,8 +270,11 @@ class _ReceiveConnection:
             await asyncio.sleep(min(timeout, self.conf.superseded_probe_seconds)
                                 if probe else timeout)
             if self.last_rx < sent:
-                log.info("heartbeat not answered; closing",
-                         extra={"event": "heartbeat_timeout", "superseded": probe})
+                self.server.rejected["heartbeat_timeout"] += 1
+                if (dropped := self.server.quiet.allow(("heartbeat", probe))) is not None:
+                    log.info("heartbeat not answered; closing",
+                             extra={"event": "heartbeat_timeout", "superseded": probe,
+                                    "suppressed": dropped})
                 return
             if probe:
                 self.session.superseded.clear()

@@ -26,7 +26,17 @@ writes with no deadline, a 1 s body deadline and no handshake deadline):
   tasks and deadlines, so a slow or stalled client only ever closes itself.
 * Reading stops while `max_in_flight` replies are owed or unwritten output passes
   `OUTPUT_HIGH_WATER`; `max_in_flight_bytes` bounds the SEND bodies being stored by all
-  connections together; `max_connections` bounds connections (past it: closed at once).
+  connections together.
+* Admission (README "Hostile clients"; `engine/admission.py` through `relay/listener.py`),
+  counted from TCP accept, TLS handshakes included: HANDSHAKE until TLS is done; then AUTH
+  if the certificate is a mailbox, else UNAUTH. An UNAUTH session is promoted to AUTH when
+  its INCO succeeds (or another session of its certificate makes it a mailbox) and at its
+  first SEND with a valid send token (before the store); it is never demoted (DALL leaves
+  it AUTH: it proved a mailbox once). UNAUTH sessions are closed `unauth_timeout_seconds`
+  after TLS. Full HANDSHAKE / UNAUTH stages evict the oldest of the address holding the
+  most; AUTH is never evicted, and when it (or the address's share) is full a promotion is
+  not made: the session stays UNAUTH, served, but evictable and under the UNAUTH deadline.
+  An address at its UNAUTH cap is closed right after TLS, before the greeting.
 * A closed connection is closed for real: close_notify, then the transport is aborted if the
   peer does not let it finish within the write timeout (no CLOSE-WAIT leak, interop §0).
 
@@ -44,6 +54,7 @@ from typing import Any, Callable
 from delta_tables.layout import Layout
 from delta_tables.schema import C
 from egress.inbox_tail import InboxTail
+from engine.admission import Cap, Limits, Stage, Ticket
 from engine.heya import frames
 from engine.heya.events import CommandReceived, ConnectionClosed
 from engine.heya.frames import (MAX_UINT, Auth, Dall, Deau, Extd, Inco, Iosa, Iosd, Iosl,
@@ -61,6 +72,14 @@ log = logging.getLogger("relay.ingress.heya")
 
 READ_SIZE = 65536
 OUTPUT_HIGH_WATER = 1 << 20   # unwritten reply bytes past which a connection stops reading
+
+
+def heya_limits(conf) -> Limits:
+    """[heya] budgets: TLS handshakes, strangers (UNAUTH), mailboxes and senders (AUTH)."""
+    return Limits(conf.max_connections,
+                  handshake=Cap(conf.max_handshakes, conf.max_handshakes_per_address),
+                  unauth=Cap(conf.max_unauth_sessions, conf.max_unauth_sessions_per_address),
+                  auth=Cap(conf.max_auth_sessions, conf.max_auth_sessions_per_address))
 
 
 def landing_row(token: bytes, digest: bytes, body: bytes, received_at: datetime,
@@ -109,7 +128,9 @@ class HeyaServer(Listener):
         token times; tests move it)."""
         self.conf = settings.heya
         super().__init__(settings.bind if host is None else host,
-                         self.conf.port if port is None else port, self.conf.max_connections)
+                         self.conf.port if port is None else port, self.conf.max_connections,
+                         limits=heya_limits(self.conf), backlog=self.conf.listen_backlog,
+                         open_files_reserve=settings.process.open_files_reserve)
         self.settings = settings
         self.appender = appender
         self.clock = clock
@@ -127,17 +148,29 @@ class HeyaServer(Listener):
         self._tail_task: asyncio.Task | None = None
 
     async def _start_server(self) -> tls_stream.TLSServer:
-        return await tls_stream.start_server(
-            self._on_connect, self.host, self.port, self.ssl_context,
+        # Our own accept loop (relay/listener.py) with TLS streams on it: a connection is
+        # admitted (and counted in HANDSHAKE) at TCP accept, before it costs a TLS engine.
+        self._tls = tls_stream.Acceptor(
+            self.ssl_context, lambda reader, writer: self._on_connect(reader, writer,
+                                                                      writer.tag),
             handshake_timeout=self.conf.handshake_timeout_seconds,
-            on_handshake_failed=self._handshake_failed)
+            on_handshake_failed=self._handshake_failed,
+            on_lost=lambda stream: self.release(stream.tag))
+        return tls_stream.TLSServer(self._accept_server(), self._tls)
+
+    def _protocol_for(self, ticket: Ticket) -> tls_stream.TLSStream:
+        stream = self._tls(ticket)
+        ticket.closer = stream.abort
+        return stream
 
     def _handshake_failed(self, kind: str, detail: str) -> None:
         """A TLS handshake that failed or timed out; a client that left during it is no news."""
         if kind == "timeout":
-            log.info("heya TLS handshake timed out", extra={"event": "handshake_timeout",
-                                                            "listener": self.name})
             self.rejected["handshake_timeout"] += 1
+            if (dropped := self.quiet.allow(("timeout", "handshake"))) is not None:
+                log.info("heya TLS handshake timed out", extra={
+                    "event": "handshake_timeout", "listener": self.name,
+                    "suppressed": dropped})
         elif kind == "tls":
             log.debug("heya TLS handshake failed", extra={"event": "heya_closed",
                                                           "reason": "tls", "detail": detail})
@@ -164,20 +197,24 @@ class HeyaServer(Listener):
         # Stores under way are queued for commit; the node closes the appender after this.
         await asyncio.gather(*self._stores, return_exceptions=True)
 
-    async def serve(self, reader: tls_stream.TLSStream, writer: tls_stream.TLSStream) -> None:
-        await _HeyaConnection(self, reader, writer).run()
+    async def serve(self, reader: tls_stream.TLSStream, writer: tls_stream.TLSStream,
+                    ticket: Ticket | None) -> None:
+        await _HeyaConnection(self, reader, writer, ticket).run()
 
     def set_mailbox(self, owner: bytes, mailbox: bool, origin: "_HeyaConnection") -> None:
         """INCO / DALL on one connection: the certificate's other connections follow."""
         for session in self.inbox.sessions_of(owner):
             if session is not origin:
                 session.core.set_mailbox(mailbox)
+                if mailbox:
+                    session.promote()
 
 
 class _HeyaConnection:
     def __init__(self, server: HeyaServer, reader: tls_stream.TLSStream,
-                 writer: tls_stream.TLSStream):
+                 writer: tls_stream.TLSStream, ticket: Ticket | None):
         self.server = server
+        self.ticket = ticket
         self.conf = server.conf
         self.control = server.control
         self.inbox = server.inbox
@@ -191,6 +228,7 @@ class _HeyaConnection:
         self._drained = asyncio.Event()    # the writer caught up
         self._progress = asyncio.Event()   # a store finished
         self._aborted = False
+        self.unauth_until: float | None = None   # UNAUTH: closed at this loop time
         self._handlers = {
             Inco: self._inco, Auth: self._auth, Deau: self._deau, Extd: self._extd,
             ListTokens: self._list, Send: self._send, Want: self._want, Trim: self._trim,
@@ -205,6 +243,9 @@ class _HeyaConnection:
             return
         self.owner = tls.cert_digest(der)
         mailbox = self.control.is_mailbox(self.owner)
+        if not self._admit(mailbox):
+            self.writer.transport.abort()   # this address holds its share of strangers
+            return
         last = ([(t.token, self.inbox.next_seq(t.token))
                  for t in self.control.tokens_of(self.owner)] if mailbox else [])
         # Registered and greeted with no await in between: no HAVE can fall in the gap.
@@ -228,6 +269,21 @@ class _HeyaConnection:
                 if not writer_task.done():
                     writer_task.cancel()
                 await self._close_transport()
+
+    def _admit(self, mailbox: bool) -> bool:
+        """After TLS: AUTH for a mailbox if there is room, else UNAUTH (with its deadline)."""
+        if mailbox and self.server.advance(self.ticket, Stage.AUTH):
+            return True
+        if not self.server.advance(self.ticket, Stage.UNAUTH):
+            return False
+        self.unauth_until = self.loop.time() + self.conf.unauth_timeout_seconds
+        return True
+
+    def promote(self) -> None:
+        """The certificate became a mailbox, or sent with a valid send token: AUTH if there
+        is room; if not, the session stays UNAUTH (served, evictable, deadline kept)."""
+        if self.unauth_until is not None and self.server.advance(self.ticket, Stage.AUTH):
+            self.unauth_until = None
 
     def notify_have(self, token: bytes, next_seq: int) -> None:
         if self.core.have(token, next_seq):
@@ -266,13 +322,18 @@ class _HeyaConnection:
             else:
                 deadline = idle_since + conf.idle_timeout_seconds
                 what = "idle"
+            if self.unauth_until is not None and self.unauth_until < deadline:
+                deadline, what = self.unauth_until, "auth"
             try:
                 data = await asyncio.wait_for(self.reader.read(READ_SIZE),
                                               max(0.0, deadline - self.loop.time()))
             except (asyncio.TimeoutError, TimeoutError):
-                log.info("heya connection timed out", extra={"event": "heya_timeout",
-                                                             "waiting_for": what})
+                if what == "auth" and self.unauth_until is None:
+                    continue   # promoted while the read waited
                 self.server.rejected[f"{what}_timeout"] += 1
+                if (dropped := self.server.quiet.allow(("timeout", what))) is not None:
+                    log.info("heya connection timed out", extra={
+                        "event": "heya_timeout", "waiting_for": what, "suppressed": dropped})
                 self.core.close()
                 return
             except (ConnectionError, OSError):
@@ -321,7 +382,9 @@ class _HeyaConnection:
                                                             "reason": ev.reason.value})
 
     def _refuse(self, request_id: int, reason: str) -> None:
-        log.info("heya command refused", extra={"event": "heya_refused", "reason": reason})
+        if (dropped := self.server.quiet.allow(("refused", reason))) is not None:
+            log.info("heya command refused", extra={"event": "heya_refused", "reason": reason,
+                                                    "suppressed": dropped})
         self.server.rejected[reason] += 1
         self.core.refuse(request_id)
 
@@ -338,8 +401,9 @@ class _HeyaConnection:
                 try:
                     await asyncio.wait_for(self.writer.drain(), self.conf.write_timeout_seconds)
                 except (asyncio.TimeoutError, TimeoutError):
-                    log.info("heya client not reading; closing", extra={
-                        "event": "heya_write_timeout"})
+                    if (dropped := self.server.quiet.allow("write_timeout")) is not None:
+                        log.info("heya client not reading; closing", extra={
+                            "event": "heya_write_timeout", "suppressed": dropped})
                     self.server.rejected["write_timeout"] += 1
                     self._abort()
                     return
@@ -362,6 +426,7 @@ class _HeyaConnection:
             self._refuse(rid, "inbox_token")   # README "INCO": unknown -> close
             return
         self.server.set_mailbox(self.owner, True, self)
+        self.promote()
         self.core.reply(rid, frames.inco(cmd.token))
 
     async def _auth(self, rid: int, cmd: Auth) -> None:
@@ -396,6 +461,7 @@ class _HeyaConnection:
         if tok is None or not tok.valid_at(self.server.clock()):
             self._refuse(rid, "send_token")   # README "SEND": error -> close
             return
+        self.promote()   # a send-token holder
         while len(self.stores) >= self.conf.max_in_flight:
             await asyncio.wait(self.stores, return_when=asyncio.FIRST_COMPLETED)
         held = await self.server.budget.acquire(len(cmd.body))
@@ -411,9 +477,10 @@ class _HeyaConnection:
             await self.server.appender.append(row)
         except Exception as exc:
             # No RECV: the client's retry is the only way the message can still arrive.
-            log.error("heya store failed; closing", extra={"event": "heya_store_failed",
-                                                          "size": len(cmd.body),
-                                                          "error": type(exc).__name__})
+            if (dropped := self.server.quiet.allow("store_failed")) is not None:
+                log.error("heya store failed; closing", extra={
+                    "event": "heya_store_failed", "size": len(cmd.body),
+                    "error": type(exc).__name__, "suppressed": dropped})
             self._refuse(rid, "store_failed")
         else:
             self.server.accepted += 1

@@ -7,16 +7,26 @@ returned, so an Ack always means durable (DESIGN.md "Ack = durable"); the core k
 in Push order. A failed store closes the connection after the replies before it: Error
 would tell the real client to drop the blob for good (000), a close makes it retry.
 
-Limits:
-* `handshake_timeout_seconds` bounds the NK handshake; after it, like the public relay, a
-  push session has no read deadline (interop §1), and `max_connections` bounds what idle
-  sessions can hold.
-* Past `max_connections` a new connection is accepted and closed at once, with no bytes
+Limits (README "Hostile clients"; settings in [trueseal]):
+* Admission (`engine/admission.py` through `relay/listener.py`): HANDSHAKE until NK is done,
+  then UNAUTH (the anonymous session) until the connection ends; `max_handshakes`,
+  `max_push_sessions` and their per-address caps, `max_connections` in all. A full stage
+  evicts the oldest connection of the address holding the most there; past
+  `max_connections` with no handshake to evict, a connection is closed at once with no bytes
   (interop §1).
+* Deadlines, one timer per connection (the client's turn only: none while we owe it a
+  reply): `handshake_timeout_seconds` from accept for NK; then `push_idle_timeout_seconds`
+  for the next Push to start, from the handshake or the last reply (the real client sends
+  its one Push at once and closes after the Ack, interop §6; the public relay has no read
+  deadline, and 1,000 idle sessions locked every push out); a Noise message must be whole
+  `frame_timeout_seconds` + length / `min_frame_bytes_per_second` after its first byte;
+  replies not taken within `write_timeout_seconds` (a client that pipelines and never
+  reads) close the connection.
 * At most `max_in_flight` replies of one connection are owed at a time (Pushes being stored
   and what is queued behind them); past that the shell stops reading, which pushes back on a
   client that pipelines faster than we commit. The bound is checked between reads, so one
   read (`READ_SIZE`) more may be taken in.
+* Every line a client can repeat is rate-limited (`relay/log_rate.py`).
 
 Never logged: envelope bytes, keys, client addresses.
 """
@@ -29,6 +39,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Protocol
 
 from delta_tables.schema import C
+from engine.admission import Cap, Limits, Stage, Ticket
 from engine.noise_session import StaticKey
 from engine.trueseal.events import (ConnectionClosed, HandshakeComplete, PushReceived,
                                     PushRejected)
@@ -37,7 +48,7 @@ from engine.trueseal.push import PushSession
 from engine.trueseal.session import State
 from relay.config import Settings
 from relay.keys import RelayKey
-from relay.listener import Listener
+from relay.listener import Deadline, Listener, RecordClock
 
 log = logging.getLogger("relay.ingress.trueseal_push")
 
@@ -52,6 +63,14 @@ class Appender(Protocol):
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def push_limits(conf) -> Limits:
+    """[trueseal] budgets of the push listener: no AUTH stage (pushes are anonymous)."""
+    return Limits(conf.max_connections,
+                  handshake=Cap(conf.max_handshakes, conf.max_handshakes_per_address),
+                  unauth=Cap(conf.max_push_sessions, conf.max_push_sessions_per_address),
+                  auth=Cap(0, 0))
 
 
 def landing_row(recipient: bytes, envelope: bytes, received_at: datetime,
@@ -78,15 +97,18 @@ class PushServer(Listener):
         self.conf = settings.trueseal
         super().__init__(settings.bind if host is None else host,
                          self.conf.push_port if port is None else port,
-                         self.conf.max_connections)
+                         self.conf.max_connections, limits=push_limits(self.conf),
+                         backlog=self.conf.listen_backlog,
+                         open_files_reserve=settings.process.open_files_reserve)
         self.appender = appender
         self._static = StaticKey(key.private_bytes)
         self.max_in_flight = max_in_flight
         self.clock = clock
         self._stores: set[asyncio.Task] = set()   # every connection's, for a clean shutdown
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await _PushConnection(self, reader, writer).run()
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    ticket: Ticket | None) -> None:
+        await _PushConnection(self, reader, writer, ticket).run()
 
     async def _drain(self, limit_seconds: float = 10.0) -> None:
         # Pushes being stored get their commit and then their Ack before the connections are
@@ -102,44 +124,48 @@ class PushServer(Listener):
 
 class _PushConnection:
     def __init__(self, server: PushServer, reader: asyncio.StreamReader,
-                 writer: asyncio.StreamWriter):
+                 writer: asyncio.StreamWriter, ticket: Ticket | None):
         self.server = server
         self.reader = reader
         self.writer = writer
+        self.ticket = ticket
         self.core = PushSession(server._static, max_envelope=server.conf.max_envelope)
         self.stores: set[asyncio.Task] = set()
+        self.loop = asyncio.get_running_loop()
+        self.records = RecordClock()
+        self.deadline = Deadline(self._expired)
+        self.turn = self.loop.time()   # since when the client, not the relay, is to act
 
     async def run(self) -> None:
         core, conf = self.core, self.server.conf
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + conf.handshake_timeout_seconds
+        self.deadline.at(self.loop.time() + conf.handshake_timeout_seconds, "handshake")
         try:
             while core.state in (State.HANDSHAKE, State.OPEN):
                 if core.outstanding >= self.server.max_in_flight and self.stores:
                     await asyncio.wait(self.stores, return_when=asyncio.FIRST_COMPLETED)
                     continue
-                timeout = (deadline - loop.time()) if core.state is State.HANDSHAKE else None
                 try:
-                    data = await asyncio.wait_for(self.reader.read(READ_SIZE), timeout)
-                except (TimeoutError, asyncio.TimeoutError):
-                    log.info("push handshake timed out", extra={"event": "handshake_timeout",
-                                                                "listener": "trueseal_push"})
-                    core.close()
-                    break
+                    data = await self.reader.read(READ_SIZE)
                 except (ConnectionError, OSError):
                     core.close()
                     break
                 if data:
+                    done = self.records.completed
+                    self.records.feed(data, self.loop.time())
+                    if self.records.completed != done:
+                        self.turn = self.loop.time()
                     core.receive_data(data)
                 else:
                     core.receive_eof()
                 self._handle_events()
                 await self._flush()
+                self._arm()
             # DRAINING: the stores under way still owe their replies.
             if self.stores and not core.closed:
                 await asyncio.gather(*self.stores, return_exceptions=True)
                 await self._flush()
         finally:
+            self.deadline.clear()
             # A store already queued still commits; only its Ack is lost, and the client's
             # retry then lands as a duplicate the stream drops (same event_id).
             core.close()
@@ -148,6 +174,36 @@ class _PushConnection:
             if data and not self.writer.is_closing():
                 self.writer.write(data)
             self.writer.close()
+
+    def _arm(self) -> None:
+        """The client's deadline for what it is doing now; none while replies are owed."""
+        core, conf = self.core, self.server.conf
+        if core.state is State.HANDSHAKE:
+            return   # the handshake deadline, from accept, stands
+        if core.state is not State.OPEN or core.outstanding:
+            self.deadline.clear()
+            return
+        if self.records.partial:
+            start = max(self.records.started, self.turn)
+            self.deadline.at(start + conf.frame_timeout_seconds
+                             + self.records.length / conf.min_frame_bytes_per_second, "frame")
+        else:
+            self.deadline.at(self.turn + conf.push_idle_timeout_seconds, "idle")
+
+    def _expired(self, what: str) -> None:
+        server = self.server
+        server.rejected[f"{what}_timeout"] += 1
+        if (dropped := server.quiet.allow(("timeout", what))) is not None:
+            if what == "handshake":
+                log.info("push handshake timed out", extra={
+                    "event": "handshake_timeout", "listener": server.name,
+                    "suppressed": dropped})
+            else:
+                log.info("push session timed out", extra={
+                    "event": "session_timeout", "listener": server.name,
+                    "waiting_for": what, "suppressed": dropped})
+        self.core.close()
+        self.writer.close()   # the read returns EOF and run() ends
 
     def _handle_events(self) -> None:
         for ev in self.core.events_received():
@@ -158,9 +214,15 @@ class _PushConnection:
                     task.add_done_callback(tasks.discard)
             elif isinstance(ev, PushRejected):
                 self.server.rejected[ev.reason] += 1
-                log.info("push rejected", extra={"event": "push_rejected",
-                                                 "reason": ev.reason, "size": ev.size})
+                if (dropped := self.server.quiet.allow(("rejected", ev.reason))) is not None:
+                    log.info("push rejected", extra={"event": "push_rejected",
+                                                     "reason": ev.reason, "size": ev.size,
+                                                     "suppressed": dropped})
             elif isinstance(ev, HandshakeComplete):
+                self.turn = self.loop.time()
+                if not self.server.advance(self.ticket, Stage.UNAUTH):
+                    self.core.close()   # its address holds its share of sessions
+                    continue
                 log.debug("push session open", extra={"event": "push_session_open"})
             elif isinstance(ev, ConnectionClosed):
                 log.debug("push session closed", extra={"event": "push_session_closed",
@@ -172,9 +234,10 @@ class _PushConnection:
         try:
             await self.server.appender.append(row)
         except Exception as exc:
-            log.error("push store failed; closing so the client retries",
-                      extra={"event": "push_store_failed", "size": len(ev.envelope),
-                             "error": type(exc).__name__})
+            if (dropped := self.server.quiet.allow("store_failed")) is not None:
+                log.error("push store failed; closing so the client retries",
+                          extra={"event": "push_store_failed", "size": len(ev.envelope),
+                                 "error": type(exc).__name__, "suppressed": dropped})
             self.server.rejected[REASON_STORE_FAILED] += 1
             self.core.fail(ev.push_id)
         else:
@@ -182,6 +245,9 @@ class _PushConnection:
             self.core.accept(ev.push_id)
         self._handle_events()
         await self._flush()
+        if not self.core.outstanding:
+            self.turn = self.loop.time()   # the last reply is out: the client's turn
+        self._arm()
         if self.core.closed and not self.writer.is_closing():
             self.writer.close()   # wakes the read loop, which then ends the connection
 
@@ -190,9 +256,23 @@ class _PushConnection:
         if data and not self.writer.is_closing():
             self.writer.write(data)
             try:
-                await self.writer.drain()
+                async with asyncio.timeout(self.server.conf.write_timeout_seconds):
+                    await self.writer.drain()
+            except TimeoutError:   # before OSError: it is one
+                self._write_stalled()
             except (ConnectionError, OSError):
                 self.core.close()
+
+    def _write_stalled(self) -> None:
+        """The client stopped reading what we owe it: it only ever closes itself."""
+        server = self.server
+        server.rejected["write_timeout"] += 1
+        if (dropped := server.quiet.allow(("timeout", "write"))) is not None:
+            log.info("client not reading; closed", extra={
+                "event": "session_timeout", "listener": server.name,
+                "waiting_for": "write", "suppressed": dropped})
+        self.core.close()
+        self.writer.transport.abort()
 
 
 async def start_push_server(settings: Settings, appender: Appender, key: RelayKey, *,

@@ -30,8 +30,39 @@ class TruesealConf:
     # When the device opens a newer session while this one still holds unacked blobs, probe
     # at once and close if unanswered within this many seconds (the blobs then move on).
     superseded_probe_seconds: float = 5.0
+    # Both listeners. The Noise handshake (NK: 2 messages, XX: 3, each under 100 bytes) must be
+    # done this long after accept; the real client sends each message as soon as it can.
     handshake_timeout_seconds: float = 10.0
-    max_connections: int = 1000  # per listener, as the public relay
+    # Push sessions (NK, anonymous): the next Push must start this long after the handshake
+    # or the last reply. The real client sends its one Push right after the handshake, waits
+    # for the Ack and closes (interop §6); a session that says nothing holds a slot for free.
+    push_idle_timeout_seconds: float = 10.0
+    # Both listeners: a Noise message (at most 65,537 bytes with its length) must be complete
+    # this long after its first byte, plus its length at `min_frame_bytes_per_second`: a
+    # client on a 32 kbit/s link still sends the largest Push in 26 s; a drip does not last.
+    frame_timeout_seconds: float = 10.0
+    min_frame_bytes_per_second: int = 4096
+    # Both listeners: a reply or Deliver the client does not take for this long closes that
+    # connection (a device on a 32 kbit/s link takes a 64 KiB Deliver in 16 s).
+    write_timeout_seconds: float = 30.0
+    # Each listener: connections in all stages together (the public relay's 1,000). Full:
+    # the oldest handshake of the address holding the most is closed for the newcomer; with
+    # no handshake to close, the newcomer is closed at once, sending nothing (interop §1).
+    max_connections: int = 1000
+    # Each listener: connections still in the Noise handshake (a real one lasts a round
+    # trip). Full: the oldest of the address holding the most is closed for the newcomer.
+    max_handshakes: int = 1000
+    max_handshakes_per_address: int = 256
+    # Push sessions after NK (anonymous). Full: evicted as handshakes are. Kept below
+    # max_connections so that idle sessions can never fill it. Per address: the real client
+    # opens one connection per blob; 256 covers a busy NAT.
+    max_push_sessions: int = 600
+    max_push_sessions_per_address: int = 256
+    # Receive sessions after XX (the device key is proven): never evicted; past these, a new
+    # one is closed after its handshake (the client reconnects with back-off, interop §8).
+    max_receive_sessions: int = 900
+    max_receive_sessions_per_address: int = 100
+    listen_backlog: int = 1024   # both listeners (asyncio's default 100 lost bursts)
 
 
 @dataclass
@@ -124,7 +155,27 @@ class HeyaConf:
     min_body_bytes_per_second: int = 65536
     # A reply that cannot be written for this long closes that connection only.
     write_timeout_seconds: float = 10.0
-    max_connections: int = 1000
+    # A session whose certificate is neither a mailbox nor has sent with a valid send token
+    # (UNAUTH) is closed this long after its TLS handshake: the reference client runs INCO or
+    # SEND at once after the greeting; nothing else a stranger may do needs a session.
+    unauth_timeout_seconds: float = 60.0
+    # Connections in all stages together. Full: the oldest TLS handshake of the address
+    # holding the most is closed for the newcomer; with none, the newcomer is closed at once.
+    max_connections: int = 1500
+    # Connections in their TLS handshake (one round trip for a real client; each costs
+    # ~55 KiB mid-handshake: 500 of them ~27 MiB). Full: evict as above.
+    max_handshakes: int = 500
+    max_handshakes_per_address: int = 64
+    # UNAUTH sessions. Full: the oldest of the address holding the most is closed for the
+    # newcomer. Per address: a PING every 25 s kept 1,000 of them from one address before.
+    max_unauth_sessions: int = 300
+    max_unauth_sessions_per_address: int = 32
+    # AUTH sessions: the certificate is a mailbox (at the greeting or on INCO) or sent with a
+    # valid send token. Never evicted; full, a session stays UNAUTH (served, but evictable and
+    # under unauth_timeout_seconds). Per address: a household's or an office's devices.
+    max_auth_sessions: int = 1000
+    max_auth_sessions_per_address: int = 64
+    listen_backlog: int = 1024   # asyncio's default 100 lost bursts of connects
     max_in_flight: int = 64                # SENDs of one connection being stored at once
     max_in_flight_bytes: int = 67108864    # bodies being stored, all connections together
     cache_bytes: int = 67108864            # recent bodies kept in memory for WANT

@@ -1,47 +1,99 @@
-"""A TCP listener for one protocol: start, bound port, connection cap, tracked handlers, close.
+"""A TCP listener for one protocol: its socket and accept loop, fair admission, tracked
+handlers, close.
 
-Shared by every asyncio shell (ingress and egress). A subclass names itself and serves one
-connection in `serve(reader, writer)`; this class owns the socket bookkeeping.
+Shared by the asyncio shells (trueseal push and receive, Heya). A subclass names itself and
+serves one connection in `serve(reader, writer, ticket)`; this class owns the socket
+bookkeeping:
+
+* **Accept loop of its own.** asyncio's retries EMFILE in a hot loop (Python 3.11:
+  `_accept_connection` keeps calling accept() after "socket.accept() out of system resource",
+  one ERROR line and one retry timer per try, up to the backlog each time the socket is
+  ready: issue 19 saw a million lines). Here, near the descriptor limit (the accepted
+  descriptor's number at `open_files.ceiling(reserve)`, or accept() failing with EMFILE /
+  ENFILE / ENOBUFS / ENOMEM) the listener stops accepting, says so in one rate-limited line
+  (`listener_paused`), and probes every `RESUME_PROBE_SECONDS` until descriptors are free
+  again (`listener_resumed`). Meanwhile new clients wait in the listen backlog (`backlog`,
+  default 1024; asyncio's default is 100: a burst of 2,000 connects left hundreds
+  established and never accepted).
+* **Admission** (`engine/admission.py`): every accepted connection asks `admission.admit`
+  before any byte is read: refused, it is closed at once sending nothing (trueseal interop
+  §1); the connections it evicts are closed. The shell calls `advance(ticket, stage)` as a
+  connection reaches UNAUTH / AUTH and closes it if that returns False; the slot is released
+  when the handler ends (a TLS listener also when a handshake fails: `release`).
+* **Deadlines**: `Deadline` (one timer per connection, moved as it changes stage) and
+  `RecordClock` (where a client is inside a length-prefixed record, for a minimum byte rate)
+  are the shells' tools.
+
+Counters for relay/metrics.py: `connections` (connections whose handler runs: the
+`relay_sessions_open` gauge; a TLS handshake is not a session yet), `accepted`, `rejected`
+(by reason: refusals and evictions by stage, timeouts), `admission.counts()` per stage.
+Every line a client can make repeat goes through `self.quiet` (relay/log_rate.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 from collections import Counter
+from typing import Callable
+
+from engine.admission import Admission, Cap, Limits, Stage, Ticket, address_key
+from relay import open_files
+from relay.log_rate import LogRate
 
 log = logging.getLogger("relay.listener")
+
+BACKLOG = 1024                 # listen backlog (somaxconn caps it; 4096 on current Linux)
+ACCEPT_BATCH = 64              # accepts per wake-up, so one listener's burst cannot hog the loop
+RESUME_PROBE_SECONDS = 0.25    # paused: how often free descriptors are looked for
+# accept() errors that mean "no resources now", not "this client": pause, then retry.
+_RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+def open_limits(max_connections: int) -> Limits:
+    """Every stage allowed up to the total: admission as a plain connection cap."""
+    cap = Cap(max_connections, max_connections)
+    return Limits(max_connections, cap, cap, cap)
 
 
 class Listener:
     name = "listener"   # for logs and metrics: "trueseal_push", ...
     protocol = ""       # metrics label: the protocol this listener speaks
 
-    def __init__(self, host: str, port: int, max_connections: int):
+    def __init__(self, host: str, port: int, max_connections: int, *,
+                 limits: Limits | None = None, backlog: int = BACKLOG,
+                 open_files_reserve: int = open_files.DEFAULT_RESERVE):
+        """`limits`: the admission budgets (default: `max_connections` for everything).
+        `open_files_reserve`: descriptors this listener leaves to the rest of the process."""
         self.host = host
         self.port = port
         self.max_connections = max_connections
-        self.connections = 0    # open connections: the `relay_sessions_open` gauge
+        self.backlog = backlog
+        self.open_files_reserve = open_files_reserve
+        self.admission = Admission(limits or open_limits(max_connections))
+        self.connections = 0    # handlers running: the `relay_sessions_open` gauge
         # Plain counters bumped on the event loop and read by the metrics endpoint
         # (relay/metrics.py): requests this listener stored and acknowledged, and those it
         # refused, by reason. A shell counts; it never talks to Prometheus itself.
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
-        self._server: asyncio.Server | None = None
+        self.pauses = 0         # times accepting stopped near the descriptor limit
+        self.quiet = LogRate()
+        self._server = None
         self._handlers: set[asyncio.Task] = set()
+        self._opening: set[asyncio.Task] = set()
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def serve(self, reader, writer, ticket: Ticket | None) -> None:
         raise NotImplementedError
 
-    def _server_options(self) -> dict:
-        """Hook: extra `asyncio.start_server` arguments (a TLS listener returns `ssl=...`)."""
-        return {}
-
+    # --- lifecycle --------------------------------------------------------------------------
     async def _start_server(self):
-        """Hook: the server whose connections reach `_on_connect(reader, writer)` (the Heya
-        listener brings its own TLS streams, `relay/tls_stream.py`)."""
-        return await asyncio.start_server(self._on_connect, self.host, self.port,
-                                          **self._server_options())
+        """Hook: the server whose connections reach `_on_connect(reader, writer, ticket)`
+        (the Heya listener wraps `_accept_server()` with its TLS streams,
+        `relay/tls_stream.py`). Anything with `sockets`, `close()` and `wait_closed()`."""
+        return self._accept_server()
 
     async def start(self) -> None:
         self._server = await self._start_server()
@@ -57,10 +109,12 @@ class Listener:
         """Stop accepting, let the connections finish what they owe (`_drain`), then end them."""
         if self._server is not None:
             self._server.close()
+        for task in list(self._opening):
+            task.cancel()
         await self._drain()
         for task in list(self._handlers):
             task.cancel()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await asyncio.gather(*self._handlers, *self._opening, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
 
@@ -68,24 +122,100 @@ class Listener:
         """Hook: wait for work the open connections started (e.g. stores owed an Ack), while
         they can still write their replies."""
 
-    async def _on_connect(self, reader: asyncio.StreamReader,
-                          writer: asyncio.StreamWriter) -> None:
-        if self.connections >= self.max_connections:
-            # trueseal interop §1: past the cap, accept and close at once, sending nothing.
-            log.warning("connection cap reached", extra={"event": "connection_refused",
-                                                         "listener": self.name})
-            writer.close()
+    # --- accepting --------------------------------------------------------------------------
+    def _accept_server(self) -> "AcceptServer":
+        return AcceptServer(self, bind(self.host, self.port, self.backlog))
+
+    def _protocol_for(self, ticket: Ticket) -> asyncio.BaseProtocol:
+        """Hook: the protocol of one accepted connection (default: asyncio streams whose
+        callback is `_on_connect`)."""
+        return asyncio.StreamReaderProtocol(
+            asyncio.StreamReader(),
+            lambda reader, writer: self._on_connect(reader, writer, ticket))
+
+    def _accepted(self, conn: socket.socket, peer) -> None:
+        """A socket accept() returned (non-blocking already): admit it, then give it its
+        transport and protocol."""
+        ticket = self._admit(peer)
+        if ticket is None:
+            conn.close()   # trueseal interop §1: closed at once, nothing sent
             return
+        task = asyncio.get_running_loop().create_task(self._open(conn, ticket))
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
+
+    async def _open(self, conn: socket.socket, ticket: Ticket) -> None:
+        try:
+            await asyncio.get_running_loop().connect_accepted_socket(
+                lambda: self._protocol_for(ticket), sock=conn)
+        except asyncio.CancelledError:
+            conn.close()
+            self.admission.release(ticket)
+            raise
+        except Exception:   # e.g. the client reset it before it got its transport
+            conn.close()
+            self.admission.release(ticket)
+
+    def _admit(self, peer) -> Ticket | None:
+        host = peer[0] if isinstance(peer, tuple) and peer else ""
+        decision = self.admission.admit(address_key(str(host)),
+                                        asyncio.get_running_loop().time())
+        self._evict(decision.evicted)
+        if decision.ticket is None:
+            self._refused(Stage.HANDSHAKE, decision.refused)
+        return decision.ticket
+
+    def advance(self, ticket: Ticket | None, stage: Stage) -> bool:
+        """The connection reached `stage`. False: refused (its address at its cap there, or
+        the stage full and not to be evicted from); the shell closes the connection."""
+        if ticket is None:
+            return True
+        decision = self.admission.advance(ticket, stage, asyncio.get_running_loop().time())
+        self._evict(decision.evicted)
+        if decision.ticket is None:
+            self._refused(stage, decision.refused)
+            return False
+        return True
+
+    def release(self, ticket: Ticket | None) -> None:
+        if ticket is not None:
+            self.admission.release(ticket)
+
+    def _evict(self, tickets) -> None:
+        for ticket in tickets:
+            stage = ticket.stage.name.lower()
+            self.rejected[f"evicted_{stage}"] += 1
+            if (dropped := self.quiet.allow(("evicted", stage))) is not None:
+                log.info("connection evicted for a newcomer", extra={
+                    "event": "connection_evicted", "listener": self.name, "stage": stage,
+                    "suppressed": dropped})
+            ticket.close()
+
+    def _refused(self, stage: Stage, reason: str | None) -> None:
+        name = stage.name.lower()
+        self.rejected[f"{name}_{reason}"] += 1
+        if (dropped := self.quiet.allow(("refused", name, reason))) is not None:
+            log.warning("connection refused", extra={
+                "event": "admission_refused", "listener": self.name, "stage": name,
+                "reason": reason, "suppressed": dropped})
+
+    async def _on_connect(self, reader, writer, ticket: Ticket | None = None) -> None:
+        if ticket is not None:
+            if not ticket.live:          # evicted before its handler started
+                writer.transport.abort()
+                return
+            ticket.closer = writer.transport.abort
         self.connections += 1
         task = asyncio.current_task()
         self._handlers.add(task)
         try:
-            await self.serve(reader, writer)
+            await self.serve(reader, writer, ticket)
         except asyncio.CancelledError:
             pass
         finally:
             self._handlers.discard(task)
             self.connections -= 1
+            self.release(ticket)
 
 
 async def serve_until(node, stop: asyncio.Event, ready=None) -> None:
@@ -108,3 +238,186 @@ async def serve_role(settings, role: str, node, registry, stop: asyncio.Event,
         await serve_until(node, stop, metrics.announce(ready, exporter, settings.metrics.bind))
     finally:
         metrics.stop(exporter)
+
+
+def bind(host: str | None, port: int, backlog: int) -> socket.socket:
+    """A listening, non-blocking TCP socket on `host:port` (the first address it resolves to;
+    "" or None: all IPv4 interfaces)."""
+    infos = socket.getaddrinfo(host or "0.0.0.0", port, type=socket.SOCK_STREAM,
+                               flags=socket.AI_PASSIVE)
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class AcceptServer:
+    """One listening socket and its accept loop (see the module docstring); the
+    `asyncio.Server` names a listener uses (`sockets`, `close`, `wait_closed`)."""
+
+    def __init__(self, listener: Listener, sock: socket.socket):
+        self._listener = listener
+        self._sock = sock
+        self._loop = asyncio.get_running_loop()
+        self._ceiling = open_files.ceiling(listener.open_files_reserve)
+        self._retry: asyncio.TimerHandle | None = None
+        self._paused_at: float | None = None
+        self._closed = False
+        self._loop.add_reader(sock.fileno(), self._ready)
+
+    @property
+    def sockets(self) -> list[socket.socket]:
+        return [] if self._closed else [self._sock]
+
+    def is_serving(self) -> bool:
+        return not self._closed and self._paused_at is None
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._retry is not None:
+            self._retry.cancel()
+        if self._paused_at is None:
+            self._loop.remove_reader(self._sock.fileno())
+        self._sock.close()
+
+    async def wait_closed(self) -> None:
+        return None
+
+    def _ready(self) -> None:
+        lst = self._listener
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, peer = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionAbortedError:
+                continue
+            except OSError as exc:
+                if exc.errno in _RESOURCE_ERRNOS:
+                    self._pause(errno.errorcode.get(exc.errno, "resource"))
+                else:
+                    if (dropped := lst.quiet.allow("accept_failed")) is not None:
+                        log.error("accept failed", extra={
+                            "event": "accept_failed", "listener": lst.name,
+                            "error": type(exc).__name__, "suppressed": dropped})
+                return
+            if conn.fileno() >= self._ceiling:
+                # The lowest free descriptor is in the reserve: keep it for the process.
+                conn.close()
+                lst.rejected["open_files"] += 1
+                self._pause("reserve")
+                return
+            conn.setblocking(False)
+            lst._accepted(conn, peer)
+
+    def _pause(self, why: str) -> None:
+        lst = self._listener
+        self._loop.remove_reader(self._sock.fileno())
+        self._paused_at = self._loop.time()
+        lst.pauses += 1
+        if (dropped := lst.quiet.allow("paused")) is not None:
+            log.warning("descriptors near the process limit: not accepting", extra={
+                "event": "listener_paused", "listener": lst.name, "reason": why,
+                "suppressed": dropped})
+        self._retry = self._loop.call_later(RESUME_PROBE_SECONDS, self._probe)
+
+    def _probe(self) -> None:
+        self._retry = None
+        if self._closed:
+            return
+        free = open_files.lowest_free()
+        if free is None or free >= self._ceiling:
+            self._retry = self._loop.call_later(RESUME_PROBE_SECONDS, self._probe)
+            return
+        lst = self._listener
+        paused = self._loop.time() - self._paused_at
+        self._paused_at = None
+        self._loop.add_reader(self._sock.fileno(), self._ready)
+        if (dropped := lst.quiet.allow("resumed")) is not None:
+            log.info("accepting again", extra={
+                "event": "listener_resumed", "listener": lst.name,
+                "paused_seconds": round(paused, 3), "suppressed": dropped})
+
+
+class Deadline:
+    """One connection's client deadline: `at(when, what)` arms (or moves) it, `clear()`
+    disarms it; when it passes, `on_expiry(what)` runs once. `when` is loop time."""
+
+    __slots__ = ("_loop", "_on_expiry", "_handle", "when", "what")
+
+    def __init__(self, on_expiry: Callable[[str], None]):
+        self._loop = asyncio.get_running_loop()
+        self._on_expiry = on_expiry
+        self._handle: asyncio.TimerHandle | None = None
+        self.when: float | None = None
+        self.what = ""
+
+    def at(self, when: float, what: str) -> None:
+        if self._handle is not None:
+            if when == self.when and what == self.what:
+                return
+            self._handle.cancel()
+        self.when, self.what = when, what
+        self._handle = self._loop.call_at(when, self._fire)
+
+    def clear(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self.when = None
+
+    def _fire(self) -> None:
+        self._handle = None
+        self.when = None
+        self._on_expiry(self.what)
+
+
+class RecordClock:
+    """Where a client is in a stream of `[length][record]` records (big-endian length of
+    `prefix` bytes), without a copy of the bytes: for a deadline inside a record (a minimum
+    byte rate), so a client cannot hold a connection by dripping one record forever.
+
+    `feed(data, now)` after each read; then `partial` (a record is under way), `length` (its
+    announced length, once the prefix is in), `started` (when its first byte came) and
+    `completed` (records finished so far)."""
+
+    __slots__ = ("prefix", "_head", "_left", "partial", "length", "started", "completed")
+
+    def __init__(self, prefix: int = 2):
+        self.prefix = prefix
+        self._head = b""
+        self._left = 0
+        self.partial = False
+        self.length = 0
+        self.started = 0.0
+        self.completed = 0
+
+    def feed(self, data: bytes, now: float) -> None:
+        pos, n = 0, len(data)
+        while pos < n:
+            if not self.partial:
+                self.partial, self.started, self.length = True, now, 0
+            if self._left:
+                take = min(self._left, n - pos)
+                self._left -= take
+                pos += take
+            else:
+                need = self.prefix - len(self._head)
+                self._head += data[pos:pos + need]
+                pos += min(need, n - pos)
+                if len(self._head) < self.prefix:
+                    break
+                self.length = self._left = int.from_bytes(self._head, "big")
+                self._head = b""
+            if not self._left and not self._head:
+                self.partial = False
+                self.completed += 1

@@ -55,6 +55,18 @@ EVENTS: dict[str, str] = {
     "listener_started": "a protocol listener is accepting (listener, port)",
     "connection_refused": "past max_connections, a connection was closed at once (listener)",
     "handshake_timeout": "a client did not finish its Noise handshake in time (listener)",
+    "session_timeout": "a trueseal client went silent past a deadline after its handshake; "
+                       "closed (listener, waiting_for: idle | frame | write, suppressed)",
+    "admission_refused": "a connection was refused a slot; closed (listener, stage, reason: "
+                         "address_cap | stage_full | total_full | gone, suppressed)",
+    "connection_evicted": "a connection lost its slot to a newcomer: its stage was full and "
+                          "its address held the most there (listener, stage, suppressed)",
+    "listener_paused": "a listener stopped accepting: descriptors near the process limit "
+                       "(listener, reason, suppressed)",
+    "listener_resumed": "a paused listener accepts again (listener, paused_seconds, "
+                        "suppressed)",
+    "accept_failed": "accept() failed for another reason than resources (listener, error, "
+                     "suppressed)",
     "open_files_limit": "the process's descriptor limit after raising it at start (soft, "
                         "hard)",
     # ingress

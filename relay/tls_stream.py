@@ -10,11 +10,17 @@ the TLS engine (`bio_write`) and sends what the engine produces (`bio_read`).
   the callback gets `(stream, stream)` once the handshake is done. A handshake that fails,
   ends, or outlasts its deadline is dropped and reported to `on_handshake_failed(kind,
   detail)`; nothing is logged here (no tracebacks, no addresses).
+* `Acceptor` is the protocol factory under it, for a listener with its own accept loop
+  (`relay/listener.py`): `acceptor(tag)` is one connection's protocol for
+  `loop.connect_accepted_socket`; `tag` stays on the stream (`stream.tag`, the listener's
+  admission ticket), and `on_lost(stream)` hears of every connection that ends, in its
+  handshake or after it.
 * `TLSStream` is reader and writer in one, with the `StreamReader` / `StreamWriter` names the
   listener uses (`read`, `write`, `drain`, `close`, `wait_closed`, `transport`).
 * Memory: a connection in its handshake holds its TLS engine state (made at its first byte)
   and no task; sockets are read into one `READ_CHUNK` buffer per server (asyncio's SSL keeps
-  256 KiB per connection). Decrypted bytes wait for the application up to `read_limit`, then
+  256 KiB per connection). How many handshakes there are is the listener's HANDSHAKE cap
+  (relay/listener.py, engine/admission.py); each one's memory is returned when it ends. Decrypted bytes wait for the application up to `read_limit`, then
   the socket is not read; writes are encrypted `WRITE_CHUNK` at a time, so the outgoing BIO
   stays one record. Losing the transport frees the TLS engine.
 * `close()` sends close_notify, then closes once the written bytes are out; `abort()` drops
@@ -55,8 +61,8 @@ async def start_server(client_connected_cb: Callable[["TLSStream", "TLSStream"],
                        read_limit: int = READ_LIMIT, **kwds) -> "TLSServer":
     """Listen on `host:port` (`kwds` go to `loop.create_server`). `on_handshake_failed(kind,
     detail)`: kind "timeout", "tls" (detail: OpenSSL's reason) or "eof" (closed or reset)."""
-    acceptor = _Acceptor(context, client_connected_cb, handshake_timeout,
-                         on_handshake_failed, read_limit)
+    acceptor = Acceptor(context, client_connected_cb, handshake_timeout=handshake_timeout,
+                        on_handshake_failed=on_handshake_failed, read_limit=read_limit)
     server = await asyncio.get_running_loop().create_server(acceptor, host, port, **kwds)
     return TLSServer(server, acceptor)
 
@@ -65,7 +71,7 @@ class TLSServer:
     """The `asyncio.Server` of a `start_server`; closing it also drops the connections still
     in their handshake (they have no handler yet that would end them)."""
 
-    def __init__(self, server: asyncio.Server, acceptor: "_Acceptor"):
+    def __init__(self, server, acceptor: "Acceptor"):
         self._server = server
         self._acceptor = acceptor
 
@@ -84,25 +90,32 @@ class TLSServer:
         await self._server.wait_closed()
 
 
-class _Acceptor:
+class Acceptor:
     """What the connections of one server share; called, it makes a connection's protocol.
     `buffer` is the socket read buffer of them all: selector loops (and uvloop) call
     `get_buffer`, `recv_into` and `buffer_updated` in one callback, and `buffer_updated` hands
     the bytes to OpenSSL before returning."""
 
-    def __init__(self, context, client_connected_cb, handshake_timeout, on_handshake_failed,
-                 read_limit):
+    def __init__(self, context: SSL.Context,
+                 client_connected_cb: Callable[["TLSStream", "TLSStream"], Awaitable], *,
+                 handshake_timeout: float,
+                 on_handshake_failed: Callable[[str, str], None] | None = None,
+                 on_lost: Callable[["TLSStream"], None] | None = None,
+                 read_limit: int = READ_LIMIT):
         self.context = context
         self.client_connected_cb = client_connected_cb
         self.handshake_timeout = handshake_timeout
         self.on_handshake_failed = on_handshake_failed
+        self.on_lost = on_lost
         self.read_limit = read_limit
         self.buffer = memoryview(bytearray(READ_CHUNK))
         self.handshaking: set[TLSStream] = set()
         self.closed = False
 
-    def __call__(self) -> "TLSStream":
-        return TLSStream(self)
+    def __call__(self, tag=None) -> "TLSStream":
+        stream = TLSStream(self)
+        stream.tag = tag
+        return stream
 
     def close(self) -> None:
         self.closed = True
@@ -116,9 +129,10 @@ class TLSStream(asyncio.BufferedProtocol):
 
     __slots__ = ("_acceptor", "_loop", "_tcp", "_conn", "_timer", "_handshaken", "_reported",
                  "_peer_cert", "_buffer", "_eof", "_exc", "_reader", "_paused_reading",
-                 "_paused_writing", "_drainers", "_closing", "_lost", "_closed", "_task")
+                 "_paused_writing", "_drainers", "_closing", "_lost", "_closed", "_task", "tag")
 
-    def __init__(self, acceptor: _Acceptor):
+    def __init__(self, acceptor: Acceptor):
+        self.tag = None                   # the listener's, e.g. its admission ticket
         self._acceptor = acceptor
         self._loop = asyncio.get_running_loop()
         self._tcp: asyncio.Transport | None = None
@@ -295,6 +309,8 @@ class TLSStream(asyncio.BufferedProtocol):
                 waiter.set_exception(self._exc or ConnectionResetError("Connection lost"))
         if self._closed is not None and not self._closed.done():
             self._closed.set_result(None)
+        if self._acceptor.on_lost is not None:
+            self._acceptor.on_lost(self)
 
     # --- TLS -----------------------------------------------------------------------------------
     def _handshake(self) -> None:
