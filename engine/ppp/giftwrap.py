@@ -3,7 +3,8 @@
 Spec §3.x field table: 1 recipient, 2 ephemeral_pk, 3 nonce, 4 ciphertext, 5 created_at,
 6 expires_at. This is all the relay ever parses of an event; the seal inside `ciphertext`
 is opaque to it. `decode` accepts exactly these keys with exactly these types and sizes and
-raises `GiftWrapError` with a short reason otherwise (no partial objects).
+raises `GiftWrapError` with a short reason otherwise (no partial objects). Keys are integers
+exactly: `1.0` or `true` in place of `1` is refused, as is a key given twice (`maps.py`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import msgpack
 
 from .ids import event_id
+from .maps import MapError, unpack_map
 
 K_RECIPIENT, K_EPHEMERAL_PK, K_NONCE, K_CIPHERTEXT, K_CREATED_AT, K_EXPIRES_AT = range(1, 7)
 PUBKEY_LEN = 32
@@ -53,7 +55,8 @@ class GiftWrap:
     def from_map(cls, m: object) -> "GiftWrap":
         if not isinstance(m, dict):
             raise GiftWrapError("event is not a map")
-        if set(m) != {K_RECIPIENT, K_EPHEMERAL_PK, K_NONCE, K_CIPHERTEXT, K_CREATED_AT,
+        # `type(k) is int`: a set of 1.0-6.0 or {True, 2, ...} compares equal to {1, ..., 6}
+        if any(type(k) is not int for k in m) or set(m) != {K_RECIPIENT, K_EPHEMERAL_PK, K_NONCE, K_CIPHERTEXT, K_CREATED_AT,
                       K_EXPIRES_AT}:
             raise GiftWrapError("event must have exactly keys 1-6")
         rec, epk, nonce, ct = (m[K_RECIPIENT], m[K_EPHEMERAL_PK], m[K_NONCE], m[K_CIPHERTEXT])
@@ -70,8 +73,10 @@ class GiftWrap:
 
     @classmethod
     def decode(cls, data: bytes) -> "GiftWrap":
+        if not isinstance(data, bytes):
+            raise GiftWrapError("event must be bytes")
         try:
-            m = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        except Exception as e:   # msgpack raises several unrelated types
-            raise GiftWrapError("malformed MessagePack") from e
+            m = unpack_map(data, int)
+        except MapError as e:
+            raise GiftWrapError(e.args[0]) from e
         return cls.from_map(m)

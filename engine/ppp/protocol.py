@@ -2,7 +2,8 @@
 
 Pure: bytes in, a command object out (or `ProtocolError`); reply objects in, bytes out.
 Field names and types are appendix C's. A command's map may carry fields we do not know
-(forward compatibility: ignored); a field we need with the wrong type or size is an error.
+(forward compatibility: ignored); a field we need with the wrong type or size is an error,
+and so is a map whose keys are not all strings or that names a key twice (`maps.py`).
 Commands of C.1 this relay does not serve (rooms, push) decode to `Unsupported`, which the
 session answers with a stable reason (§7.7's "feature disabled" convention); a `cmd` not in
 C.1 is an error.
@@ -15,7 +16,9 @@ from typing import Any
 
 import msgpack
 
-from .limits import DELIVERY_TOKEN_LEN, PUBKEY_LEN, SIGNATURE_LEN
+from .limits import DELIVERY_TOKEN_LEN, EVENT_ID_LEN, PUBKEY_LEN, SIGNATURE_LEN
+from .maps import MapError
+from .maps import unpack_map as _unpack_map
 
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
@@ -155,6 +158,8 @@ def _ack(m, c):
     ids = m.get("event_ids")
     if not isinstance(ids, list) or not all(isinstance(i, bytes) for i in ids):
         raise ProtocolError("event_ids must be a list of bytes", c)
+    if not all(len(i) == EVENT_ID_LEN for i in ids):   # §4.5: every event id is 32 bytes
+        raise ProtocolError(f"event_ids must be {EVENT_ID_LEN} bytes each", c)
     return Ack(tuple(ids))
 
 
@@ -172,14 +177,11 @@ _DECODERS = {
 
 
 def unpack_map(data: bytes) -> dict:
-    """One MessagePack map with string keys, nothing after it."""
+    """One MessagePack map with string keys, each once, nothing after it."""
     try:
-        m = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception as e:   # msgpack raises several unrelated types
-        raise ProtocolError("malformed MessagePack") from e
-    if not isinstance(m, dict):
-        raise ProtocolError("message is not a map")
-    return m
+        return _unpack_map(data, str)
+    except MapError as e:
+        raise ProtocolError(e.args[0]) from e
 
 
 def decode_map(m: dict, implied: str | None = None) -> Command:
