@@ -12,10 +12,8 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import pytest
 
 from relay import logs
 from relay.logs import EVENTS
+from relay_up_process import RelayUp
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "ingress", "egress", "jobs", "relay", "delta_tables")
@@ -416,19 +415,7 @@ def test_log4j2_text_lines_look_like_ours(tmp_path):
 
 # --- end to end: `relay up`, all four protocols, every line of every process ----------------
 
-ROLES = ("ingress", "egress", "stream", "compact")
 HEYA_END = 2220385707
-
-
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class _Used:
@@ -450,40 +437,25 @@ def test_relay_up_logs_no_address_port_key_token_or_envelope(tmp_path):
     """`relay up` (RELAY_LOG_FORMAT=json), one message through each protocol, SIGTERM; then
     the whole stdout and stderr of every process: each stderr line a JSON record, no client
     address or source port, no key, token or envelope in any spelling, no traceback."""
-    push, recv, heya, ppp, sync, *metrics = _free_ports(9)
-    own_ports = {push, recv, heya, ppp, sync, *metrics}
-    env = {k: v for k, v in os.environ.items() if k not in ("RELAY_SUPERVISED", "NO_COLOR")}
-    env.update(RELAY_DATA_DIR=str(tmp_path / "data"), RELAY_LOG_FORMAT="json",
-               RELAY_TRUESEAL_PUSH_PORT=str(push), RELAY_TRUESEAL_RECEIVE_PORT=str(recv),
-               RELAY_HEYA_PORT=str(heya), RELAY_PPP_PORT=str(ppp), RELAY_SYNC_PORT=str(sync),
-               RELAY_TRIGGER_INTERVAL_MS="100",
-               **{f"RELAY_METRICS_PORT_{r.upper()}": str(p) for r, p in zip(ROLES, metrics)})
-
-    def cli(*args):
-        return subprocess.run([sys.executable, "-m", "relay.cli", *args], env=env, cwd=ROOT,
-                              capture_output=True, text=True, check=True, timeout=120).stdout
+    relay = RelayUp(tmp_path / "data", RELAY_TRIGGER_INTERVAL_MS="100")
+    relay.env.pop("NO_COLOR", None)
+    p = relay.ports
+    push, recv, heya, ppp, sync = (p[k] for k in ("TRUESEAL_PUSH", "TRUESEAL_RECEIVE", "HEYA",
+                                                  "PPP", "SYNC"))
+    own_ports = {*p.values(), *relay.metrics_ports.values()}
     used = _Used()
-    relay_pub = bytes.fromhex(cli("keys").split()[1])
-    inbox_token = used.secret("heya inbox token", bytes.fromhex(cli("heya", "inbox-token")
-                                                                .split()[0]))
-    proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "up"], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out: list[str] = []
-    err: list[str] = []
-    for stream, into in ((proc.stdout, out), (proc.stderr, err)):
-        threading.Thread(target=lambda s=stream, i=into: [i.append(line) for line in s],
-                         daemon=True).start()
+    relay_pub = bytes.fromhex(relay.cli("keys").split()[1])
+    inbox_token = used.secret("heya inbox token", bytes.fromhex(
+        relay.cli("heya", "inbox-token").split()[0]))
     try:
-        deadline = time.monotonic() + 180
-        while not all(any("ready" in line and role in line for line in out) for role in ROLES):
-            assert proc.poll() is None and time.monotonic() < deadline, (out, err)
-            time.sleep(0.2)
+        relay.start()
+        relay.ready(timeout=180)
         asyncio.run(_all_protocols(used, tmp_path, relay_pub, inbox_token, push, recv, heya,
                                    ppp, sync))
+        code = relay.stop(signal.SIGTERM, timeout=120)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=120)
-    time.sleep(0.5)   # the reader threads drain the pipes
+        relay.kill()
+    out, err = relay.stdout, relay.stderr
     assert code == 0, "".join(err[-20:])
     stdout, stderr = "".join(out), "".join(err)
     everything = stdout + stderr
