@@ -14,7 +14,24 @@
   replay window; same rate budgets and the same `PppService` as the WebSocket.
 
 uvicorn runs as a task of the caller's loop (`PppServer.start` / `close`, from IngressNode);
-its signal handlers are not installed (the relay process owns signals).
+its signal handlers are not installed (the relay process owns signals). It serves no socket of
+its own: `relay/listener.py` accepts (admission at TCP accept, its own accept loop that pauses
+near the descriptor limit) and hands each admitted socket to uvicorn's protocol classes with
+this port's deadlines (`ppp_conn.py`). Budgets (issue 19, `engine/admission.py`):
+
+* HANDSHAKE: TCP accepted, no complete request head yet.
+* UNAUTH: a request head is in: an HTTP request (sealed submit and polling are anonymous or
+  signed per request, so an HTTP connection never authenticates; between requests it stays
+  here, under the keep-alive timeout), or a WebSocket before AUTH_OK.
+* AUTH: a WebSocket after AUTH_OK. Full (or its address at its cap): AUTH_FAIL, close 1013.
+* Behind a trusted proxy (`trusted_proxies`), the TCP peer is the proxy: until the head is in
+  the connection counts for the proxy's address (a proxy sends the head with the connection,
+  so it holds few there); from the head on it counts for the client X-Forwarded-For names by
+  the rule of the sealed endpoints, so one proxy does not share one address's caps.
+
+Client noise is not an error: a client leaving inside a body is counted and answered into
+the void; uvicorn's warnings about a client's bytes ("Invalid HTTP request received.") become
+one rate-limited line of ours (`ppp_bad_request`), without an address.
 """
 
 from __future__ import annotations
@@ -23,28 +40,31 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import socket
 import time
 from typing import Any, Callable
 
 import uvicorn
 from fastapi import FastAPI, Query, Request, WebSocket
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 from starlette.websockets import WebSocketDisconnect
 
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS
 from egress.inbox_tail import InboxTail
+from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.ppp import protocol as P
 from engine.ppp.ids import PROTOCOL
 from engine.ppp.limits import (REQUEST_ID_LEN, SEALED_BODY_LIMIT_BYTES, SEALED_IP_RATE_LIMIT,
                                SEALED_TOKEN_RATE_LIMIT, command_budget)
 from engine.ppp.session import Authenticated, Closing, CommandReceived, PppSession, Refused
 from engine.ratelimit import KeyedBudgets, SlidingWindowLimiter
-from relay.config import Settings
+from relay.config import PppConf, Settings
 from relay.listener import Listener
 
+from .ppp_conn import PppConn, PppHttpProtocol, PppWsProtocol
 from .ppp_control import PppControl
 from .ppp_inbox import PppInbox
 from .ppp_service import PppService, SealedOutcome
@@ -53,6 +73,18 @@ log = logging.getLogger("relay.ingress.ppp")
 
 MSGPACK = "application/msgpack"
 SWEEP_SECONDS = 30.0
+# uvicorn's warnings that a client's bytes cause (logger "uvicorn.error"): ours instead.
+CLIENT_NOISE = {"Invalid HTTP request received.": "invalid_http",
+                "Unsupported upgrade request.": "unsupported_upgrade",
+                "Invalid UTF-8 sequence received from client.": "invalid_utf8",
+                "Exceeded concurrency limit.": "concurrency_limit"}
+
+
+def ppp_limits(conf: PppConf) -> Limits:
+    return Limits(conf.max_sockets,
+                  Cap(conf.max_handshakes, conf.max_handshakes_per_address),
+                  Cap(conf.max_unauth_connections, conf.max_unauth_connections_per_address),
+                  Cap(conf.max_auth_sessions, conf.max_auth_sessions_per_address))
 
 
 def parse_trusted(spec: str) -> list[ipaddress._BaseNetwork]:
@@ -85,18 +117,29 @@ class _Body(Exception):
     pass
 
 
+class _Gone(Exception):
+    """The client left (or was closed by a deadline) before its body was in."""
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The body, refused (`_Body`) as soon as it passes `limit`: before any parsing, and
-    without buffering more than `limit` bytes."""
+    without buffering more than `limit` bytes. `_Gone`: the client left inside it."""
     length = request.headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > limit):
         raise _Body()
     buf = bytearray()
-    async for chunk in request.stream():
-        buf += chunk
-        if len(buf) > limit:
-            raise _Body()
+    try:
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > limit:
+                raise _Body()
+    except ClientDisconnect:
+        raise _Gone() from None
     return bytes(buf)
+
+
+# A body refused for its size is not read: the connection closes after the reply.
+_CLOSE = {"Connection": "close"}
 
 
 def _msgpack(reply: P.Reply | dict, status: int = 200, headers: dict | None = None) -> Response:
@@ -108,6 +151,22 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self):   # the relay process owns SIGINT / SIGTERM
         yield
+
+
+class _ClientNoise(logging.Filter):
+    """On uvicorn's logger: its warnings about a client's bytes are counted and become one
+    line of ours per 10 s, without the address (`CLIENT_NOISE`)."""
+
+    def __init__(self, server: "PppServer"):
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        what = CLIENT_NOISE.get(record.msg) if isinstance(record.msg, str) else None
+        if what is None:
+            return True
+        self.server.bad_request(what)
+        return False
 
 
 class PppServer(Listener):
@@ -122,7 +181,9 @@ class PppServer(Listener):
         HTTP timestamps); `monotonic`: rate-limit windows."""
         self.conf = settings.ppp
         super().__init__(settings.bind if host is None else host,
-                         self.conf.port if port is None else port, self.conf.max_connections)
+                         self.conf.port if port is None else port, self.conf.max_connections,
+                         limits=ppp_limits(self.conf), backlog=self.conf.listen_backlog,
+                         open_files_reserve=settings.process.open_files_reserve)
         self.settings = settings
         self.clock = clock
         self.monotonic = monotonic
@@ -145,9 +206,9 @@ class PppServer(Listener):
         self.trusted = parse_trusted(self.conf.trusted_proxies)
         self._seen_sigs: dict[bytes, float] = {}   # HTTP replay cache: sig -> forget after
         self.app = build_app(self)
+        self._noise = _ClientNoise(self)
         self._uvicorn: _Server | None = None
         self._serve_task: asyncio.Task | None = None
-        self._sock: socket.socket | None = None
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
 
@@ -162,43 +223,47 @@ class PppServer(Listener):
             asyncio.create_task(self.tail.run(self.settings.egress.poll_interval_ms / 1000,
                                               self._stop), name="ppp-inbox-tail"),
             asyncio.create_task(self._sweep_loop(), name="ppp-sweep")]
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        sock.listen(2048)
-        sock.setblocking(False)
-        self._sock = sock
         # Logging: uvicorn configures none (log_config=None: our root handler, relay/logs.py)
         # and its loggers stay at WARNING: its INFO records are per connection and carry the
         # client's address ("127.0.0.1:48284 - "WebSocket /v1/ws" [accepted]").
+        # proxy_headers off: X-Forwarded-For is read by our rule only (`trusted_proxies`).
+        # limit_concurrency unset: admission refuses at accept, before a byte is read, where
+        # uvicorn's would answer 503 after reading the head. No socket of its own (`sockets=[]`):
+        # `relay/listener.py` accepts and `_protocol_for` builds uvicorn's protocols.
+        conf = self.conf
         config = uvicorn.Config(
-            self.app, ws="websockets-sansio", lifespan="off", log_config=None, access_log=False,
-            log_level=logging.WARNING,
-            server_header=False, ws_max_size=self.conf.max_message_bytes,
-            ws_ping_interval=20.0, ws_ping_timeout=20.0, timeout_graceful_shutdown=5,
-            backlog=2048)
+            self.app, http=PppHttpProtocol, ws=PppWsProtocol, lifespan="off",
+            log_config=None, access_log=False, log_level=logging.WARNING, proxy_headers=False,
+            server_header=False, ws_max_size=conf.max_message_bytes,
+            ws_ping_interval=conf.ws_ping_interval_seconds,
+            ws_ping_timeout=conf.ws_ping_timeout_seconds,
+            timeout_keep_alive=conf.keep_alive_timeout_seconds,
+            h11_max_incomplete_event_size=conf.max_request_head_bytes,
+            timeout_graceful_shutdown=5)
+        logging.getLogger("uvicorn.error").addFilter(self._noise)
         self._uvicorn = _Server(config)
-        self._serve_task = asyncio.create_task(self._uvicorn.serve(sockets=[sock]),
+        self._serve_task = asyncio.create_task(self._uvicorn.serve(sockets=[]),
                                                name="ppp-uvicorn")
         while not self._uvicorn.started:
             if self._serve_task.done():
                 self._serve_task.result()   # raises why it could not start
                 raise RuntimeError("ppp listener did not start")
             await asyncio.sleep(0.01)
+        self._server = self._accept_server()
         log.info("listener started", extra={"event": "listener_started",
                                             "listener": self.name, "port": self.bound_port})
 
-    @property
-    def bound_port(self) -> int:
-        assert self._sock is not None, "not started"
-        return self._sock.getsockname()[1]
-
     async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()              # stop accepting
+        for task in list(self._opening):
+            task.cancel()
+        await asyncio.gather(*self._opening, return_exceptions=True)
         if self._uvicorn is not None:
             self._uvicorn.should_exit = True
             await self._serve_task
             self._uvicorn = None
+        logging.getLogger("uvicorn.error").removeFilter(self._noise)
         self._stop.set()
         for t in self._tasks:
             if t.get_name() == "ppp-sweep":
@@ -206,8 +271,6 @@ class PppServer(Listener):
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.inbox.cancel_timers()
         await self.ack_appender.close()
-        if self._sock is not None:
-            self._sock.close()
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -220,19 +283,75 @@ class PppServer(Listener):
             self.sealed_token.sweep(mono)
             self._seen_sigs = {s: t for s, t in self._seen_sigs.items() if t > now}
 
+    # --- below the app: connections, budgets, deadlines ------------------------------------------
+    def _protocol_for(self, ticket: Ticket) -> asyncio.BaseProtocol:
+        """An admitted socket: uvicorn's h11 protocol with our deadlines (`ppp_conn.py`); the
+        `PppConn` reaches the app as `scope["state"]["ppp_conn"]`."""
+        server = self._uvicorn
+        state = dict(server.lifespan.state)
+        state["ppp_conn"] = PppConn(self, ticket)
+        return PppHttpProtocol(server.config, server.server_state, state)
+
+    def admit_client(self, ticket: Ticket, peer: str,
+                     headers: list[tuple[bytes, bytes]]) -> Ticket | None:
+        """A request head from `peer`: the ticket to count it by. From a trusted proxy, the
+        client X-Forwarded-For names (the sealed endpoints' rule) gets a ticket of its own
+        (None: refused one)."""
+        if not self.trusted or not _trusted(peer, self.trusted):
+            return ticket
+        forwarded = [v.decode("latin-1") for k, v in headers if k == b"x-forwarded-for"]
+        client = client_ip(peer, forwarded, self.trusted) if forwarded else peer
+        try:
+            key = address_key(str(ipaddress.ip_address(client.strip())))
+        except ValueError:   # not an address: the proxy's own count
+            return ticket
+        if key == ticket.address:
+            return ticket
+        self.admission.release(ticket)
+        decision = self.admission.admit(key, asyncio.get_running_loop().time())
+        self._evict(decision.evicted)
+        if decision.ticket is None:
+            self._refused(Stage.HANDSHAKE, decision.refused)
+        return decision.ticket
+
+    def client_closed(self, reason: str) -> None:
+        """A client was closed below the app (a deadline, a first message too large)."""
+        self.rejected[reason] += 1
+        if (dropped := self.quiet.allow(("closed", reason))) is not None:
+            log.info("ppp client closed", extra={"event": "ppp_client_closed",
+                                                 "reason": reason, "suppressed": dropped})
+
+    def bad_request(self, what: str) -> None:
+        self.rejected[what] += 1
+        if (dropped := self.quiet.allow(("bad_request", what))) is not None:
+            log.info("ppp client sent what uvicorn refused", extra={
+                "event": "ppp_bad_request", "what": what, "suppressed": dropped})
+
+    def client_gone(self, where: str) -> None:
+        """A client left inside its request body: a normal event, counted."""
+        self.rejected["client_gone"] += 1
+        if (dropped := self.quiet.allow(("gone", where))) is not None:
+            log.info("ppp client left inside a request body", extra={
+                "event": "ppp_client_gone", "where": where, "suppressed": dropped})
+
+    def refusal_logged(self, cmd: str | None, reason: str) -> int | None:
+        return self.service.refusal_logged(cmd, reason)
+
     # --- WebSocket ------------------------------------------------------------------------------
     async def serve_ws(self, ws: WebSocket) -> None:
         if self.connections >= self.max_connections:
             # `ppp.max_connections`, as every listener: past it the upgrade is refused (403).
-            log.warning("connection cap reached", extra={"event": "connection_refused",
-                                                         "listener": self.name})
             self.rejected["max_connections"] += 1
+            if (dropped := self.quiet.allow("max_connections")) is not None:
+                log.warning("connection cap reached", extra={
+                    "event": "connection_refused", "listener": self.name,
+                    "suppressed": dropped})
             await ws.close(code=1013)
             return
         await ws.accept()
         self.connections += 1
         try:
-            await _PppConnection(self, ws).run()
+            await _PppConnection(self, ws, ws.scope.get("state", {}).get("ppp_conn")).run()
         finally:
             self.connections -= 1
 
@@ -259,10 +378,12 @@ class PppServer(Listener):
 class _PppConnection:
     """One WebSocket: reader (this task), one writer task, command tasks."""
 
-    def __init__(self, server: PppServer, ws: WebSocket):
+    def __init__(self, server: PppServer, ws: WebSocket, conn: PppConn | None):
         self.server = server
         self.ws = ws
-        self.core = PppSession(server.budgets, max_in_flight=server.conf.max_in_flight)
+        self.conn = conn
+        self.core = PppSession(server.budgets, max_in_flight=server.conf.max_in_flight,
+                               admit=self._admit)
         self.pubkey: bytes | None = None
         self._wake = asyncio.Event()
         self._progress = asyncio.Event()
@@ -272,6 +393,13 @@ class _PppConnection:
     def notify(self, count: int) -> None:
         if self.core.notify(count):
             self._wake.set()
+
+    def _admit(self, pubkey: bytes) -> str | None:
+        """AUTH_OK needs an AUTH slot (never evicted; full or the address at its cap: refused,
+        the client retries later)."""
+        if self.conn is None or self.conn.authenticated():
+            return None
+        return "relay full"
 
     async def run(self) -> None:
         writer = asyncio.create_task(self._write_loop(), name="ppp-ws-write")
@@ -289,8 +417,10 @@ class _PppConnection:
                 try:
                     msg = await asyncio.wait_for(self.ws.receive(), timeout)
                 except (asyncio.TimeoutError, TimeoutError):
-                    log.info("ppp handshake timed out", extra={"event": "ppp_handshake_timeout"})
                     self.server.rejected["handshake_timeout"] += 1
+                    if (dropped := self.server.quiet.allow("handshake_timeout")) is not None:
+                        log.info("ppp handshake timed out", extra={
+                            "event": "ppp_handshake_timeout", "suppressed": dropped})
                     self._closing = Closing(1008, "handshake timeout")
                     break
                 if msg["type"] == "websocket.disconnect":
@@ -329,9 +459,10 @@ class _PppConnection:
                 self.server.inbox.register(ev.pubkey, self)
             elif isinstance(ev, Refused):
                 self.server.service.count_refused(ev.reason)
-                log.info("ppp command refused", extra={
-                    "event": "ppp_command_refused", "cmd": ev.cmd, "reason": ev.reason,
-                    "request_id": ev.request_id})
+                if (dropped := self.server.refusal_logged(ev.cmd, ev.reason)) is not None:
+                    log.info("ppp command refused", extra={
+                        "event": "ppp_command_refused", "cmd": ev.cmd, "reason": ev.reason,
+                        "request_id": ev.request_id, "suppressed": dropped})
             elif isinstance(ev, Closing):
                 self._closing = ev
 
@@ -339,10 +470,12 @@ class _PppConnection:
         try:
             reply = await self.server.service.run(self.pubkey, ev.command, ev.request_id)
         except Exception as exc:
-            log.exception("ppp command failed", extra={"event": "ppp_command_failed",
-                                                       "cmd": ev.command.name,
-                                                       "request_id": ev.request_id,
-                                                       "error": type(exc).__name__})
+            if (dropped := self.server.quiet.allow(("failed", ev.command.name))) is not None:
+                log.exception("ppp command failed", extra={"event": "ppp_command_failed",
+                                                           "cmd": ev.command.name,
+                                                           "request_id": ev.request_id,
+                                                           "error": type(exc).__name__,
+                                                           "suppressed": dropped})
             reply = P.failure(ev.command.name, f"internal error (request {ev.request_id})")
         self.core.reply(ev.slot, reply)
         self._progress.set()
@@ -417,6 +550,12 @@ def build_app(server: PppServer) -> FastAPI:
         docs_url=None, redoc_url=None)
     svc = server.service
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> Response:
+        # A query parameter of the wrong type (FETCH `since=-1`): the protocol's refusal,
+        # 400 STORE_FAIL, rather than FastAPI's 422 JSON.
+        return _msgpack(P.store_fail("malformed request"), 400)
+
     @app.websocket("/v1/ws")
     async def ws_endpoint(ws: WebSocket) -> None:
         await server.serve_ws(ws)
@@ -432,15 +571,23 @@ def build_app(server: PppServer) -> FastAPI:
                                  "event", _413="body too large", _429="rate limited",
                                  _503="storage unavailable"))
     async def note_submit(request: Request) -> Response:
+        def sealed_line(o: str) -> None:
+            if (dropped := server.refusal_logged("note/submit", o)) is not None:
+                log.info("ppp sealed submission", extra={"event": "ppp_sealed", "outcome": o,
+                                                         "suppressed": dropped})
+
         def outcome(o: str, status: int, headers=None) -> Response:
-            log.info("ppp sealed submission", extra={"event": "ppp_sealed", "outcome": o})
+            sealed_line(o)
             if o != SealedOutcome.OK:
                 svc.count_refused(f"sealed_{o}")
             return Response(status_code=status, headers=headers)
         try:
             body = await read_body(request, SEALED_BODY_LIMIT_BYTES)
         except _Body:
-            return outcome("too_large", 413)
+            return outcome("too_large", 413, _CLOSE)
+        except _Gone:
+            server.client_gone("sealed")
+            return Response(status_code=400)   # nobody reads it
         now = server.monotonic()
         peer = request.client.host if request.client else ""
         ip = client_ip(peer, request.headers.getlist("x-forwarded-for"), server.trusted)
@@ -461,7 +608,7 @@ def build_app(server: PppServer) -> FastAPI:
                   SealedOutcome.INVALID: 400, SealedOutcome.DUPLICATE: 409}.get(o, 503)
         if status != 200:
             return outcome(o, status)
-        log.info("ppp sealed submission", extra={"event": "ppp_sealed", "outcome": o})
+        sealed_line(o)
         return _msgpack(P.stored(eid))
 
     async def _authed(request: Request, body: bytes, cmd: str):
@@ -470,13 +617,17 @@ def build_app(server: PppServer) -> FastAPI:
         rid = _request_id()
         if pubkey is None:
             svc.count_refused("http_auth")
-            log.info("ppp http auth refused", extra={"event": "ppp_http_auth_refused",
-                                                      "request_id": rid})
+            if (dropped := server.refusal_logged("http_auth", "refused")) is not None:
+                log.info("ppp http auth refused", extra={"event": "ppp_http_auth_refused",
+                                                          "request_id": rid,
+                                                          "suppressed": dropped})
             return None, _msgpack(P.auth_fail(f"bad authorization (request {rid})"), 401)
         if not server.budgets.allow(cmd, pubkey, server.monotonic()):
             svc.count_refused("rate_limited")
-            log.info("ppp command refused", extra={"event": "ppp_command_refused", "cmd": cmd,
-                                                   "reason": "rate_limited", "request_id": rid})
+            if (dropped := server.refusal_logged(cmd, "rate_limited")) is not None:
+                log.info("ppp command refused", extra={
+                    "event": "ppp_command_refused", "cmd": cmd, "reason": "rate_limited",
+                    "request_id": rid, "suppressed": dropped})
             return None, _msgpack(P.failure(cmd, f"rate limited (request {rid})"), 429,
                                   {"Retry-After": str(command_budget(cmd).window_secs)})
         return (pubkey, rid), None
@@ -491,7 +642,10 @@ def build_app(server: PppServer) -> FastAPI:
         try:
             body = await read_body(request, server.conf.max_message_bytes)
         except _Body:
-            return Response(status_code=413)
+            return Response(status_code=413, headers=_CLOSE)
+        except _Gone:
+            server.client_gone("polling")
+            return Response(status_code=400)   # nobody reads it
         ok, err = await _authed(request, body, name)
         if err is not None:
             return err

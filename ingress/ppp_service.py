@@ -33,11 +33,16 @@ from engine.ppp.ids import PROTOCOL, event_id, sealed_event_id
 from engine.ppp.limits import (EVENT_ID_LEN, FETCH_PAGE_SIZE, MAX_ACK_IDS, MAX_BACKUP_SIZE,
                                MAX_CIPHERTEXT_SIZE, MAX_EVENT_TTL_SECS)
 from engine.ppp.session import with_request_id
+from relay.log_rate import LogRate
 
 from .ppp_control import PppControl
 from .ppp_inbox import PppInbox
 
 log = logging.getLogger("relay.ingress.ppp")
+
+# A refusal's line carries the request id of its reply (§5.x); under a flood, at most one
+# such line per second per (command, reason), the next saying how many were not made.
+REFUSAL_LOG_SECONDS = 1.0
 
 
 def landing_row(event_id_: bytes, recipient: bytes, envelope: bytes, created_at: int,
@@ -77,6 +82,8 @@ class PppService:
         self._landing: set[bytes] = set()   # ids being landed by this process
         self.stored = 0
         self.refused: dict[str, int] = {}
+        self.refusal_lines = LogRate(REFUSAL_LOG_SECONDS)
+        self.quiet = LogRate()   # storage failures: one line per 10 s while they last
 
     # --- dispatch ----------------------------------------------------------------------------
     async def run(self, pubkey: bytes, cmd: P.Command, request_id: str) -> P.Reply:
@@ -112,9 +119,15 @@ class PppService:
 
     def _fail(self, cmd: str, reason: str, request_id: str) -> P.Reply:
         self.count_refused(reason)
-        log.info("ppp command refused", extra={"event": "ppp_command_refused", "cmd": cmd,
-                                               "reason": reason, "request_id": request_id})
+        if (dropped := self.refusal_logged(cmd, reason)) is not None:
+            log.info("ppp command refused", extra={
+                "event": "ppp_command_refused", "cmd": cmd, "reason": reason,
+                "request_id": request_id, "suppressed": dropped})
         return P.failure(cmd, with_request_id(reason, request_id))
+
+    def refusal_logged(self, cmd: str | None, reason: str) -> int | None:
+        """None: skip this refusal's line (a flood); else make it, with this `suppressed`."""
+        return self.refusal_lines.allow((cmd, reason.split(":")[0]))
 
     def count_refused(self, reason: str) -> None:
         key = reason.split(":")[0].replace(" ", "_")
@@ -157,8 +170,10 @@ class PppService:
                 eid, recipient, envelope, created_at,
                 datetime.fromtimestamp(now, timezone.utc), expires))
         except Exception as exc:
-            log.error("ppp landing append failed", extra={"event": "ppp_store_failed",
-                                                          "error": type(exc).__name__})
+            if (dropped := self.quiet.allow("store_failed")) is not None:
+                log.error("ppp landing append failed", extra={
+                    "event": "ppp_store_failed", "error": type(exc).__name__,
+                    "suppressed": dropped})
             return "storage unavailable"
         finally:
             self._landing.discard(eid)
@@ -190,8 +205,10 @@ class PppService:
                 for ev in taken))
         except Exception as exc:
             self.inbox.put_back(pubkey, taken)
-            log.error("ppp ack append failed", extra={"event": "ppp_ack_failed",
-                                                      "error": type(exc).__name__})
+            if (dropped := self.quiet.allow("ack_failed")) is not None:
+                log.error("ppp ack append failed", extra={
+                    "event": "ppp_ack_failed", "error": type(exc).__name__,
+                    "suppressed": dropped})
             return self._fail("ACK", "storage unavailable", request_id)
         return P.acked(len(taken))
 

@@ -191,21 +191,71 @@ class PppConf:
     # counted for this long, then one NOTIFY(count) goes out. Breaks store->notify timing
     # correlation; 0 notifies at once.
     notify_window_ms: int = 30000
-    # No AUTH_OK this long after the WebSocket opened: closed.
+    # No AUTH_OK this long after the WebSocket opened: closed. The real client (relay/
+    # ppp_client.py) answers the CHALLENGE at once: one round trip.
     handshake_timeout_seconds: float = 10.0
     # Largest WebSocket message / polling body: a 5 MiB STORE_BACKUP plus MessagePack framing
     # (uvicorn's default, 1 MiB, would refuse a legitimate backup).
     max_message_bytes: int = 5767168
     # HTTP polling: a signed timestamp may be this far from now; each signature is used once.
     http_auth_window_seconds: int = 300
-    # Sealed endpoints: proxies whose X-Forwarded-For is believed (comma-separated addresses
-    # or CIDRs; env PPP_TRUSTED_PROXIES, spec §5.x). Default: loopback.
+    # Proxies whose X-Forwarded-For is believed (comma-separated addresses or CIDRs; env
+    # PPP_TRUSTED_PROXIES, spec §5.x), by the sealed endpoints' per-IP budget and by the
+    # connection budgets below once a request head is in. Default: loopback.
     trusted_proxies: str = "127.0.0.0/8,::1"
     max_in_flight: int = 64      # commands of one WebSocket being carried out at once
+    # WebSockets open at once; past it the upgrade is answered 403.
     max_connections: int = 10000
     # Envelope bytes of pending events held in memory for FETCH; the rest is read back from
     # the inbox (an offline recipient's backlog costs disk, not RAM).
     cache_bytes: int = 268435456
+    # --- hostile clients (issue 19) ---
+    # The request head must be complete this long after accept (and after the previous
+    # response): the websockets client, browsers and http.client send the whole head in one
+    # write right after connect; a head sent a byte at a time (5 s apart) held a slot for ever.
+    request_head_timeout_seconds: float = 10.0
+    # A request body, a WebSocket frame (or message in fragments) and output the client does
+    # not take must move at min_bytes_per_second once this long has passed since it began:
+    # a 5 MiB backup at 32 kbit/s still goes through; a body shorter than its Content-Length,
+    # a half-sent frame or a client that stops reading is closed instead of waiting for it.
+    request_body_timeout_seconds: float = 10.0
+    frame_timeout_seconds: float = 10.0
+    write_timeout_seconds: float = 30.0
+    min_bytes_per_second: int = 4096
+    # Idle between two HTTP requests on one connection (uvicorn's timeout_keep_alive and its
+    # default): a polling client coming back later opens a new connection.
+    keep_alive_timeout_seconds: float = 5.0
+    # Idle WebSockets: a ping every interval; no pong within the timeout closes it. The
+    # websockets client answers pings by itself, and the relay sends NOTIFYs, so only a dead
+    # peer (or one that stopped reading) misses 40 s.
+    ws_ping_interval_seconds: float = 20.0
+    ws_ping_timeout_seconds: float = 20.0
+    # The first WebSocket message is the AUTH (about 120 bytes): one announcing more is
+    # closed before it is buffered (a stranger's memory is bounded).
+    max_unauth_message_bytes: int = 4096
+    # A request head larger than this is refused with 400 (h11's default; real heads: <1 KiB).
+    max_request_head_bytes: int = 16384
+    # Listen backlog (somaxconn caps it; 4096 here): a burst of 2,000 connects waits in it.
+    listen_backlog: int = 2048
+    # Connection budgets (engine/admission.py), counted from TCP accept. All stages together:
+    # within the descriptors the process has (the other listeners and process.
+    # open_files_reserve take theirs; near the limit accepting pauses anyway).
+    max_sockets: int = 12000
+    # Accepted, no complete request head. A real one lasts a round trip. Full: the oldest of
+    # the address holding the most is closed for the newcomer.
+    max_handshakes: int = 2000
+    max_handshakes_per_address: int = 128
+    # An HTTP request (or keep-alive between requests: anonymous or signed per request, an
+    # HTTP connection never authenticates) or a WebSocket before AUTH_OK. Full: evicted as
+    # handshakes are.
+    max_unauth_connections: int = 3000
+    max_unauth_connections_per_address: int = 256
+    # WebSockets after AUTH_OK: never evicted; full (or the address at its cap), the AUTH gets
+    # AUTH_FAIL "relay full" and close 1013 (the client retries with back-off). Per address: a
+    # carrier-grade NAT puts many phones behind one IPv4 address. unauth + auth stay below
+    # max_sockets, so established sessions can never fill the house.
+    max_auth_sessions: int = 8000
+    max_auth_sessions_per_address: int = 1000
 
 
 @dataclass

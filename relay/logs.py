@@ -99,6 +99,14 @@ EVENTS: dict[str, str] = {
     "ppp_http_auth_refused": "a PPP polling request had a bad/old/replayed signature "
                              "(request_id)",
     "ppp_sealed": "a sealed submission's coarse outcome (outcome only: no id, IP or token)",
+    "ppp_client_closed": "a PPP connection was closed below the app (reason: head_timeout | "
+                         "body_timeout | frame_timeout | write_timeout | auth_too_large, "
+                         "suppressed)",
+    "ppp_bad_request": "a PPP client sent bytes uvicorn refused; uvicorn's own warning is "
+                       "dropped (what: invalid_http | unsupported_upgrade | invalid_utf8 | "
+                       "concurrency_limit, suppressed)",
+    "ppp_client_gone": "a PPP client left inside a request body; a normal event (where: "
+                       "sealed | polling, suppressed)",
     # sync: cursor-sync over QUIC (ingress process)
     "sync_control_loaded": "the sync control tables were loaded (groups)",
     "sync_inbox_bootstrap": "the sync inbox view was rebuilt (version, blobs, groups)",

@@ -17,6 +17,7 @@ from .ids import event_id
 from .maps import MapError, unpack_map
 
 K_RECIPIENT, K_EPHEMERAL_PK, K_NONCE, K_CIPHERTEXT, K_CREATED_AT, K_EXPIRES_AT = range(1, 7)
+_KEYS = frozenset(range(1, 7))
 PUBKEY_LEN = 32
 NONCE_LEN = 24
 _U64 = (1 << 64) - 1
@@ -56,8 +57,7 @@ class GiftWrap:
         if not isinstance(m, dict):
             raise GiftWrapError("event is not a map")
         # `type(k) is int`: a set of 1.0-6.0 or {True, 2, ...} compares equal to {1, ..., 6}
-        if any(type(k) is not int for k in m) or set(m) != {K_RECIPIENT, K_EPHEMERAL_PK, K_NONCE, K_CIPHERTEXT, K_CREATED_AT,
-                      K_EXPIRES_AT}:
+        if any(type(k) is not int for k in m) or set(m) != _KEYS:
             raise GiftWrapError("event must have exactly keys 1-6")
         rec, epk, nonce, ct = (m[K_RECIPIENT], m[K_EPHEMERAL_PK], m[K_NONCE], m[K_CIPHERTEXT])
         for name, v, n in (("recipient", rec, PUBKEY_LEN), ("ephemeral_pk", epk, PUBKEY_LEN),

@@ -10,8 +10,10 @@ given or drawn by the caller's `token_bytes`.
 What is legal when (`RULES`, one place):
 
 * AWAIT_AUTH: only AUTH. A valid Ed25519 signature over the 32-byte nonce (§5.1) -> AUTH_OK,
-  READY. A bad signature, a malformed message or any other command -> AUTH_FAIL and the
-  session closes (policy violation): nothing is run for an unauthenticated peer, and it gets
+  READY, unless the shell's `admit(pubkey)` names a reason to refuse (no authenticated slot
+  left, issue 19): AUTH_FAIL with it and the session closes with 1013 (try again later).
+  A bad signature, a malformed message or any other command -> AUTH_FAIL and the session
+  closes (policy violation): nothing is run for an unauthenticated peer, and it gets
   one chance per challenge.
 * READY: every C.1 command except AUTH (-> STORE_FAIL "already authenticated"). Each is first
   charged to the pubkey's sliding-window budget of C.3 (shared by all sessions and the HTTP
@@ -95,6 +97,7 @@ class Closing:
 Event = Authenticated | CommandReceived | Refused | Closing
 
 CLOSE_POLICY = 1008
+CLOSE_TRY_AGAIN = 1013
 
 
 def with_request_id(reason: str, request_id: str) -> str:
@@ -104,8 +107,11 @@ def with_request_id(reason: str, request_id: str) -> str:
 class PppSession:
     def __init__(self, budgets: KeyedBudgets, *, nonce: bytes | None = None,
                  token_bytes: Callable[[int], bytes] = secrets.token_bytes,
-                 max_in_flight: int = 64):
+                 max_in_flight: int = 64,
+                 admit: Callable[[bytes], str | None] | None = None):
+        """`admit(pubkey)`: asked once the signature is good; a reason refuses the AUTH."""
         self.budgets = budgets
+        self.admit = admit
         self.token_bytes = token_bytes
         self.nonce = nonce if nonce is not None else token_bytes(CHALLENGE_LEN)
         if len(self.nonce) != CHALLENGE_LEN:
@@ -211,6 +217,11 @@ class PppSession:
         except (CryptoError, ValueError, TypeError):
             self._fail(None, P.auth_fail("bad signature"), "AUTH", "bad_signature")
             self._close(CLOSE_POLICY, "bad signature")
+            return
+        why = self.admit(cmd.pubkey) if self.admit is not None else None
+        if why is not None:
+            self._fail(None, P.auth_fail(why), "AUTH", why)
+            self._close(CLOSE_TRY_AGAIN, why)
             return
         self.pubkey = cmd.pubkey
         self.phase = Phase.READY
