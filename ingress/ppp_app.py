@@ -230,9 +230,12 @@ class PppServer(Listener):
         # limit_concurrency unset: admission refuses at accept, before a byte is read, where
         # uvicorn's would answer 503 after reading the head. No socket of its own (`sockets=[]`):
         # `relay/listener.py` accepts and `_protocol_for` builds uvicorn's protocols.
+        # No permessage-deflate: PPP frames carry ciphertext, which does not compress, and
+        # each connection's deflate contexts were most of the memory of an idle session.
         conf = self.conf
         config = uvicorn.Config(
-            self.app, http=PppHttpProtocol, ws=PppWsProtocol, lifespan="off",
+            self.app, http=PppHttpProtocol, ws=PppWsProtocol, ws_per_message_deflate=False,
+            lifespan="off",
             log_config=None, access_log=False, log_level=logging.WARNING, proxy_headers=False,
             server_header=False, ws_max_size=conf.max_message_bytes,
             ws_ping_interval=conf.ws_ping_interval_seconds,

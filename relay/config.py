@@ -204,8 +204,9 @@ class PppConf:
     # connection budgets below once a request head is in. Default: loopback.
     trusted_proxies: str = "127.0.0.0/8,::1"
     max_in_flight: int = 64      # commands of one WebSocket being carried out at once
-    # WebSockets open at once; past it the upgrade is answered 403.
-    max_connections: int = 10000
+    # WebSockets open at once; past it the upgrade is answered 403. The budgets below bind
+    # first (a WebSocket is UNAUTH, then AUTH).
+    max_connections: int = 14000
     # Envelope bytes of pending events held in memory for FETCH; the rest is read back from
     # the inbox (an offline recipient's backlog costs disk, not RAM).
     cache_bytes: int = 268435456
@@ -240,7 +241,7 @@ class PppConf:
     # Connection budgets (engine/admission.py), counted from TCP accept. All stages together:
     # within the descriptors the process has (the other listeners and process.
     # open_files_reserve take theirs; near the limit accepting pauses anyway).
-    max_sockets: int = 12000
+    max_sockets: int = 14000
     # Accepted, no complete request head. A real one lasts a round trip. Full: the oldest of
     # the address holding the most is closed for the newcomer.
     max_handshakes: int = 2000
@@ -248,14 +249,15 @@ class PppConf:
     # An HTTP request (or keep-alive between requests: anonymous or signed per request, an
     # HTTP connection never authenticates) or a WebSocket before AUTH_OK. Full: evicted as
     # handshakes are.
-    max_unauth_connections: int = 3000
+    max_unauth_connections: int = 2500
     max_unauth_connections_per_address: int = 256
     # WebSockets after AUTH_OK: never evicted; full (or the address at its cap), the AUTH gets
-    # AUTH_FAIL "relay full" and close 1013 (the client retries with back-off). Per address: a
-    # carrier-grade NAT puts many phones behind one IPv4 address. unauth + auth stay below
-    # max_sockets, so established sessions can never fill the house.
-    max_auth_sessions: int = 8000
-    max_auth_sessions_per_address: int = 1000
+    # AUTH_FAIL "relay full" and close 1013 (the client retries with back-off). An idle one
+    # costs ~36 KiB of heap. Per address: a carrier-grade NAT or an office puts many phones
+    # behind one IPv4 address (IPv6 counts per /64). unauth + auth stay below max_sockets, so
+    # established sessions can never fill the house.
+    max_auth_sessions: int = 11000
+    max_auth_sessions_per_address: int = 256
 
 
 @dataclass

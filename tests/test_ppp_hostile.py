@@ -281,6 +281,9 @@ def test_idle_websockets_are_pinged_and_a_dead_peer_is_closed(settings, caplog):
             # a live client answers the pings (the websockets client does) and stays
             ws, ok = await login(port, "127.0.0.5")
             assert ok == {"cmd": "AUTH_OK"}
+            # no permessage-deflate: ciphertext does not compress, and its contexts were most
+            # of an idle session's memory
+            assert "Sec-WebSocket-Extensions" not in ws.response.headers
             await asyncio.sleep(1.5)
             await ws.send(pack({"cmd": "FETCH", "since": 0}))
             assert unpack(await asyncio.wait_for(ws.recv(), 5))["cmd"] == "EVENTS"
