@@ -677,6 +677,10 @@ def build_app(server: PppServer) -> FastAPI:
                                 _401="AUTH_FAIL", _429="STORE_FAIL rate limited"))
     async def http_fetch(request: Request, since: int = Query(0, ge=0, lt=1 << 64),
                          cursor: int | None = Query(None, ge=0, lt=1 << 64)) -> Response:
+        # uint64 in decimal digits only: FastAPI's int would also take "1.0", " 1", "1_000"
+        if not all(v.isascii() and v.isdigit() for k, v in request.query_params.multi_items()
+                   if k in ("since", "cursor")):
+            return _msgpack(P.store_fail("malformed request"), 400)
         ok, err = await _authed(request, b"", "FETCH")
         if err is not None:
             return err

@@ -146,3 +146,19 @@ def test_malformed_gift_wraps_are_refused_over_websocket_and_polling_and_land_no
             assert (await ahttp(port, "POST", "/v1/note/submit", twice))[0] == 400
             assert len(landing_rows(settings)) == 1
     asyncio.run(go())
+
+
+def test_polling_fetch_takes_since_and_cursor_as_decimal_digits_only(settings):
+    """§5.2 FETCH over HTTP: `since` and `cursor` are uint64. FastAPI's int also took "1.0",
+    " 1" and "1_000", and answered a bad one with a 422 JSON body; now 400 STORE_FAIL."""
+    async def go():
+        async with node(settings, Clock()) as n:
+            port = n.ppp.bound_port
+            sk = SigningKey.generate()
+            for q in ("since=1.0", "since=%201", "since=1_000", "since=true", "since=-1",
+                      "since=18446744073709551616", "since=0&cursor=1.5", "since=%C2%B2"):
+                s, r, _ = await ahttp(port, "GET", f"/v1/events?{q}", b"", signed(sk, b""))
+                assert s == 400 and msgpack.unpackb(r)["cmd"] == "STORE_FAIL", q
+            s, r, _ = await ahttp(port, "GET", "/v1/events?since=5", b"", signed(sk, b""))
+            assert s == 200 and msgpack.unpackb(r) == {"cmd": "EVENTS", "events": []}
+    asyncio.run(go())
