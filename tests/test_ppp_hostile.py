@@ -129,6 +129,30 @@ def fast(settings, **kw) -> None:
         setattr(conf, k, v)
 
 
+# --- the frame clock, bytes in --------------------------------------------------------------------
+
+def test_frame_clock_follows_frames_fragments_and_control_frames_byte_by_byte():
+    from ingress.ppp_conn import FrameClock
+    stream = (frame(b"a" * 5) + frame(b"b" * 300) + frame(b"c" * 70000)       # 7/16/64-bit
+              + frame(b"d", fin=False) + frame(b"", opcode=0x9)                # ping inside
+              + frame(b"e", opcode=0x0, fin=False) + frame(b"f", opcode=0x0))  # ... a message
+    ends = {len(frame(b"a" * 5)), len(frame(b"a" * 5) + frame(b"b" * 300)),
+            len(stream) - len(frame(b"d", fin=False) + frame(b"", opcode=0x9)
+                              + frame(b"e", opcode=0x0, fin=False) + frame(b"f", opcode=0x0))}
+    ends.add(len(stream))
+    one = FrameClock()
+    for i in range(len(stream)):
+        one.feed(stream[i:i + 1])
+        assert one.partial == (i + 1 not in ends), i
+    assert one.messages == 4 and one.first_length == 5
+    whole = FrameClock()
+    whole.feed(stream)
+    assert not whole.partial and whole.messages == 4
+    big = FrameClock()
+    big.feed(frame(b"", length=1 << 20)[:14])     # the first message announces 1 MiB
+    assert big.partial and big.first_length == 1 << 20
+
+
 # --- deadlines ---------------------------------------------------------------------------------
 
 def test_silent_and_header_drip_connections_are_closed_and_service_goes_on(settings, caplog):
