@@ -110,7 +110,7 @@ def test_one_address_at_its_caps_does_not_stop_another(tmp_path):
 
 
 def test_silent_and_idle_connections_are_closed_at_their_deadlines(tmp_path):
-    conf = make_settings(handshake_timeout_seconds=0.3, push_idle_timeout_seconds=0.4)
+    conf = make_settings(handshake_timeout_seconds=0.3, push_idle_timeout_seconds=0.6)
 
     async def main():
         async with push_relay(tmp_path, conf) as relay:
@@ -119,22 +119,22 @@ def test_silent_and_idle_connections_are_closed_at_their_deadlines(tmp_path):
             silent_reader, silent_writer = await raw(port, "127.0.0.2")
             t0 = loop.time()
             assert await closed_by_server(silent_reader, 5)
-            assert 0.25 < loop.time() - t0 < 2
+            assert 0.25 < loop.time() - t0 < 5   # generous: other tests share the cores
             # After NK the real client pushes at once; a session that says nothing is closed.
             idle = await trueseal(port, "127.0.0.3")
             t0 = loop.time()
             assert await closed_by_server(idle.reader, 5)
-            assert 0.35 < loop.time() - t0 < 2
+            assert 0.55 < loop.time() - t0 < 5
             # A session that keeps pushing within the deadline stays; after its last Ack the
             # idle deadline starts again.
             busy = await trueseal(port, "127.0.0.4")
             for i in range(5):
-                await asyncio.sleep(0.25)
+                await asyncio.sleep(0.2)
                 busy.send(push_frame(R1, b"again-%d" % i))
                 assert await busy.recv_frame() == ACK
             t0 = loop.time()
             assert await busy.recv_frame(timeout=5) is None
-            assert 0.35 < loop.time() - t0 < 2
+            assert 0.55 < loop.time() - t0 < 5
             rejected = relay.server.rejected
             assert (rejected["handshake_timeout"], rejected["idle_timeout"]) == (1, 2)
             silent_writer.close()
@@ -159,12 +159,12 @@ def test_a_frame_dripped_or_left_half_sent_is_closed_at_its_byte_rate_deadline(t
                     break
             else:
                 raise AssertionError("a dripped frame was never closed")
-            assert 1.1 < loop.time() - t0 < 3
+            assert 1.1 < loop.time() - t0 < 5
             half = await trueseal(port, "127.0.0.3")
             half.writer.write(half.client.send(push_frame(R1, b"y" * 900))[:500])
             t0 = loop.time()
             assert await closed_by_server(half.reader, 5)
-            assert 1.1 < loop.time() - t0 < 3
+            assert 1.1 < loop.time() - t0 < 5
             assert relay.server.rejected["frame_timeout"] == 2
             assert await push_once(port, "127.0.0.4") == ACK
 
@@ -220,7 +220,7 @@ def test_receive_half_sent_frame_is_bounded_and_sessions_are_capped_per_address(
                 if await closed_by_server(c.reader, 0.1):
                     break
             assert await closed_by_server(c.reader, 3)
-            assert 0.25 < loop.time() - t0 < 2.5
+            assert 0.25 < loop.time() - t0 < 5
             assert srv.rejected["frame_timeout"] == 1
             await wait_until(lambda: relay.hub.sessions_open() == 0)
 
@@ -340,17 +340,17 @@ def test_heya_strangers_of_one_address_cannot_take_the_slots_of_others(settings,
 def test_heya_unauth_sessions_end_at_their_deadline_unless_promoted(settings, tmp_path):
     async def go():
         (inbox_token,) = mint(settings)
-        async with node(settings, unauth_timeout_seconds=0.6, idle_timeout_seconds=30.0) as n:
+        async with node(settings, unauth_timeout_seconds=1.0, idle_timeout_seconds=30.0) as n:
             port, srv = n.heya.bound_port, n.heya
             a = await mailbox(port, Cert(tmp_path, "alice"), inbox_token)   # promoted by INCO
             t_hex = await auth(a)
             pinger = await heya(port, "127.0.0.2", Cert(tmp_path, "pinger"))
-            sender = await heya(port, "127.0.0.3", Cert(tmp_path, "sender"))
-            sender.send(send_line(t_hex, b"m"))
-            await sender.expect(recv_line(b"m"))
             t0 = time.monotonic()
+            sender = await heya(port, "127.0.0.3", Cert(tmp_path, "sender"))
+            sender.send(send_line(t_hex, b"m"))                # promoted at its valid SEND
+            await sender.expect(recv_line(b"m"))
             closed = False
-            for _ in range(10):                        # pings do not save a stranger
+            while time.monotonic() - t0 < 5:           # pings do not save a stranger
                 await asyncio.sleep(0.2)
                 try:
                     pinger.send(b"PING\n")
@@ -358,7 +358,7 @@ def test_heya_unauth_sessions_end_at_their_deadline_unless_promoted(settings, tm
                 except (ConnectionError, OSError, asyncio.IncompleteReadError, AssertionError):
                     closed = True
                     break
-            assert closed and 0.4 < time.monotonic() - t0 < 2
+            assert closed and 0.9 < time.monotonic() - t0 < 5
             assert srv.rejected["auth_timeout"] == 1
             for c in (a, sender):                      # mailbox and sender stay
                 c.send(b"PING\n")
