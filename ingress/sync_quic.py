@@ -14,29 +14,58 @@ client pipelining pushes on several streams is not held to one push per micro-ba
 
 The protocol decisions (state table, limits, identity checks) are `engine/sync`'s; this shell
 owns sockets, timers, the landing appender, the control plane and the inbox view. It never
-logs an id, a key, a group id, a payload or an address.
+logs an id, a key, a group id, a payload, an address or a connection id.
+
+Hostile clients (issue 19). Every connection holds a slot of the listener's `Admission`
+(engine/admission.py) from its first Initial: HANDSHAKE until the QUIC handshake is done,
+UNAUTH until its HELLO is accepted (the identity challenge included), AUTH after. Before any
+state is kept for a new connection, `AdmittingServer` decides: while the relay is under load
+(`retry_above_handshakes` connections in handshake, or `retry_above_handshakes_per_address`
+of its address) the client must first echo a stateless Retry token, so a spoofed-source flood
+creates nothing; then the connection must be admitted, or its Initial is dropped unanswered.
+A handshake not done within `handshake_timeout_seconds` is dropped silently and its state
+freed (aioquic alone keeps it for the idle timeout, renewed by every packet). Per connection,
+at most `max_streams_per_connection` request streams are open at once (aioquic's 128 before)
+and the client may open no unidirectional stream; each request stream may carry
+`stream_window_before_hello` bytes before HELLO and one largest frame after
+(`BoundedStreams`: aioquic doubled a stream's window whenever half of it was used, gaps
+included, so out-of-order bytes could grow without end), which bounds what one connection can
+make the relay hold.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import gc
 import hashlib
 import logging
 import math
+import os
+import re
 import secrets
+import socket
 import time
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 
-from aioquic.asyncio import QuicConnectionProtocol, serve
-from aioquic.quic.configuration import QuicConfiguration
+from aioquic.asyncio import QuicConnectionProtocol
+from aioquic.asyncio.server import QuicServer, _encode_invalid_token_close
+from aioquic.buffer import Buffer
+from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE, QuicConfiguration
+from aioquic.quic.connection import (MAX_STREAM_DATA_FRAME_CAPACITY, Limit, NetworkAddress,
+                                     QuicConnection)
 from aioquic.quic.events import (ConnectionTerminated, HandshakeCompleted, QuicEvent,
                                  StreamDataReceived, StreamReset)
+from aioquic.quic.packet import (QuicFrameType, QuicPacketType, encode_quic_retry,
+                                 pull_quic_header)
 
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, C
 from egress.inbox_tail import InboxTail
+from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.sync import ALPN, PROTOCOL, identity, limits
 from engine.sync import messages as m
 from engine.sync.framing import FrameError, FrameReader, frame
@@ -47,6 +76,7 @@ from engine.sync.token_bucket import KeyedBuckets, TokenBucket
 from relay.config import Settings
 from relay import tls
 from relay.listener import Listener
+from relay.log_rate import LogRate
 
 from .sync_control import SyncControl
 from .sync_inbox import SyncInbox, encode_meta
@@ -81,6 +111,202 @@ def load_or_create_cert(settings: Settings) -> tuple[Path, Path]:
 cert_der = tls.server_cert_der
 
 
+# --- what aioquic logs ----------------------------------------------------------------------
+
+class _QuicLines(logging.Filter):
+    """aioquic's one WARNING left on a server (`[<connection id>] Error: <code>, reason: ...`
+    each time a peer breaks the protocol: no common ALPN, a flow-control violation, ...) names
+    the connection and comes once per connection a client chooses to break: it is dropped and
+    told as one rate-limited `sync_quic_error` line per error code instead."""
+
+    _CODE = re.compile(r"Error: (\d+)")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.quiet = LogRate()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        found = self._CODE.search(str(record.msg))
+        code = int(found.group(1)) if found else None
+        if (dropped := self.quiet.allow(code)) is not None:
+            log.info("QUIC connection closed for a protocol error", extra={
+                "event": "sync_quic_error", "error_code": code, "suppressed": dropped})
+        return False
+
+
+logging.getLogger("quic").addFilter(_QuicLines())
+
+
+# --- QUIC transport: admission before state, Retry under load, bounded streams --------------
+
+# A request stream's window once HELLO is accepted: one largest frame with its length prefix,
+# and a little room to spare (bytes past the request are read no further).
+STREAM_WINDOW_SLACK = 1024
+
+
+def sync_limits(conf) -> Limits:
+    """The sync listener's budgets. AUTH (HELLO accepted) is capped by
+    `max_concurrent_sessions` too; the shell also refuses, at the end of a handshake, a
+    connection that would make UNAUTH + AUTH exceed it (F-007, code 2). The overall total is
+    the sum of the stages', so it never binds before them (admission rule 4 keeps a handshake
+    slot free)."""
+    return Limits(
+        total=conf.max_handshakes + conf.max_unauth_sessions + conf.max_concurrent_sessions,
+        handshake=Cap(conf.max_handshakes, conf.max_handshakes_per_address),
+        unauth=Cap(conf.max_unauth_sessions, conf.max_unauth_sessions_per_address),
+        auth=Cap(conf.max_concurrent_sessions, conf.max_sessions_per_address))
+
+
+class BoundedStreams(QuicConnection):
+    """A server connection whose client streams have fixed receive windows.
+
+    aioquic doubles a stream's window (MAX_STREAM_DATA) whenever the peer has sent past half
+    of it, and counts a gap as sent: a peer writing ever further ahead made it allocate ever
+    larger out-of-order buffers. Here every request stream's window is `stream_window`
+    (before HELLO `stream_window_before_hello`, room for the identity exchange, a Join and a
+    HELLO; after, one largest frame: all the relay reads from one stream), and a client may
+    have `max_streams` request streams open at once and no unidirectional stream (the relay
+    reads none). One connection can make the relay hold at most `max_streams` windows."""
+
+    def __init__(self, *, max_streams: int, stream_window: int, **kwargs):
+        super().__init__(**kwargs)
+        self.stream_window = stream_window
+        self._local_max_streams_bidi = Limit(QuicFrameType.MAX_STREAMS_BIDI, "max_streams_bidi",
+                                             max_streams)
+        self._local_max_streams_uni = Limit(QuicFrameType.MAX_STREAMS_UNI, "max_streams_uni", 0)
+
+    def _write_stream_limits(self, builder, space, stream) -> None:
+        if not stream.max_stream_data_local or stream.receiver.is_finished:
+            return          # a stream the relay opened, or one whose request is all in
+        if stream.max_stream_data_local < self.stream_window:
+            stream.max_stream_data_local = self.stream_window      # HELLO was accepted
+        if stream.max_stream_data_local_sent != stream.max_stream_data_local:
+            buf = builder.start_frame(QuicFrameType.MAX_STREAM_DATA,
+                                      capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
+                                      handler=self._on_max_stream_data_delivery,
+                                      handler_args=(stream,))
+            buf.push_uint_var(stream.stream_id)
+            buf.push_uint_var(stream.max_stream_data_local)
+            stream.max_stream_data_local_sent = stream.max_stream_data_local
+
+
+class AdmittingServer(QuicServer):
+    """aioquic's server, deciding before a new connection costs anything.
+
+    An Initial that would open a connection (unknown destination id, full size, a version we
+    speak) gets a Retry while the relay is under load (`SyncServer.needs_retry`): stateless,
+    its token (aioquic's: the client's address and port, 30 s) must come back before anything
+    is kept, so a spoofed-source flood creates no state. Then the listener's `Admission` must
+    grant it a HANDSHAKE slot, or the Initial is dropped unanswered (the client resends until
+    its connect timeout, 30 s for 0k-sync). Everything else is aioquic's."""
+
+    def __init__(self, listener: "SyncServer", configuration: QuicConfiguration):
+        super().__init__(configuration=configuration, create_protocol=listener._protocol,
+                         retry=True)
+        self.listener = listener
+
+    def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:
+        try:
+            header = pull_quic_header(Buffer(data=data),
+                                      host_cid_length=self._configuration.connection_id_length)
+        except ValueError:
+            return
+        if (header.packet_type != QuicPacketType.INITIAL or len(data) < SMALLEST_MAX_DATAGRAM_SIZE
+                or header.version not in self._configuration.supported_versions
+                or header.destination_cid in self._protocols):
+            super().datagram_received(data, addr)   # a known connection, version negotiation
+            return
+        self._new_connection(data, addr, header)
+
+    def _new_connection(self, data: bytes, addr: NetworkAddress, header) -> None:
+        lst, now = self.listener, self._loop.time()
+        if header.token:
+            try:
+                original = self._retry.validate_token(
+                    address=addr, destination_cid=header.destination_cid, token=header.token,
+                    now=now)
+            except ValueError:     # not ours, expired or another address's (RFC 9000 §8.1.3)
+                lst.rejected["retry_token_invalid"] += 1
+                self._transport.sendto(_encode_invalid_token_close(
+                    version=header.version, source_cid=header.destination_cid,
+                    destination_cid=header.source_cid), addr)
+                return
+            retry_source = header.destination_cid
+        elif lst.needs_retry(address_key(str(addr[0]))):
+            source = os.urandom(self._configuration.connection_id_length)
+            lst.retries += 1
+            self._transport.sendto(encode_quic_retry(
+                version=header.version, source_cid=source, destination_cid=header.source_cid,
+                original_destination_cid=header.destination_cid,
+                retry_token=self._retry.create_token(
+                    address=addr, original_destination_connection_id=header.destination_cid,
+                    retry_source_connection_id=source, now=now)), addr)
+            return
+        else:
+            original, retry_source = header.destination_cid, None
+        ticket = lst._admit(addr)
+        if ticket is None:
+            return
+        connection = BoundedStreams(
+            configuration=self._configuration,
+            original_destination_connection_id=original,
+            retry_source_connection_id=retry_source,
+            session_ticket_fetcher=self._session_ticket_fetcher,
+            session_ticket_handler=self._session_ticket_handler,
+            max_streams=lst.conf.max_streams_per_connection,
+            stream_window=lst.conf.stream_window_before_hello)
+        protocol = self._create_protocol(connection, stream_handler=self._stream_handler)
+        protocol.connection_made(self._transport)
+        protocol._connection_id_issued_handler = partial(self._connection_id_issued,
+                                                         protocol=protocol)
+        protocol._connection_id_retired_handler = partial(self._connection_id_retired,
+                                                          protocol=protocol)
+        protocol._connection_terminated_handler = partial(self._connection_terminated,
+                                                          protocol=protocol)
+        for cid in (header.destination_cid, connection.host_cid):
+            self._connection_id_issued(cid, protocol)
+        protocol.admitted(ticket)
+        protocol.datagram_received(data, addr)
+
+    # aioquic scans every connection id of the server to forget one connection; each
+    # connection keeps its own here, so a wave of dropped handshakes costs no scans.
+    def _connection_id_issued(self, cid: bytes, protocol: "SyncConnection") -> None:
+        self._protocols[cid] = protocol
+        protocol.cids.add(cid)
+
+    def _connection_id_retired(self, cid: bytes, protocol: "SyncConnection") -> None:
+        if self._protocols.get(cid) is protocol:
+            del self._protocols[cid]
+        protocol.cids.discard(cid)
+
+    def _connection_terminated(self, protocol: "SyncConnection") -> None:
+        for cid in protocol.cids:
+            if self._protocols.get(cid) is protocol:
+                del self._protocols[cid]
+        protocol.cids.clear()
+
+
+def _nothing(*_args) -> None:
+    pass
+
+
+def _malloc_trim():
+    """glibc's `malloc_trim`, or None (another C library)."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+# A dropped connection is reference cycles (aioquic's, timers), freed by the collector, and
+# glibc then keeps the memory in its heap for reuse: 400 abandoned handshakes (~93 KiB each)
+# left the process 37 MiB bigger for good. Once a wave of connections that never got a
+# session is gone (at least TRIM_AFTER, and none left in handshake or before HELLO), they
+# are collected and `malloc_trim` gives the memory back (on a thread: it walks the heap).
+MALLOC_TRIM = _malloc_trim()
+TRIM_AFTER = 256
+
+
 # --- the listener ---------------------------------------------------------------------------
 
 class SyncServer(Listener):
@@ -89,7 +315,8 @@ class SyncServer(Listener):
 
     def __init__(self, settings: Settings, appender, *, fsync: bool = True):
         conf = settings.sync
-        super().__init__(settings.bind, conf.port, conf.max_concurrent_sessions)
+        super().__init__(settings.bind, conf.port, conf.max_concurrent_sessions,
+                         limits=sync_limits(conf))
         self.settings = settings
         self.conf = conf
         self.appender = appender
@@ -110,7 +337,11 @@ class SyncServer(Listener):
         self.conns: set[SyncConnection] = set()
         self.inflight: dict[bytes, int] = {}      # group -> payload bytes being stored
         self.last_seen: dict[tuple[bytes, bytes], int] = {}
-        self._server = None
+        self.retries = 0           # Retry packets sent (address validation under load)
+        self.validating = False    # every new connection must pass a Retry now
+        self.ended_unsessioned = 0     # since the heap was last trimmed (MALLOC_TRIM)
+        self._trim: asyncio.Future | None = None
+        self._server: AdmittingServer | None = None
         self._stop = asyncio.Event()
         self._tail_task: asyncio.Task | None = None
 
@@ -128,12 +359,19 @@ class SyncServer(Listener):
         self._tail_task = asyncio.create_task(
             self.tail.run(self.settings.egress.poll_interval_ms / 1000, self._stop),
             name="sync-inbox-tail")
+        conf = self.conf
+        # max_stream_data: a client stream's window before HELLO (BoundedStreams); max_data
+        # lets every stream fill its window after HELLO (aioquic raises it from there).
         qconf = QuicConfiguration(is_client=False, alpn_protocols=[ALPN],
-                                  idle_timeout=self.conf.idle_timeout_seconds,
-                                  max_data=8 << 20, max_stream_data=2 << 20)
+                                  idle_timeout=conf.idle_timeout_seconds,
+                                  max_data=conf.max_streams_per_connection * self.stream_window,
+                                  max_stream_data=conf.stream_window_before_hello)
         qconf.load_cert_chain(str(self.cert_path), str(self.key_path))
-        self._server = await serve(self.host, self.port, configuration=qconf,
-                                   create_protocol=self._protocol)
+        transport, self._server = await asyncio.get_running_loop().create_datagram_endpoint(
+            lambda: AdmittingServer(self, qconf), local_addr=(self.host, self.port))
+        # A connect burst waits in the socket's buffer, as TCP connects in a listen backlog.
+        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF,
+                                                      conf.receive_buffer_bytes)
         log.info("listener started", extra={"event": "listener_started",
                                             "listener": self.name, "port": self.bound_port})
 
@@ -144,6 +382,44 @@ class SyncServer(Listener):
     def bound_port(self) -> int:
         assert self._server is not None, "not started"
         return self._server._transport.get_extra_info("sockname")[1]
+
+    @property
+    def stream_window(self) -> int:
+        """A request stream's window once HELLO is accepted (BoundedStreams)."""
+        return self.conf.max_message_size + 4 + STREAM_WINDOW_SLACK
+
+    def ended_without_session(self) -> None:
+        """A connection ended before its HELLO was accepted (after `release`)."""
+        self.ended_unsessioned += 1
+        adm = self.admission
+        if (self.ended_unsessioned >= TRIM_AFTER and MALLOC_TRIM is not None
+                and adm.count(Stage.HANDSHAKE) == 0 and adm.count(Stage.UNAUTH) == 0
+                and (self._trim is None or self._trim.done())):
+            self.ended_unsessioned = 0
+            self._trim = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_soon(self._give_memory_back, self._trim)
+
+    def _give_memory_back(self, done: asyncio.Future) -> None:
+        gc.collect()
+        trim = asyncio.ensure_future(asyncio.to_thread(MALLOC_TRIM, 0))
+        trim.add_done_callback(lambda _: done.done() or done.set_result(None))
+
+    def needs_retry(self, address: str) -> bool:
+        """The Retry rule: a new connection must prove its address first while the relay holds
+        `retry_above_handshakes` connections in handshake (0: always), or its address holds
+        `retry_above_handshakes_per_address`. A real client pays one round trip, only then;
+        a spoofed source can hold at most that many unvalidated handshakes, in all and of any
+        one address (so it cannot fill a real address's per-address cap either)."""
+        conf, adm = self.conf, self.admission
+        busy = adm.count(Stage.HANDSHAKE) >= conf.retry_above_handshakes
+        if busy != self.validating:
+            self.validating = busy
+            if (dropped := self.quiet.allow(("validating", busy))) is not None:
+                log.info("address validation (QUIC Retry) for every new connection", extra={
+                    "event": "sync_address_validation", "on": busy,
+                    "handshakes": adm.count(Stage.HANDSHAKE), "suppressed": dropped})
+        return busy or adm.count_of(address, Stage.HANDSHAKE) \
+            >= conf.retry_above_handshakes_per_address
 
     async def close(self) -> None:
         """Stop accepting; pushes being stored finish (and are answered) first."""
@@ -159,6 +435,8 @@ class SyncServer(Listener):
         self._stop.set()
         if self._tail_task is not None:
             await self._tail_task
+        if self._trim is not None:
+            await self._trim
         await self.control.close()
         if self.acks is not None:
             await self.acks.close()
@@ -205,6 +483,12 @@ class SyncConnection(QuicConnectionProtocol):
         self.closed = False
         self.draining = False
         self.registered = False
+        # Admission (AdmittingServer): the slot, the handshake deadline, the connection ids
+        # the server routes to this connection, and whether it was dropped without a word.
+        self.ticket: Ticket | None = None
+        self.handshake_timer: asyncio.TimerHandle | None = None
+        self.cids: set[bytes] = set()
+        self.aborted = False
 
     # --- identity helpers --------------------------------------------------------------------
     @property
@@ -225,14 +509,66 @@ class SyncConnection(QuicConnectionProtocol):
         elif isinstance(event, ConnectionTerminated):
             self._on_closed()
 
+    # --- admission -----------------------------------------------------------------------------
+    def admitted(self, ticket: Ticket) -> None:
+        """Its HANDSHAKE slot: evicted for a newcomer, or still in its handshake after
+        `handshake_timeout_seconds`, the connection is dropped without a word (`abort`)."""
+        self.ticket = ticket
+        ticket.closer = self.abort
+        self.handshake_timer = self._loop.call_later(self.conf.handshake_timeout_seconds,
+                                                     self._handshake_expired)
+
+    def _handshake_expired(self) -> None:
+        self.handshake_timer = None
+        if self.closed:
+            return
+        srv = self.server
+        srv.rejected["handshake_timeout"] += 1
+        if (dropped := srv.quiet.allow("handshake_timeout")) is not None:
+            log.info("QUIC handshake not finished in time; dropped", extra={
+                "event": "sync_handshake_timeout", "suppressed": dropped})
+        self.abort()
+
+    def abort(self) -> None:
+        """Forget a connection still in its handshake. Nothing is sent (its address may be a
+        spoofed one, and a close would be a packet per dropped handshake); its timers stop and
+        the server drops its connection ids, so nothing refers to its state any more."""
+        if self.closed:
+            return
+        self.aborted = True
+        for handle in (self._timer, self._transmit_task):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._transmit_task = None
+        terminated = self._connection_terminated_handler
+        self._connection_id_issued_handler = self._connection_id_retired_handler = _nothing
+        self._connection_terminated_handler = _nothing
+        terminated()
+        self._closed.set()
+        self._on_closed()
+
+    def transmit(self) -> None:
+        if not self.aborted:
+            super().transmit()
+
     def _on_handshake(self) -> None:
         srv = self.server
+        if self.handshake_timer is not None:
+            self.handshake_timer.cancel()
+            self.handshake_timer = None
+        # F-007: established connections (UNAUTH + AUTH) past max_concurrent_sessions are
+        # closed with code 2, as 0k-sync does at accept. UNAUTH alone is capped well below it
+        # (max_unauth_sessions, evicting), so unauthenticated connections cannot fill it.
         if len(srv.conns) >= self.conf.max_concurrent_sessions:
-            srv.rejected["too_many_sessions"] += 1
-            log.warning("session cap reached", extra={"event": "connection_refused",
-                                                      "listener": srv.name})
+            srv._refused(Stage.UNAUTH, "session_cap")
             self.close(CLOSE_TOO_MANY_SESSIONS, "too many sessions")
             return
+        if not srv.advance(self.ticket, Stage.UNAUTH):
+            self.close(CLOSE_TOO_MANY_SESSIONS, "too many sessions")
+            return
+        if self.ticket is not None:     # evicted for a newcomer: as past the session cap
+            self.ticket.closer = partial(self.close, CLOSE_TOO_MANY_SESSIONS,
+                                         "too many sessions")
         srv.conns.add(self)
         srv.connections = len(srv.conns)
         self.hello_timer = self._loop.call_later(self.conf.hello_timeout_seconds,
@@ -241,8 +577,11 @@ class SyncConnection(QuicConnectionProtocol):
 
     def _hello_timeout(self) -> None:
         if self.session.state is not State.ACTIVE and not self.closed:
-            log.info("hello timeout", extra={"event": "sync_hello_timeout"})
-            self.server.rejected["hello_timeout"] += 1
+            srv = self.server
+            srv.rejected["hello_timeout"] += 1
+            if (dropped := srv.quiet.allow("hello_timeout")) is not None:
+                log.info("hello timeout", extra={"event": "sync_hello_timeout",
+                                                 "suppressed": dropped})
             self.close(CLOSE_AUTH_FAILED, "hello timeout")
 
     def _on_data(self, sid: int, data: bytes, fin: bool) -> None:
@@ -315,8 +654,12 @@ class SyncConnection(QuicConnectionProtocol):
         srv = self.server
         srv.conns.discard(self)
         srv.connections = len(srv.conns)
-        if self.hello_timer is not None:
-            self.hello_timer.cancel()
+        srv.release(self.ticket)
+        if self.ticket is not None and self.ticket.stage is not Stage.AUTH:
+            srv.ended_without_session()
+        for timer in (self.hello_timer, self.handshake_timer):
+            if timer is not None:
+                timer.cancel()
         for st in self.streams.values():
             st.timer.cancel()
             st.give(None)
@@ -338,6 +681,10 @@ class SyncConnection(QuicConnectionProtocol):
             return
         if fin:
             self.answered.add(sid)
+            if len(self.answered) > 2 * self.conf.max_streams_per_connection + 8:
+                # aioquic delivers nothing more for a stream it discarded: forget those
+                live = self._quic._streams
+                self.answered = {s for s in self.answered if s in live}
             st = self.streams.pop(sid, None)
             if st is not None:
                 st.timer.cancel()
@@ -349,10 +696,13 @@ class SyncConnection(QuicConnectionProtocol):
         self.transmit()
 
     def _refuse(self, sid: int, request: m.Message | None, exc: Refused) -> None:
-        self.server.rejected[_reason(exc.code)] += 1
-        log.info("sync request refused", extra={"event": "sync_refused",
-                                                "code": exc.code, "reason": exc.message,
-                                                "request": request.TAG if request else None})
+        srv = self.server
+        srv.rejected[_reason(exc.code)] += 1
+        tag = request.TAG if request else None
+        if (dropped := srv.quiet.allow(("refused", exc.code, tag))) is not None:
+            log.info("sync request refused", extra={"event": "sync_refused",
+                                                    "code": exc.code, "reason": exc.message,
+                                                    "request": tag, "suppressed": dropped})
         wants = request is not None and self.session.wants_error(request)
         self._respond(sid, m.Error(exc.code, exc.message) if wants else None)
 
@@ -382,7 +732,9 @@ class SyncConnection(QuicConnectionProtocol):
         except asyncio.CancelledError:
             pass
         except Exception:
-            log.exception("sync connection failed", extra={"event": "sync_task_failed"})
+            if (dropped := self.server.quiet.allow("task_failed")) is not None:
+                log.exception("sync connection failed", extra={"event": "sync_task_failed",
+                                                               "suppressed": dropped})
             self.close(0, "internal error")
 
     async def _handle(self, sid: int, body: bytes | None) -> None:
@@ -427,8 +779,11 @@ class SyncConnection(QuicConnectionProtocol):
             proof = None
         if not (isinstance(proof, m.AuthProof) and identity.auth_ok(
                 proof.device_id, proof.signature, nonce, self.server.cert_der)):
-            self.server.rejected["auth_failed"] += 1
-            log.info("sync auth failed", extra={"event": "sync_auth_failed"})
+            srv = self.server
+            srv.rejected["auth_failed"] += 1
+            if (dropped := srv.quiet.allow("auth_failed")) is not None:
+                log.info("sync auth failed", extra={"event": "sync_auth_failed",
+                                                    "suppressed": dropped})
             self.close(CLOSE_AUTH_FAILED, "auth failed")
             return
         if not self.server.connect_limit.take(proof.device_id, time.monotonic()):
@@ -448,7 +803,9 @@ class SyncConnection(QuicConnectionProtocol):
         outcome = await ctl.admit(msg.group_id, dev, msg.admitter)
         if outcome == "refused":
             raise Refused(Code.BAD_ADMISSION, "admitter is not a member")
-        log.info("sync device joined", extra={"event": "sync_member_changed", "op": outcome})
+        if (dropped := self.server.quiet.allow(("member", outcome))) is not None:
+            log.info("sync device joined", extra={"event": "sync_member_changed", "op": outcome,
+                                                  "suppressed": dropped})
         self._respond(sid, m.Done(m.Join.TAG))
 
     async def _on_hello(self, sid: int, msg: m.Hello) -> None:
@@ -463,12 +820,19 @@ class SyncConnection(QuicConnectionProtocol):
             outcome = await ctl.admit(group, dev, None, open_group=self.conf.open_groups)
             if outcome == "refused":
                 raise Refused(Code.NOT_A_MEMBER, "not a member of this group")
-            log.info("sync group member added", extra={"event": "sync_member_changed",
-                                                       "op": outcome})
+            if (dropped := srv.quiet.allow(("member", outcome))) is not None:
+                log.info("sync group member added", extra={"event": "sync_member_changed",
+                                                           "op": outcome, "suppressed": dropped})
+        # AUTH: never evicted; its total (max_concurrent_sessions) or the address's cap
+        # (max_sessions_per_address) full, the connection is closed with code 2.
+        if not srv.advance(self.ticket, Stage.AUTH):
+            self.close(CLOSE_TOO_MANY_SESSIONS, "too many sessions")
+            return
         name = limits.truncate_utf8(msg.device_name, self.conf.max_device_name_bytes)
         self.session.activate(msg, name)
         if self.hello_timer is not None:
             self.hello_timer.cancel()
+        self._quic.stream_window = srv.stream_window    # one largest frame per stream now
         srv.inbox.register(group, self)
         self.registered = True
         srv.last_seen[(group, dev)] = unix_now()
@@ -477,8 +841,9 @@ class SyncConnection(QuicConnectionProtocol):
         self._respond(sid, m.Welcome(msg.version, srv.inbox.top(group),
                                      min(srv.inbox.pending_count(group, dev, after, now),
                                          m.U32)))
-        log.info("sync session open", extra={"event": "sync_session_open",
-                                             "version": msg.version})
+        if (dropped := srv.quiet.allow(("session_open", msg.version))) is not None:
+            log.info("sync session open", extra={"event": "sync_session_open",
+                                                 "version": msg.version, "suppressed": dropped})
 
     async def _on_push(self, sid: int, msg: m.Push) -> None:
         srv, conf = self.server, self.conf
@@ -520,8 +885,10 @@ class SyncConnection(QuicConnectionProtocol):
                                             conf.push_ack_timeout_seconds)
         except Exception as exc:
             srv.inbox.forget_waiter(eid, waiter)
-            log.warning("sync push not stored", extra={"event": "sync_store_failed",
-                                                       "error": type(exc).__name__})
+            error = type(exc).__name__
+            if (dropped := srv.quiet.allow(("store_failed", error))) is not None:
+                log.warning("sync push not stored", extra={"event": "sync_store_failed",
+                                                           "error": error, "suppressed": dropped})
             self._refuse(sid, msg, Refused(Code.INTERNAL, "not stored"))
             return
         finally:
@@ -612,14 +979,18 @@ class SyncConnection(QuicConnectionProtocol):
             C.SEQ: blob.seq, C.CURSOR: blob.cursor, C.DEVICE: self.device_id,
             C.ACKED_AT: datetime.now(timezone.utc)})
         srv.inbox.remove(group, blob.cursor)
-        log.info("sync blob deleted", extra={"event": "sync_blob_deleted"})
+        if (dropped := srv.quiet.allow("blob_deleted")) is not None:
+            log.info("sync blob deleted", extra={"event": "sync_blob_deleted",
+                                                 "suppressed": dropped})
         self._respond(sid, m.Done(m.Delete.TAG))
 
     async def _on_revoke(self, sid: int, msg: m.RevokeDevice) -> None:
         srv, group = self.server, self.session.group_id
         if not await srv.control.revoke(group, msg.device_id, self.device_id):
             raise Refused(Code.NOT_FOUND, "not a member")
-        log.info("sync device revoked", extra={"event": "sync_member_changed", "op": "revoke"})
+        if (dropped := srv.quiet.allow(("member", "revoke"))) is not None:
+            log.info("sync device revoked", extra={"event": "sync_member_changed", "op": "revoke",
+                                                   "suppressed": dropped})
         self._respond(sid, m.Done(m.RevokeDevice.TAG))
         for conn in srv.group_sessions(group):
             conn.send_uni(m.DeviceRevoked(msg.device_id))

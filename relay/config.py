@@ -273,10 +273,48 @@ class SyncConf:
     # 0k-sync semantics: anyone who knows a group id joins it. Off: a member must admit you.
     open_groups: bool = False
     max_message_size: int = 1048576          # ST-001: frame cap, checked before decoding
-    hello_timeout_seconds: float = 10.0      # F-006: auth + HELLO within this
-    stream_read_timeout_seconds: float = 10.0  # an opened request stream must deliver its frame
+    # Hostile clients (issue 19; stages: HANDSHAKE = QUIC handshake under way, UNAUTH = before
+    # HELLO is accepted, AUTH = after). A QUIC handshake is one round trip (two with a Retry)
+    # and lost flights are resent with back-off from ~1 s (aioquic, quinn): done this long
+    # after the first Initial, or dropped without a word (0k-sync's client gives up at 30 s).
+    handshake_timeout_seconds: float = 10.0
+    hello_timeout_seconds: float = 10.0      # F-006: auth + HELLO within this (code 3)
+    # A request stream must deliver its whole frame this long after its first byte (0k-sync
+    # waits for ever; its client writes a request in one go).
+    stream_read_timeout_seconds: float = 10.0
     idle_timeout_seconds: float = 60.0       # QUIC idle timeout
-    max_concurrent_sessions: int = 10000     # F-007: past it, close code 2
+    # F-007 (0k-sync's 10,000): connections past their handshake (UNAUTH + AUTH together),
+    # and AUTH alone; a connection that would pass it is closed with code 2 "too many
+    # sessions". Per address, AUTH: 0k-sync holds one connection per device (its CLI one per
+    # command), so a household's or an office's devices behind one NAT.
+    max_concurrent_sessions: int = 10000
+    max_sessions_per_address: int = 100
+    # UNAUTH lasts a round trip or two for a real client (the identity challenge, then Join /
+    # HELLO at once). Full: the oldest of the address holding the most is closed (code 2) for
+    # the newcomer; an address at its cap: the newcomer is (code 2). Kept well below
+    # max_concurrent_sessions, so unauthenticated connections can never fill that.
+    max_unauth_sessions: int = 1000
+    max_unauth_sessions_per_address: int = 32
+    # Connections in their QUIC handshake: each holds ~100 KiB (aioquic 1.7, measured), so
+    # 500 are ~50 MiB. Full: the oldest of the address holding the most is dropped for the
+    # newcomer; an address at its cap: its new Initials are dropped unanswered.
+    max_handshakes: int = 500
+    max_handshakes_per_address: int = 32
+    # Address validation: while this many connections are in handshake (0: always), or this
+    # many of one address, a new connection must first echo a stateless Retry (one more
+    # round trip). 0k-sync clients hold one long-lived connection each, so a few handshakes
+    # at a time is normal; a flood of spoofed sources then holds at most these.
+    retry_above_handshakes: int = 100
+    retry_above_handshakes_per_address: int = 8
+    # Request streams a client may have open at once (aioquic's default: 128): 0k-sync sends
+    # one request at a time per connection; 4 leaves room for a client that pipelines.
+    max_streams_per_connection: int = 4
+    # A request stream's receive window before HELLO is accepted (after: one largest frame):
+    # the identity exchange, a Join and a HELLO (a 256-character name) fit many times over.
+    stream_window_before_hello: int = 16384
+    # The UDP socket's receive buffer (SO_RCVBUF; Linux caps it at net.core.rmem_max): a
+    # connect burst waits there as TCP connects in a listen backlog (~1,800 Initials).
+    receive_buffer_bytes: int = 4194304
     connections_per_minute: int = 10         # per device id; past it, close code 1
     messages_per_minute: int = 100           # per device, PUSH + PULL (burst = the count)
     control_requests_per_minute: int = 60    # per device, our extension requests (burst = it)

@@ -118,6 +118,13 @@ EVENTS: dict[str, str] = {
     "sync_member_changed": "group membership changed (op: created | joined | revoke)",
     "sync_blob_deleted": "a DELETE acknowledged by every device removed a blob",
     "sync_task_failed": "a sync connection's request loop raised; closed",
+    "sync_handshake_timeout": "a QUIC handshake was not done within "
+                              "sync.handshake_timeout_seconds: its state dropped, nothing sent "
+                              "(suppressed)",
+    "sync_address_validation": "new sync connections must (on=true) or need not (on=false) "
+                               "echo a QUIC Retry first (handshakes under way, suppressed)",
+    "sync_quic_error": "aioquic closed a sync connection for a protocol error; its own line, "
+                       "which names the connection id, is dropped (error_code, suppressed)",
     # egress
     "egress_bootstrap": "egress rebuilt its pending view from inbox minus acks (version, rows)",
     "egress_rebuild": "the inbox tail lost its place (log cleaned up) and rebuilt",

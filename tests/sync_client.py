@@ -11,14 +11,19 @@ streams, collected in `uni`. The relay certificate is pinned by its SHA-256.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import socket
 import ssl
 import struct
 
 import msgpack
 from aioquic.asyncio import QuicConnectionProtocol, connect
+from aioquic.buffer import Buffer
 from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
 from aioquic.quic.events import ConnectionTerminated, StreamDataReceived
+from aioquic.quic.packet import QuicPacketType, pull_quic_header
 from cryptography.hazmat.primitives.serialization import Encoding
 from nacl.signing import SigningKey
 
@@ -210,11 +215,17 @@ class SyncClient:
         self.cert_der = proto._quic.tls._peer_certificate.public_bytes(Encoding.DER)
 
     @classmethod
-    async def connect(cls, port: int, pin_sha256: str | None = None) -> "SyncClient":
+    async def connect(cls, port: int, pin_sha256: str | None = None, *,
+                      local_host: str | None = None) -> "SyncClient":
+        """`local_host`: bind the client's UDP socket to this address of 127.0.0.0/8 (one
+        more client address for the relay's per-address budgets)."""
         conf = QuicConfiguration(is_client=True, alpn_protocols=[ALPN],
                                  verify_mode=ssl.CERT_NONE, max_data=8 << 20,
                                  max_stream_data=4 << 20)
-        ctx = connect("127.0.0.1", port, configuration=conf, create_protocol=_Proto)
+        if local_host is None:
+            ctx = connect("127.0.0.1", port, configuration=conf, create_protocol=_Proto)
+        else:
+            ctx = connect_from(local_host, port, configuration=conf, create_protocol=_Proto)
         proto = await asyncio.wait_for(ctx.__aenter__(), TIMEOUT)
         client = cls(proto, ctx)
         if pin_sha256 is not None and hashlib.sha256(client.cert_der).hexdigest() != pin_sha256:
@@ -282,10 +293,72 @@ class SyncClient:
 
 async def device_session(port: int, device: Device, group: bytes, *, name: str = "dev",
                          version: int = 2, admission: list | None = None,
-                         last_cursor: int = 0) -> tuple[SyncClient, list | None]:
+                         last_cursor: int = 0,
+                         local_host: str | None = None) -> tuple[SyncClient, list | None]:
     """Connect, authenticate, (join), HELLO; returns the client and the WELCOME (or None)."""
-    c = await SyncClient.connect(port)
+    c = await SyncClient.connect(port, local_host=local_host)
     assert await c.authenticate(device) == ["Done", "AuthProof"]
     if admission is not None:
         assert await c.request(join(group, *admission)) == ["Done", "Join"]
     return c, await c.request(hello(version, name, group, last_cursor))
+
+
+# --- many client addresses, and clients that never finish ------------------------------------
+
+@contextlib.asynccontextmanager
+async def connect_from(local_host: str, port: int, *, configuration: QuicConfiguration,
+                       create_protocol=QuicConnectionProtocol):
+    """aioquic's `connect` to 127.0.0.1:`port`, from a UDP socket bound to `local_host`
+    (aioquic's binds "::" and takes no local address)."""
+    loop = asyncio.get_running_loop()
+    configuration.server_name = configuration.server_name or "localhost"
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((local_host, 0))
+    transport, protocol = await loop.create_datagram_endpoint(
+        lambda: create_protocol(QuicConnection(configuration=configuration)), sock=sock)
+    try:
+        protocol.connect(("127.0.0.1", port))
+        await protocol.wait_connected()
+        yield protocol
+    finally:
+        protocol.close()
+        await protocol.wait_closed()
+        transport.close()
+
+
+class SilentInitial:
+    """A client that sends its first Initial (a real ClientHello, padded to 1,200 bytes) from
+    `local_host` and nothing after: a handshake that never finishes, or, if the relay answers
+    with a Retry, a spoofed source that never echoes it. `received()` drains what came back."""
+
+    def __init__(self, port: int, local_host: str = "127.0.0.1", *, send: bool = True):
+        conf = QuicConfiguration(is_client=True, alpn_protocols=[ALPN],
+                                 verify_mode=ssl.CERT_NONE, server_name="localhost")
+        quic = QuicConnection(configuration=conf)
+        quic.connect(("127.0.0.1", port), now=0.0)
+        self.port = port
+        self.datagrams = [data for data, _ in quic.datagrams_to_send(now=0.0)]
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((local_host, 0))
+        self.sock.setblocking(False)
+        if send:
+            self.send()
+
+    def send(self) -> None:
+        for data in self.datagrams:
+            self.sock.sendto(data, ("127.0.0.1", self.port))
+
+    def received(self) -> list[bytes]:
+        out = []
+        while True:
+            try:
+                out.append(self.sock.recv(65536))
+            except BlockingIOError:
+                return out
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def packet_type(datagram: bytes) -> QuicPacketType:
+    return pull_quic_header(Buffer(data=datagram), host_cid_length=8).packet_type

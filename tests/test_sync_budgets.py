@@ -1,0 +1,370 @@
+"""Hostile clients on the cursor-sync listener (issue 19), with a real aioquic client on
+loopback (tests/sync_client.py).
+
+Several source addresses of 127.0.0.0/8 stand for several clients (the client's UDP socket is
+bound to 127.0.0.N). `SilentInitial` sends one real Initial and nothing after: a handshake that
+never finishes or, answered with a Retry, a spoofed source that never echoes it. Small and
+quick: tens to a hundred connections; the 10,000-connection suite lives in tests/hostile/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+import tracemalloc
+import weakref
+
+import pytest
+from aioquic.quic.packet import QuicPacketType
+
+from engine.admission import Stage
+from sync_client import (Device, SilentInitial, SyncClient, device_session, frame, group_id,
+                         hello, join, packet_type, pull, push)
+from test_sync_shell import admission, blob, relay
+
+HANDSHAKE, UNAUTH, AUTH = Stage.HANDSHAKE, Stage.UNAUTH, Stage.AUTH
+TOO_MANY = (2, "too many sessions")
+
+
+async def wait_until(cond, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+def no_retry(settings) -> None:
+    """Address validation off: every Initial opens a connection (the relay is never 'under
+    load'), so silent clients hold handshake state."""
+    settings.sync.retry_above_handshakes = 10 ** 6
+    settings.sync.retry_above_handshakes_per_address = 10 ** 6
+
+
+def events(caplog, name: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if getattr(r, "event", None) == name]
+
+
+async def round_trip(c: SyncClient, n: int) -> float:
+    """PUSH then PULL on an active session; seconds taken."""
+    t = time.monotonic()
+    assert (await c.request(push(blob(n), b"legit %d" % n, 0)))[:3] == ["PushAck", blob(n), n]
+    page = await c.request(pull(n - 1, 10))
+    assert [e[1] for e in page[1]] == [n]
+    return time.monotonic() - t
+
+
+# --- deadlines --------------------------------------------------------------------------------
+
+def test_a_handshake_that_never_finishes_is_dropped_at_its_deadline_and_freed(settings, caplog):
+    """aioquic alone keeps a half-done handshake for the idle timeout (60 s), renewed by every
+    packet; here it is dropped at `handshake_timeout_seconds`, without a packet, and nothing
+    refers to its state any more."""
+    no_retry(settings)
+    settings.sync.handshake_timeout_seconds = 2.0
+    caplog.set_level(logging.INFO)
+
+    async def go():
+        async with relay(settings, stream=False) as (port, node, _):
+            srv = node.sync
+            silent = [SilentInitial(port, f"127.0.0.{2 + i % 5}", send=False)
+                      for i in range(40)]
+            gc.collect()
+            tracemalloc.start()
+            before = tracemalloc.get_traced_memory()[0]
+            started = time.monotonic()
+            for s in silent:
+                s.send()
+            await wait_until(lambda: srv.admission.count(HANDSHAKE) == 40)
+            held = tracemalloc.get_traced_memory()[0] - before
+            protocols = [weakref.ref(p) for p in set(srv._server._protocols.values())]
+            assert len(protocols) == 40
+            await asyncio.sleep(0.5)
+            for s in silent:       # the relay's handshake flight (and its resends) came back
+                assert s.received()
+            await wait_until(lambda: srv.admission.count(HANDSHAKE) == 0, timeout=5)
+            assert 1.9 < time.monotonic() - started < 3.5      # at the deadline, not later
+            assert srv._server._protocols == {} and srv.conns == set()
+            assert srv.rejected["handshake_timeout"] == 40
+            for s in silent:
+                s.received()
+            await asyncio.sleep(1.5)
+            assert not any(s.received() for s in silent)       # dropped: nothing sent after
+            gc.collect()
+            assert not [r for r in protocols if r() is not None]
+            freed = tracemalloc.get_traced_memory()[0] - before
+            tracemalloc.stop()
+            print(f"traced per pending handshake: {held / 40 / 1024:.1f} KiB; "
+                  f"left after the deadline: {freed / 1024:.1f} KiB")
+            assert held / 40 < 256 * 1024
+            assert freed < held / 10                           # returned
+            for s in silent:
+                s.close()
+            # a real client still connects
+            c, welcome = await device_session(port, Device(), group_id(b"after"))
+            assert welcome[0] == "Welcome"
+            await c.close()
+
+    asyncio.run(go())
+    # one line for forty timeouts (relay/log_rate.py), none of aioquic's
+    assert len(events(caplog, "sync_handshake_timeout")) == 1
+    assert not [r for r in caplog.records if r.name == "quic"]
+
+
+def test_a_request_stream_stalled_mid_frame_is_answered_at_its_deadline(settings):
+    """A frame whose length prefix and part of its body came, then nothing: refused (empty
+    FIN) `stream_read_timeout_seconds` after its first byte; the session goes on. Before HELLO
+    the stream's window stays `stream_window_before_hello` however much of it is used."""
+    settings.sync.stream_read_timeout_seconds = 1.0
+
+    async def go():
+        async with relay(settings, stream=False) as (port, node, _):
+            g, a = group_id(b"stall"), Device()
+            c = await SyncClient.connect(port)
+            assert c.proto._quic._remote_max_streams_bidi == 4          # aioquic: 128
+            assert c.proto._quic._remote_max_streams_uni == 0
+            assert c.proto._quic._remote_max_stream_data_bidi_remote == 16384
+            assert await c.authenticate(a) == ["Done", "AuthProof"]
+            # before HELLO: 12 KiB of a 100 KiB frame (aioquic doubled the window past half)
+            sid = c._open()
+            c.proto._quic.send_stream_data(sid, b"\x00\x01\x90\x00" + b"\x90" * 12000)
+            c.proto.transmit()
+            conn = next(iter(node.sync.conns))
+            await wait_until(lambda: sid in conn.streams
+                             and conn.streams[sid].reader.buffered >= 12000)
+            await asyncio.sleep(0.2)
+            assert conn._quic._streams[sid].max_stream_data_local == 16384
+            t = time.monotonic()
+            assert await asyncio.wait_for(c.proto.fins[sid], 5) == b""  # the empty FIN
+            assert 0.5 < time.monotonic() - t < 1.5
+            assert sid not in conn.streams                               # its bytes freed
+            # HELLO, then a frame of 600 KB on one stream: one largest frame per stream now
+            assert (await c.request(hello(1, "phone", g)))[0] == "Welcome"
+            sid = c._open()
+            c.proto._quic.send_stream_data(sid, frame(push(blob(1), b"\x01" * 600_000, 0))[:300_000])
+            c.proto.transmit()
+            await wait_until(lambda: sid in conn.streams
+                             and conn.streams[sid].reader.buffered >= 290_000)
+            assert conn._quic._streams[sid].max_stream_data_local == node.sync.stream_window
+            assert await asyncio.wait_for(c.proto.fins[sid], 5) == b""  # stalled: refused too
+            assert (await c.request(pull(0, 0)))[0] == "PullResponse"  # the session goes on
+            await c.close()
+
+    asyncio.run(go())
+
+
+# --- address validation -----------------------------------------------------------------------
+
+def test_under_load_a_new_client_gets_a_retry_and_still_connects(settings):
+    """`retry_above_handshakes` handshakes under way: every new connection must echo a Retry
+    before the relay keeps anything for it. Spoofed sources (clients that never echo it) make
+    no state at all; a real client pays one round trip and gets its session."""
+    s = settings.sync
+    s.retry_above_handshakes = 3
+    s.retry_above_handshakes_per_address = 10 ** 6
+
+    async def go():
+        async with relay(settings) as (port, node, _):
+            srv = node.sync
+            held = [SilentInitial(port, "127.0.0.2") for _ in range(3)]
+            await wait_until(lambda: srv.admission.count(HANDSHAKE) == 3)
+            assert srv.retries == 0
+            cids = dict(srv._server._protocols)
+            flood = [SilentInitial(port, f"127.0.0.{3 + i % 10}") for i in range(60)]
+            await wait_until(lambda: srv.retries == 60)
+            await asyncio.sleep(0.2)
+            for f in flood:
+                assert [packet_type(d) for d in f.received()] == [QuicPacketType.RETRY]
+            assert srv._server._protocols == cids                 # no state for any of them
+            assert srv.admission.count(HANDSHAKE) == 3 and srv.validating
+            # a real client: Retry, echo, handshake, session
+            c, welcome = await device_session(port, Device(), group_id(b"retry"),
+                                              local_host="127.0.0.20")
+            assert welcome[0] == "Welcome" and srv.retries == 61
+            assert await round_trip(c, 1) < 2.0
+            await c.close()
+            for x in held + flood:
+                x.close()
+
+    asyncio.run(go())
+
+
+def test_one_address_holding_handshakes_must_validate_its_new_ones(settings):
+    """Per address: past `retry_above_handshakes_per_address` handshakes under way its new
+    connections must echo a Retry, so a spoofer of that address holds at most that many (and
+    cannot fill its `max_handshakes_per_address`); the address itself still gets in, and
+    another address is untouched."""
+    s = settings.sync
+    s.retry_above_handshakes = 10 ** 6
+    s.retry_above_handshakes_per_address = 2
+
+    async def go():
+        async with relay(settings, stream=False) as (port, node, _):
+            srv = node.sync
+            silent = [SilentInitial(port, "127.0.0.2") for _ in range(2)]
+            await wait_until(lambda: srv.admission.count_of("127.0.0.2", HANDSHAKE) == 2)
+            spoofed = SilentInitial(port, "127.0.0.2")
+            await wait_until(lambda: srv.retries == 1)
+            await asyncio.sleep(0.2)
+            assert [packet_type(d) for d in spoofed.received()] == [QuicPacketType.RETRY]
+            # the address itself echoes its Retry and gets its connection
+            c3 = await SyncClient.connect(port, local_host="127.0.0.2")   # handshake done
+            assert srv.retries == 2 and srv.admission.count_of("127.0.0.2", UNAUTH) == 1
+            more = [SilentInitial(port, "127.0.0.2") for _ in range(3)]
+            await wait_until(lambda: srv.retries == 5)
+            assert srv.admission.count_of("127.0.0.2", HANDSHAKE) == 2
+            # 127.0.0.3 is not affected: no Retry, a session at once
+            c, welcome = await device_session(port, Device(), group_id(b"other"),
+                                              local_host="127.0.0.3")
+            assert welcome[0] == "Welcome" and srv.retries == 5
+            await c.close()
+            await c3.close()
+            for x in silent + more + [spoofed]:
+                x.close()
+
+    asyncio.run(go())
+
+
+# --- budgets per address and in total --------------------------------------------------------
+
+def test_one_address_at_its_cap_cannot_stop_another(settings):
+    """Handshakes, unauthenticated and authenticated sessions of one address at their caps:
+    that address's next one is refused (dropped / code 2), another address gets in; a full
+    UNAUTH stage evicts the oldest of the address holding the most."""
+    no_retry(settings)
+    s = settings.sync
+    s.max_handshakes = 6
+    s.max_handshakes_per_address = 4
+    s.max_unauth_sessions_per_address = 3
+    s.max_unauth_sessions = 5
+    s.max_sessions_per_address = 2
+    s.hello_timeout_seconds = 30.0
+
+    async def go():
+        async with relay(settings) as (port, node, _):
+            srv = node.sync
+            # UNAUTH: three of 127.0.0.2 held, the fourth closed with code 2
+            a2 = [await SyncClient.connect(port, local_host="127.0.0.2") for _ in range(3)]
+            extra = await SyncClient.connect(port, local_host="127.0.0.2")
+            assert await extra.closed(5) == TOO_MANY
+            assert srv.rejected["unauth_address_cap"] == 1
+            # HANDSHAKE: four silent ones of 127.0.0.2 held, more are dropped unanswered
+            silent = [SilentInitial(port, "127.0.0.2") for _ in range(4)]
+            await wait_until(lambda: srv.admission.count_of("127.0.0.2", HANDSHAKE) == 4)
+            dropped = [SilentInitial(port, "127.0.0.2") for _ in range(3)]
+            await wait_until(lambda: srv.rejected["handshake_address_cap"] == 3)
+            await asyncio.sleep(0.3)
+            assert not any(d.received() for d in dropped)
+            assert len(set(srv._server._protocols.values())) == 4 + 3     # silent + a2
+            # HANDSHAKE full (6): two silent ones of 127.0.0.4; a newcomer's handshake takes
+            # the slot of 127.0.0.2's oldest (the biggest holder), dropped without a word
+            silent += [SilentInitial(port, "127.0.0.4") for _ in range(2)]
+            await wait_until(lambda: srv.admission.count(HANDSHAKE) == 6)
+            first = weakref.ref(min(
+                (c for c in srv._server._protocols.values()
+                 if c.ticket.address == "127.0.0.2" and c.ticket.stage is HANDSHAKE),
+                key=lambda c: c.ticket.since))
+            # UNAUTH full (5): two of 127.0.0.4, then a newcomer evicts 127.0.0.2's oldest
+            a4 = [await SyncClient.connect(port, local_host="127.0.0.4") for _ in range(2)]
+            assert srv.rejected["evicted_handshake"] == 1       # the second found room
+            assert srv.admission.count_of("127.0.0.2", HANDSHAKE) == 3
+            assert srv.admission.count_of("127.0.0.4", HANDSHAKE) == 2
+            gc.collect()
+            assert first() is None              # the evicted handshake's state is gone
+            assert srv.admission.count(UNAUTH) == 5
+            g, dev = group_id(b"caps"), Device()
+            c, welcome = await device_session(port, dev, g, local_host="127.0.0.3")
+            assert welcome[0] == "Welcome"
+            assert await a2[0].closed(5) == TOO_MANY
+            assert srv.rejected["evicted_unauth"] == 1
+            assert srv.admission.count_of("127.0.0.2", UNAUTH) == 2
+            assert srv.admission.count_of("127.0.0.4", UNAUTH) == 2
+            assert await round_trip(c, 1) < 2.0
+            # AUTH: two sessions of 127.0.0.5, the third device's HELLO closes with code 2
+            d5 = [Device() for _ in range(3)]
+            s5 = [(await device_session(port, d, g, local_host="127.0.0.5",
+                                        admission=admission(dev, g, d)))[0] for d in d5[:2]]
+            c5 = await SyncClient.connect(port, local_host="127.0.0.5")
+            assert await c5.authenticate(d5[2]) == ["Done", "AuthProof"]
+            assert await c5.request(join(g, *admission(dev, g, d5[2]))) == ["Done", "Join"]
+            with pytest.raises(ConnectionError):
+                await c5.request(hello(2, "x", g))
+            assert await c5.closed(5) == TOO_MANY
+            assert srv.rejected["auth_address_cap"] == 1
+            # ... while 127.0.0.6 gets its session
+            c6, welcome = await device_session(port, Device(), group_id(b"six"),
+                                               local_host="127.0.0.6")
+            assert welcome[0] == "Welcome"
+            for x in a2 + a4 + s5 + [c, c5, c6, extra]:
+                await x.close()
+            for x in silent + dropped:
+                x.close()
+
+    asyncio.run(go())
+
+
+def test_an_authenticated_client_keeps_working_while_many_unauthenticated_are_held(settings):
+    """A hundred connections past their handshake that never authenticate, and forty
+    handshakes that never finish, spread over 13 addresses (within their budgets): a device in
+    session keeps its round-trip time, and a new device still gets a session."""
+    settings.sync.hello_timeout_seconds = 30.0
+    settings.sync.handshake_timeout_seconds = 30.0
+
+    async def go():
+        async with relay(settings) as (port, node, _):
+            srv = node.sync
+            g, a = group_id(b"busy"), Device()
+            ca, _ = await device_session(port, a, g)
+            base = min([await round_trip(ca, n) for n in (1, 2, 3)])
+            idle = []
+            for batch in range(5):
+                idle += await asyncio.gather(*(
+                    SyncClient.connect(port, local_host=f"127.0.0.{2 + i}") for i in range(5)
+                    for _ in range(4)))
+            silent = [SilentInitial(port, f"127.0.0.{7 + i % 8}") for i in range(40)]
+            await wait_until(lambda: srv.admission.count(HANDSHAKE) == 40)
+            assert srv.admission.count(UNAUTH) == 100 and srv.admission.count(AUTH) == 1
+            assert srv.retries == 0         # below the thresholds: nobody paid a round trip
+            under = max([await round_trip(ca, n) for n in (4, 5, 6)])
+            print(f"round trip alone {base * 1000:.0f} ms, with 100 unauth + 40 handshakes "
+                  f"held {under * 1000:.0f} ms")
+            assert under < base + 1.0
+            b = Device()
+            cb, welcome = await device_session(port, b, g, admission=admission(a, g, b),
+                                               local_host="127.0.0.30")
+            assert welcome[0] == "Welcome"
+            assert srv.admission.count(AUTH) == 2
+            await asyncio.gather(*(x.close() for x in idle + [ca, cb]))
+            for x in silent:
+                x.close()
+
+    asyncio.run(go())
+
+
+def test_a_peer_breaking_quic_is_one_rate_limited_line_without_its_connection_id(settings,
+                                                                                 caplog):
+    """aioquic logs a WARNING naming the connection id each time a peer breaks the protocol
+    (here: no common ALPN, twenty times); the relay keeps one `sync_quic_error` line."""
+    import ssl
+
+    from aioquic.quic.configuration import QuicConfiguration
+
+    from sync_client import connect_from
+    caplog.set_level(logging.INFO)
+
+    async def go():
+        async with relay(settings, stream=False) as (port, node, _):
+            conf = QuicConfiguration(is_client=True, alpn_protocols=["h3"],
+                                     verify_mode=ssl.CERT_NONE)
+
+            async def attempt(n):
+                with pytest.raises(ConnectionError):
+                    async with connect_from(f"127.0.0.{2 + n % 4}", port, configuration=conf):
+                        pass
+            await asyncio.gather(*(attempt(n) for n in range(20)))
+            assert node.sync.admission.count(HANDSHAKE) == 0
+
+    asyncio.run(go())
+    assert [r.error_code for r in events(caplog, "sync_quic_error")] == [0x100 + 120]
+    assert not [r for r in caplog.records if r.name == "quic"]
