@@ -84,7 +84,7 @@ def test_a_handshake_that_never_finishes_is_dropped_at_its_deadline_and_freed(se
             for s in silent:       # the relay's handshake flight (and its resends) came back
                 assert s.received()
             await wait_until(lambda: srv.admission.count(HANDSHAKE) == 0, timeout=5)
-            assert 1.9 < time.monotonic() - started < 3.5      # at the deadline, not later
+            assert 1.9 < time.monotonic() - started < 5.0      # at the deadline, not later
             assert srv._server._protocols == {} and srv.conns == set()
             assert srv.rejected["handshake_timeout"] == 40
             for s in silent:
@@ -128,6 +128,7 @@ def test_a_request_stream_stalled_mid_frame_is_answered_at_its_deadline(settings
             assert await c.authenticate(a) == ["Done", "AuthProof"]
             # before HELLO: 12 KiB of a 100 KiB frame (aioquic doubled the window past half)
             sid = c._open()
+            sent = time.monotonic()
             c.proto._quic.send_stream_data(sid, b"\x00\x01\x90\x00" + b"\x90" * 12000)
             c.proto.transmit()
             conn = next(iter(node.sync.conns))
@@ -135,9 +136,8 @@ def test_a_request_stream_stalled_mid_frame_is_answered_at_its_deadline(settings
                              and conn.streams[sid].reader.buffered >= 12000)
             await asyncio.sleep(0.2)
             assert conn._quic._streams[sid].max_stream_data_local == 16384
-            t = time.monotonic()
             assert await asyncio.wait_for(c.proto.fins[sid], 5) == b""  # the empty FIN
-            assert 0.5 < time.monotonic() - t < 1.5
+            assert 0.9 < time.monotonic() - sent < 4.0
             assert sid not in conn.streams                               # its bytes freed
             # HELLO, then a frame of 600 KB on one stream: one largest frame per stream now
             assert (await c.request(hello(1, "phone", g)))[0] == "Welcome"
