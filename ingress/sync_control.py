@@ -24,6 +24,7 @@ from delta_tables.schema_sync import (OP_CREATE, OP_JOIN, OP_REGISTER, OP_REVOKE
                                       OP_UNREGISTER, SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH,
                                       S)
 from delta_tables.sync_state import SyncState, ensure_tables, load_state
+from relay.log_rate import LogRate
 
 log = logging.getLogger("relay.ingress.sync")
 
@@ -38,6 +39,7 @@ class SyncControl:
         self._lock = asyncio.Lock()
         self._last_at = 0
         self._pending_acks: set[asyncio.Task] = set()
+        self.quiet = LogRate()      # a failing table fails every PULL's ack: one line per 10 s
 
     async def load(self) -> None:
         paths = await asyncio.to_thread(ensure_tables, self.layout)
@@ -119,8 +121,10 @@ class SyncControl:
     def _ack_done(self, task: asyncio.Task) -> None:
         self._pending_acks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.warning("sync ack progress not stored", extra={
-                "event": "sync_store_failed", "error": type(task.exception()).__name__})
+            error = type(task.exception()).__name__
+            if (dropped := self.quiet.allow(error)) is not None:
+                log.warning("sync ack progress not stored", extra={
+                    "event": "sync_store_failed", "error": error, "suppressed": dropped})
 
     async def flush_acks(self) -> None:
         if self._pending_acks:
