@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 
 from engine.admission import Stage
 from ppp_wire import giftwrap, pack, unpack
-from test_ppp_shell import Clock, landing_rows, node, note, pk
+from test_ppp_shell import Clock, landing_rows, node, note, pk, until
 
 UPGRADE = (b"GET /v1/ws HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\n"
            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -178,9 +178,9 @@ def test_silent_and_header_drip_connections_are_closed_and_service_goes_on(setti
                     await asyncio.sleep(0.1)
             drips = [asyncio.ensure_future(dribble(w)) for _, w in drip]
             await round_trip(port, "127.0.0.20")        # served meanwhile
-            closed = await asyncio.gather(*(closed_by_server(r, 3.0) for r, _ in silent + drip))
+            closed = await asyncio.gather(*(closed_by_server(r, 5.0) for r, _ in silent + drip))
             assert all(closed)
-            assert time.monotonic() - started < 3.0
+            assert time.monotonic() - started < 5.0
             assert n.ppp.rejected["head_timeout"] == 200
             assert n.ppp.admission.total <= 1
             for d in drips:
@@ -192,7 +192,7 @@ def test_silent_and_header_drip_connections_are_closed_and_service_goes_on(setti
             assert (await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 5)).startswith(
                 b"HTTP/1.1 200")
             w.write(b"GET /open")
-            assert await closed_by_server(r, 3.0)
+            assert await closed_by_server(r, 5.0)
             w.close()
             await round_trip(port, "127.0.0.2")
         lines = [r for r in caplog.records if getattr(r, "event", "") == "ppp_client_closed"]
@@ -221,8 +221,8 @@ def test_short_body_and_client_leaving_inside_a_body_are_normal(settings, caplog
                 w.write(head % (path, len(body)) + body[:len(body) // 2])
                 short.append((r, w))
             started = time.monotonic()
-            assert all(await asyncio.gather(*(closed_by_server(r, 3.0) for r, _ in short)))
-            assert time.monotonic() - started < 3.0
+            assert all(await asyncio.gather(*(closed_by_server(r, 5.0) for r, _ in short)))
+            assert time.monotonic() - started < 5.0
             assert n.ppp.rejected["body_timeout"] == 20
             # leaving inside the body
             for path in (b"/v1/note/submit", b"/v1/events") * 5:
@@ -231,8 +231,7 @@ def test_short_body_and_client_leaving_inside_a_body_are_normal(settings, caplog
                 await w.drain()
                 await asyncio.sleep(0.05)
                 w.transport.abort()
-            await asyncio.sleep(0.3)
-            assert n.ppp.rejected["client_gone"] == 30
+            await until(lambda: n.ppp.rejected["client_gone"] == 30)
             # a body at a byte rate below the minimum (a drip) is closed too; one above is not
             r, w = await raw(port, "127.0.0.6")
             w.write(head % (b"/v1/note/submit", len(body)))
@@ -242,7 +241,7 @@ def test_short_body_and_client_leaving_inside_a_body_are_normal(settings, caplog
                     w.write(bytes([b]))
                     await asyncio.sleep(0.05)
             dripping = asyncio.ensure_future(drip())
-            assert await closed_by_server(r, 3.0)
+            assert await closed_by_server(r, 5.0)
             dripping.cancel()
             close_all(short)
             assert landing_rows(settings) == []
@@ -267,18 +266,18 @@ def test_partial_frames_and_an_oversized_first_message_are_closed(settings, capl
             assert unpack((await read_frame(r))[1]) == {"cmd": "AUTH_OK"}
             w.write(frame(b"x" * 10, length=1000)[:30])
             started = time.monotonic()
-            assert await closed_by_server(r, 3.0)
-            assert time.monotonic() - started < 2.0
+            assert await closed_by_server(r, 5.0)
+            assert time.monotonic() - started < 5.0
             assert n.ppp.rejected["frame_timeout"] == 1
             # a message in fragments that never ends
             r, w, nonce = await raw_ws(port, "127.0.0.2")
             w.write(frame(b"\x81", fin=False))
-            assert await closed_by_server(r, 3.0)
+            assert await closed_by_server(r, 5.0)
             assert n.ppp.rejected["frame_timeout"] == 2
             # the first message announcing 1 MiB: closed at once, nothing buffered
             r, w, _ = await raw_ws(port, "127.0.0.3")
             w.write(frame(b"", length=1 << 20)[:14])
-            assert await closed_by_server(r, 1.0)
+            assert await closed_by_server(r, 5.0)
             assert n.ppp.rejected["auth_too_large"] == 1
             await round_trip(port, "127.0.0.4")
         assert noise(caplog) == []
@@ -298,10 +297,8 @@ def test_idle_websockets_are_pinged_and_a_dead_peer_is_closed(settings, caplog):
             sk = SigningKey.generate()
             r, w, nonce = await raw_ws(port, "127.0.0.4")
             w.write(frame(pack({"cmd": "AUTH", "pubkey": pk(sk), "sig": sk.sign(nonce).signature})))
-            await asyncio.sleep(1.5)
-            assert await closed_by_server(r, 1.0)
-            await asyncio.sleep(0.1)
-            assert n.ppp.connections == 0 and n.ppp.admission.total == 0
+            assert await closed_by_server(r, 5.0)
+            await until(lambda: n.ppp.connections == 0 and n.ppp.admission.total == 0)
             # a live client answers the pings (the websockets client does) and stays
             ws, ok = await login(port, "127.0.0.5")
             assert ok == {"cmd": "AUTH_OK"}
@@ -347,8 +344,7 @@ def test_a_client_that_stops_reading_is_closed_by_the_write_deadline(settings):
             while n.ppp.rejected["write_timeout"] == 0:
                 assert time.monotonic() - started < 10, "never closed"
                 await asyncio.sleep(0.05)
-            await asyncio.sleep(0.1)
-            assert n.ppp.admission.total == 0
+            await until(lambda: n.ppp.admission.total == 0)
             w.close()
     asyncio.run(go())
 
@@ -367,13 +363,12 @@ def test_per_address_caps_and_eviction_before_the_head(settings):
             port = n.ppp.bound_port
             hog = [await raw(port, "127.0.0.2") for _ in range(40)]
             extra = await raw(port, "127.0.0.2")                 # the 41st: closed at once
-            assert await closed_by_server(extra[0], 2.0)
+            assert await closed_by_server(extra[0], 5.0)
             assert n.ppp.rejected["handshake_address_cap"] == 1
             second = [await raw(port, "127.0.0.3") for _ in range(20)]   # stage full now
-            await asyncio.sleep(0.1)
-            assert n.ppp.admission.total == 60
+            await until(lambda: n.ppp.admission.total == 60)
             await round_trip(port, "127.0.0.4")                 # evicts the hog's oldest
-            assert await closed_by_server(hog[0][0], 2.0)
+            assert await closed_by_server(hog[0][0], 5.0)
             assert n.ppp.rejected["evicted_handshake"] == 1
             assert not await closed_by_server(second[0][0], 0.2)
             close_all(hog + second + [extra])
@@ -396,7 +391,7 @@ def test_unauth_evicted_for_newcomers_auth_never_and_full_auth_refused(settings)
             assert n.ppp.admission.count_of("127.0.0.2", Stage.UNAUTH) == 20
             await round_trip(port, "127.0.0.3")                 # got an UNAUTH slot
             assert n.ppp.rejected["evicted_unauth"] >= 1
-            assert await closed_by_server(idle[0][0], 2.0)
+            assert await closed_by_server(idle[0][0], 5.0)
             close_all(idle)
             sessions = [(await login(port, "127.0.0.4"))[0] for _ in range(4)]
             ws, r = await login(port, "127.0.0.4")              # the address's 5th
@@ -412,7 +407,7 @@ def test_unauth_evicted_for_newcomers_auth_never_and_full_auth_refused(settings)
                 await s.send(pack({"cmd": "FETCH", "since": 0}))
                 assert unpack(await asyncio.wait_for(s.recv(), 5))["cmd"] == "EVENTS"
             await sessions[0].close()
-            await asyncio.sleep(0.2)
+            await until(lambda: n.ppp.admission.count(Stage.AUTH) == 5)
             ws, r = await login(port, "127.0.0.6")              # a slot is free again
             assert r == {"cmd": "AUTH_OK"}
             for s in sessions[1:] + [ws]:
@@ -465,7 +460,7 @@ def test_bad_client_bytes_make_no_uvicorn_warnings_only_one_line_of_ours(setting
                          b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: h2c\r\n"
                          b"Connection: Upgrade, close\r\n\r\n",
                          b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n"][i % 3])
-                await closed_by_server(r, 2.0)
+                await closed_by_server(r, 5.0)
                 w.close()
             # invalid UTF-8 in a text frame, and an unmasked frame, after AUTH_OK
             sk = SigningKey.generate()
@@ -475,7 +470,7 @@ def test_bad_client_bytes_make_no_uvicorn_warnings_only_one_line_of_ours(setting
                                     "sig": sk.sign(nonce).signature})))
                 await read_frame(r)
                 w.write(bad)
-                assert await closed_by_server(r, 2.0)
+                assert await closed_by_server(r, 5.0)
                 w.close()
             await round_trip(port, "127.0.0.9")
             assert n.ppp.rejected["invalid_http"] >= 20
