@@ -259,20 +259,9 @@ class _PushConnection:
                 async with asyncio.timeout(self.server.conf.write_timeout_seconds):
                     await self.writer.drain()
             except TimeoutError:   # before OSError: it is one
-                self._write_stalled()
+                self.server.write_stalled(self.core.close, self.writer.transport)
             except (ConnectionError, OSError):
                 self.core.close()
-
-    def _write_stalled(self) -> None:
-        """The client stopped reading what we owe it: it only ever closes itself."""
-        server = self.server
-        server.rejected["write_timeout"] += 1
-        if (dropped := server.quiet.allow(("timeout", "write"))) is not None:
-            log.info("client not reading; closed", extra={
-                "event": "session_timeout", "listener": server.name,
-                "waiting_for": "write", "suppressed": dropped})
-        self.core.close()
-        self.writer.transport.abort()
 
 
 async def start_push_server(settings: Settings, appender: Appender, key: RelayKey, *,

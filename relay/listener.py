@@ -199,6 +199,16 @@ class Listener:
                 "event": "admission_refused", "listener": self.name, "stage": name,
                 "reason": reason, "suppressed": dropped})
 
+    def write_stalled(self, close_core: Callable[[], None], transport) -> None:
+        """A client stopped reading what we owe it: it only ever closes itself."""
+        self.rejected["write_timeout"] += 1
+        if (dropped := self.quiet.allow(("timeout", "write"))) is not None:
+            log.info("client not reading; closed", extra={
+                "event": "session_timeout", "listener": self.name,
+                "waiting_for": "write", "suppressed": dropped})
+        close_core()
+        transport.abort()
+
     async def _on_connect(self, reader, writer, ticket: Ticket | None = None) -> None:
         if ticket is not None:
             if not ticket.live:          # evicted before its handler started
