@@ -8,10 +8,8 @@ to 127.0.0.N before it connects). Small and quick: connection counts in the hund
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -26,16 +24,12 @@ from heya_client import Cert, HeyaClient, client_context, recv_line, send_line
 from test_heya_shell import auth, mailbox, mint, node
 from test_trueseal_shells import (KEY, R1, make_settings, push_relay, receive_relay, run)
 from trueseal_client import ACK, NK, XX, AsyncClient, Client, keypair, push_frame
+from loopback import closed_by_server, raw
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 # --- clients from many addresses --------------------------------------------------------------
-
-async def raw(port: int, src: str):
-    """A TCP connection from `src` that says nothing."""
-    return await asyncio.open_connection("127.0.0.1", port, local_addr=(src, 0))
-
 
 async def trueseal(port: int, src: str, pattern=NK, static_priv=None,
                    handshake=True) -> AsyncClient:
@@ -53,18 +47,6 @@ async def push_once(port: int, src: str, body: bytes = b"legitimate") -> bytes |
         return await c.recv_frame(timeout=5)
     finally:
         c.close()
-
-
-async def closed_by_server(reader, timeout: float) -> bool:
-    """The server closed the connection within `timeout` (EOF or reset)."""
-    try:
-        while True:
-            if not await asyncio.wait_for(reader.read(65536), timeout):
-                return True
-    except (asyncio.TimeoutError, TimeoutError):
-        return False
-    except (ConnectionError, OSError):
-        return True
 
 
 async def wait_until(cond, timeout: float = 5.0) -> None:

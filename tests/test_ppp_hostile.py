@@ -20,6 +20,7 @@ from websockets.asyncio.client import connect
 from engine.admission import Stage
 from ppp_wire import giftwrap, pack, unpack
 from test_ppp_shell import Clock, landing_rows, node, note, pk, until
+from loopback import closed_by_server, raw
 
 UPGRADE = (b"GET /v1/ws HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\n"
            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -27,23 +28,6 @@ UPGRADE = (b"GET /v1/ws HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\n"
 
 
 # --- clients from many addresses ---------------------------------------------------------------
-
-async def raw(port: int, src: str):
-    """A TCP connection from `src` that says nothing (yet)."""
-    return await asyncio.open_connection("127.0.0.1", port, local_addr=(src, 0))
-
-
-async def closed_by_server(reader, timeout: float) -> bool:
-    """The server closed the connection within `timeout` (EOF or reset)."""
-    try:
-        while True:
-            if not await asyncio.wait_for(reader.read(65536), timeout):
-                return True
-    except (asyncio.TimeoutError, TimeoutError):
-        return False
-    except (ConnectionError, OSError):
-        return True
-
 
 async def login(port: int, src: str = "127.0.0.1", sk: SigningKey | None = None,
                 xff: str | None = None):
