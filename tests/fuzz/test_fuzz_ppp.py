@@ -58,6 +58,13 @@ valid_notes = st.builds(
     b12, b32, st.binary(min_size=24, max_size=24), st.binary(max_size=200), u64, u64)
 
 
+def wire_map_len(data: bytes) -> int:
+    """Entries in the map header on the wire (duplicates included)."""
+    unpacker = msgpack.Unpacker()
+    unpacker.feed(data)
+    return unpacker.read_map_header()
+
+
 def _inputs(valid):
     """(frame bytes, expected object or None when the input is not known to be valid)."""
     return st.one_of(
@@ -95,12 +102,24 @@ def _assert_strict(obj, raw_map):
         if typ is int:
             assert 0 <= value <= U64, name
         assert strictly_equal(raw_map[name], value), name
-    if isinstance(obj, P.Ack):
-        assert all(type(i) is bytes for i in obj.event_ids)
+    if isinstance(obj, P.Ack):   # §5.1 / §4.5: event ids are 32 bytes
+        assert all(type(i) is bytes and len(i) == 32 for i in obj.event_ids)
+    # string keys only, none twice (a map that is equal in Python is not the same message)
+    assert all(type(k) is str for k in raw_map), list(raw_map)
+
+
+# Regressions (issue 19 item 4, fixed): a non-string key, the same key twice, a short ACK id.
+FLOAT_KEY_COMMAND = pack({"cmd": "FETCH", "since": 1, 1.0: b"x"})
+TWICE_CMD = b"\x83" + b"".join(pack(k) + pack(v) for k, v in (
+    ("cmd", "FETCH"), ("since", 1), ("cmd", "STORE_BACKUP")))
+SHORT_ACK_ID = pack({"cmd": "ACK", "event_ids": [b"i" * 31]})
 
 
 @fuzz_target(case=_inputs(valid_commands), implied=st.sampled_from(
     (None, None, None, "STORE", "FETCH", "ACK")))
+@example(case=(FLOAT_KEY_COMMAND, None), implied=None)
+@example(case=(TWICE_CMD, None), implied=None)
+@example(case=(SHORT_ACK_ID, None), implied=None)
 def test_ppp_command_frames(case, implied):
     """WebSocket command frames (and the same maps on an HTTP endpoint that implies the
     command): a C.1 command or ProtocolError."""
@@ -121,6 +140,7 @@ def test_ppp_command_frames(case, implied):
                             P.DeleteBackup, P.Unsupported)), type(cmd)
     raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     assert type(raw) is dict
+    assert wire_map_len(data) == len(raw), "a key twice accepted"
     assert type(raw.get("cmd", implied)) is str and cmd.name == raw.get("cmd", implied)
     _assert_strict(cmd, raw)
     if expected is not None:
@@ -141,7 +161,9 @@ def test_ppp_sealed_note_body(case):
         assert expected is None, e.reason
         return
     assert isinstance(note, P.SealedNoteSubmit)
-    _assert_strict(note, msgpack.unpackb(data, raw=False, strict_map_key=False))
+    raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    assert wire_map_len(data) == len(raw), "a key twice accepted"
+    _assert_strict(note, raw)
     if expected is not None:
         assert note == expected
 
@@ -163,16 +185,11 @@ _R, _E, _N, _C = b"r" * 32, b"e" * 32, b"n" * 24, b"c" * 16
 FLOAT_KEYS = pack({1.0: _R, 2.0: _E, 3.0: _N, 4.0: _C, 5.0: 1, 6.0: 2})
 TRUE_KEY = pack({True: _R, 2: _E, 3: _N, 4: _C, 5: 1, 6: 2})
 # Found by this target: key 1 twice (a 7-entry map). msgpack keeps the last value, so the relay
-# files the event under the second recipient while the bytes it lands also name the first.
+# filed the event under the second recipient while the bytes it landed also named the first.
+# All three are refused since 7ab5329 ("PPP strict input").
 DUPLICATE_KEY = b"\x87" + b"".join(pack(k) + pack(v) for k, v in (
     (1, b"x" * 32), (1, _R), (2, _E), (3, _N), (4, _C), (5, 1), (6, 2)))
 
-
-def wire_map_len(data: bytes) -> int:
-    """Entries in the map header on the wire (duplicates included)."""
-    unpacker = msgpack.Unpacker()
-    unpacker.feed(data)
-    return unpacker.read_map_header()
 
 
 @fuzz_target(case=st.one_of(
