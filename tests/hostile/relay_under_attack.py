@@ -258,11 +258,15 @@ class RelayUnderAttack:
         reader.join(5)
         t_done = events.get("done", {}).get("t", time.time())
         t_ramped = events.get("ramped", {}).get("t", t_start)
-        # the relay lets go of what the attacker left, then memory is read
-        settle_end = time.monotonic() + 15
-        while time.monotonic() < settle_end and descriptors(pid) > socks0 + 16:
+        # the relay lets go of what the attacker left (QUIC: its sessions, one UDP socket),
+        # then memory is read
+        settle_end = time.monotonic() + 20
+        while time.monotonic() < settle_end and (
+                descriptors(pid) > socks0 + 16 if listener != "sync"
+                else (sessions_open(metrics_port, listener) or 0) > sessions0 + 16):
             time.sleep(0.25)
         time.sleep(SETTLE_SECONDS)
+        sessions_after = sessions_open(metrics_port, listener)
         alive = self.relay.proc.poll() is None and role_pid(self.relay.data, role) == pid
         rss1 = rss_kib(pid) if alive else 0
         lines = len(self.relay.stderr) - lines0
@@ -287,7 +291,10 @@ class RelayUnderAttack:
             "relay_sessions_peak": peak_sessions,   # relay_sessions_open, at most
             "rss_before_mib": round(rss0 / 1024, 1), "rss_peak_mib": round(peak_rss / 1024, 1),
             "rss_after_mib": round(rss1 / 1024, 1),
-            "memory_per_connection_kib": round((peak_rss - rss0) / held, 1) if held else None,
+            # (peak - before) / held: meaningless for a handful, so only from 100 held
+            "memory_per_connection_kib": round((peak_rss - rss0) / held, 1)
+            if held >= 100 else None,
+            "relay_sessions_after": sessions_after,
             "log_lines": lines,
             "log_lines_per_s": round(lines / max(1.0, t_done - t_start), 2),
             "relay_alive": alive,
