@@ -13,7 +13,7 @@ from deltalake import DeltaTable
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender, LandingTarget
 from delta_tables.schema import ACKS, C
 
-from conftest import landing_row
+from landing_rows import landing_row
 
 
 def test_concurrent_appends_share_commits_and_are_visible_when_released(layout):

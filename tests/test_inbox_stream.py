@@ -15,7 +15,7 @@ from delta_tables.schema import C, INBOX
 from jobs.inbox_stream import InboxSink, start_inbox_stream
 from jobs.inbox_transform import StreamRules
 
-from conftest import envelope, land, landing_row
+from landing_rows import envelope, land, landing_row
 
 MB = [bytes([i]) * 32 for i in range(1, 6)]
 

@@ -10,7 +10,7 @@ from chispa import assert_df_equality
 from delta_tables.schema import C, LANDING_SOURCE
 from jobs.inbox_transform import InboxState, StreamRules, transform
 
-from conftest import landing_row
+from landing_rows import landing_row
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=timezone.utc)
 RULES = StreamRules(max_ttl_us=30 * 86400 * 10**6, cursor_start={"heya": 0},

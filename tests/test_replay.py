@@ -9,7 +9,7 @@ from delta_tables.schema import C
 from jobs.inbox_stream import start_inbox_stream
 from jobs.replay import start_replay, start_versions_from
 
-from conftest import envelope, land, landing_row
+from landing_rows import envelope, land, landing_row
 
 MB = [bytes([i]) * 32 for i in range(1, 4)]
 
