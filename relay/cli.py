@@ -25,6 +25,7 @@ import threading
 import time
 
 from . import config, logs
+from .up import SUPERVISED_ENV
 
 
 def _settings(args) -> config.Settings:
@@ -45,7 +46,6 @@ def _ready(role: str):
 # A role started by `relay up` (RELAY_SUPERVISED = the supervisor's pid) ignores SIGINT: Ctrl-C
 # in a terminal signals the whole process group, and the supervisor alone decides the stop
 # order (relay/up.py). It stops on SIGTERM, or by itself if the supervisor vanished.
-SUPERVISED_ENV = "RELAY_SUPERVISED"
 
 
 def _supervisor() -> int | None:
