@@ -6,13 +6,13 @@ cannot express and pyOpenSSL can (`relay/tls.py`). pyOpenSSL has no asyncio inte
 this module is the shell: a protocol on the plain TCP transport hands the bytes it receives to
 the TLS engine (`bio_write`) and sends what the engine produces (`bio_read`).
 
-* `start_server` stands in for `asyncio.start_server(cb, ssl=..., ssl_handshake_timeout=...)`:
-  the callback gets `(stream, stream)` once the handshake is done. A handshake that fails,
-  ends, or outlasts its deadline is dropped and reported to `on_handshake_failed(kind,
-  detail)`; nothing is logged here (no tracebacks, no addresses).
-* `Acceptor` is the protocol factory under it, for a listener with its own accept loop
+* `Acceptor` is the protocol factory, for a listener with its own accept loop
   (`relay/listener.py`): `acceptor(tag)` is one connection's protocol for
-  `loop.connect_accepted_socket`; `tag` stays on the stream (`stream.tag`, the listener's
+  `loop.connect_accepted_socket` (or `loop.create_server`); the callback gets
+  `(stream, stream)` once the handshake is done. A handshake that fails, ends, or outlasts
+  its deadline is dropped and reported to `on_handshake_failed(kind, detail)` (kind
+  "timeout", "tls" with OpenSSL's reason, or "eof"); nothing is logged here (no tracebacks,
+  no addresses); `tag` stays on the stream (`stream.tag`, the listener's
   admission ticket), and `on_lost(stream)` hears of every connection that ends, in its
   handshake or after it.
 * `TLSStream` is reader and writer in one, with the `StreamReader` / `StreamWriter` names the
@@ -54,22 +54,9 @@ def _reason(exc: SSL.Error) -> str:
         return type(exc).__name__
 
 
-async def start_server(client_connected_cb: Callable[["TLSStream", "TLSStream"], Awaitable],
-                       host: str | None, port: int, context: SSL.Context, *,
-                       handshake_timeout: float,
-                       on_handshake_failed: Callable[[str, str], None] | None = None,
-                       read_limit: int = READ_LIMIT, **kwds) -> "TLSServer":
-    """Listen on `host:port` (`kwds` go to `loop.create_server`). `on_handshake_failed(kind,
-    detail)`: kind "timeout", "tls" (detail: OpenSSL's reason) or "eof" (closed or reset)."""
-    acceptor = Acceptor(context, client_connected_cb, handshake_timeout=handshake_timeout,
-                        on_handshake_failed=on_handshake_failed, read_limit=read_limit)
-    server = await asyncio.get_running_loop().create_server(acceptor, host, port, **kwds)
-    return TLSServer(server, acceptor)
-
-
 class TLSServer:
-    """The `asyncio.Server` of a `start_server`; closing it also drops the connections still
-    in their handshake (they have no handler yet that would end them)."""
+    """A server over an `Acceptor`; closing it also drops the connections still in their
+    handshake (they have no handler yet that would end them)."""
 
     def __init__(self, server, acceptor: "Acceptor"):
         self._server = server

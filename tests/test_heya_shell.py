@@ -643,9 +643,10 @@ def test_tls_stream_stops_reading_for_a_slow_application_and_ends_with_close_not
             writer.close()
             await writer.wait_closed()
 
-        server = await tls_stream.start_server(handler, "127.0.0.1", 0,
-                                               tls.server_context(cert, key),
-                                               handshake_timeout=5)
+        acceptor = tls_stream.Acceptor(tls.server_context(cert, key), handler,
+                                       handshake_timeout=5)
+        server = tls_stream.TLSServer(await asyncio.get_running_loop().create_server(
+            acceptor, "127.0.0.1", 0), acceptor)
         try:
             port = server.sockets[0].getsockname()[1]
             c = await HeyaClient.connect(port, Cert(tmp_path, "c"), greeting=None)
