@@ -74,8 +74,16 @@ msgpack_values = st.recursive(
     max_leaves=16)
 
 
+def _retyped(draw, v):
+    """A value Python finds == to `v` but of another MessagePack type (drawn where there are
+    several), or None."""
+    other = _equal_other_type(v)
+    return draw(st.sampled_from(other)) if isinstance(other, tuple) else other
+
+
 def _equal_other_type(v):
-    """A value Python finds == to `v` but of another MessagePack type, or None."""
+    """The values Python finds == to `v` but of another MessagePack type: one, a tuple of
+    them, or None."""
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, int):
@@ -115,15 +123,11 @@ def _bend_once(draw, obj):
         if op == "value":
             obj[key] = draw(msgpack_values)
         elif op == "retype_value":
-            other = _equal_other_type(obj[key])
-            if isinstance(other, tuple):
-                other = draw(st.sampled_from(other))
+            other = _retyped(draw, obj[key])
             if other is not None:
                 obj[key] = other
         elif op == "retype_key":
-            other = _equal_other_type(key)
-            if isinstance(other, tuple):
-                other = draw(st.sampled_from(other))
+            other = _retyped(draw, key)
             if other is not None and not isinstance(other, (list, bytes)):
                 # rebuild so the new key sits where the old one was
                 obj = {(other if k == key and type(k) is type(key) else k): v
@@ -141,9 +145,7 @@ def _bend_once(draw, obj):
         if op == "value":
             obj[i] = draw(msgpack_values)
         elif op == "retype_value":
-            other = _equal_other_type(obj[i])
-            if isinstance(other, tuple):
-                other = draw(st.sampled_from(other))
+            other = _retyped(draw, obj[i])
             if other is not None:
                 obj[i] = other
         elif op == "drop":
