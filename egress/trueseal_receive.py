@@ -24,8 +24,10 @@ Limits (README "Hostile clients"; settings in [trueseal]):
 * Admission (`engine/admission.py` through `relay/listener.py`): HANDSHAKE until XX is done,
   then AUTH (the device key is proven; there is no anonymous stage): `max_handshakes`,
   `max_receive_sessions` and their per-address caps, `max_connections` in all. A full
-  handshake stage evicts the oldest handshake of the address holding the most; receive
-  sessions are never evicted, so past their caps a new one is closed right after XX.
+  handshake stage evicts the oldest handshake of the address holding the most. Any key
+  passes XX, so receive sessions yield by fair share: a full stage gives a new session the
+  oldest of an address holding at least two more than the newcomer's; past the caps
+  otherwise a new one is closed right after XX.
 * Deadlines: `handshake_timeout_seconds` for XX; after it the heartbeat bounds silence
   (only whole frames count as an answer), and a Noise message must be whole
   `frame_timeout_seconds` + length / `min_frame_bytes_per_second` after its first byte, so

@@ -23,8 +23,15 @@ Rules (first-come slots cannot be hoarded):
    holds the most in it, is evicted to make room (among addresses holding equally many, the
    one that has held that many longest). A real client crosses these stages in
    milliseconds; an address holding them idle loses them first, the newcomer last.
-3. `AUTH` is never displaced: full, a new authentication is refused (per-address caps keep
-   one address from filling it).
+3. `AUTH` is never displaced by an earlier stage, and only by fair share within itself:
+   full, a new authentication takes the oldest session of the biggest holder only if that
+   address holds at least two more than the newcomer's (so it still holds at least as many
+   after the swap); otherwise the newcomer is refused. Identities are cheap on every
+   protocol here (any key passes Noise XX, PPP AUTH, HELLO), so "authenticated" cannot mean
+   "kept no matter what": 253 addresses x a per-address cap would otherwise fill the stage
+   for good. Equal holders never displace each other (no churn among a spread flood), and a
+   lone device behind its own address always gets in. The cost: an address shared by many
+   real users (a carrier NAT) that holds the most loses its oldest session to a newcomer.
 4. The overall total full: a `HANDSHAKE` connection is evicted as in 2; if there is none,
    the newcomer is refused (trueseal interop §1: closed at once). So keep
    `unauth.total + auth.total` below `total`: then established sessions can never fill the
@@ -71,6 +78,8 @@ class Stage(IntEnum):
 
     @property
     def evictable(self) -> bool:
+        """Whether a full stage frees room by eviction unconditionally (rule 2); AUTH only
+        by fair share (rule 3)."""
         return self is not Stage.AUTH
 
 
@@ -242,7 +251,10 @@ class Admission:
         evicted: list[Ticket] = []
         book, cap = self._books[stage], self.limits.cap(stage)
         while book.count >= cap.total:
-            victim = book.victim() if stage.evictable else None
+            victim = book.victim()
+            if victim is not None and not stage.evictable and (
+                    book.holds(victim.address) < book.holds(ticket.address) + 2):
+                victim = None          # rule 3: no fair-share gain in swapping
             if victim is None:
                 self.refusals += 1
                 return Decision(None, STAGE_FULL, tuple(evicted))

@@ -34,8 +34,10 @@ writes with no deadline, a 1 s body deadline and no handshake deadline):
   first SEND with a valid send token (before the store); it is never demoted (DALL leaves
   it AUTH: it proved a mailbox once). UNAUTH sessions are closed `unauth_timeout_seconds`
   after TLS. Full HANDSHAKE / UNAUTH stages evict the oldest of the address holding the
-  most; AUTH is never evicted, and when it (or the address's share) is full a promotion is
-  not made: the session stays UNAUTH, served, but evictable and under the UNAUTH deadline.
+  most; AUTH yields only by fair share (a promotion into a full AUTH takes the oldest of an
+  address holding at least two more than this one's), and when it (or the address's share)
+  is full otherwise a promotion is not made: the session stays UNAUTH, served, but evictable
+  and under the UNAUTH deadline.
   An address at its UNAUTH cap is closed right after TLS, before the greeting.
 * A closed connection is closed for real: close_notify, then the transport is aborted if the
   peer does not let it finish within the write timeout (no CLOSE-WAIT leak, interop §0).

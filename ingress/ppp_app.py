@@ -398,8 +398,8 @@ class _PppConnection:
             self._wake.set()
 
     def _admit(self, pubkey: bytes) -> str | None:
-        """AUTH_OK needs an AUTH slot (never evicted; full or the address at its cap: refused,
-        the client retries later)."""
+        """AUTH_OK needs an AUTH slot (taken from another session only by fair share; full
+        or the address at its cap: refused, the client retries later)."""
         if self.conn is None or self.conn.authenticated():
             return None
         return "relay full"

@@ -74,20 +74,46 @@ def test_advancing_frees_the_previous_stage_and_full_unauth_evicts_there():
     assert adm.advance(t3, A, 5) and adm.counts() == {H: 0, U: 1, A: 1}
 
 
-def test_auth_is_never_displaced():
-    adm = Admission(limits(auth=(2, 5)))
+def test_auth_is_displaced_only_by_fair_share():
+    adm = Admission(limits(auth=(4, 5)))
     held = []
-    for addr in "ab":
+    for addr in "abbb":                 # b holds 3, a holds 1
         t = adm.admit(addr, 0).ticket
         assert adm.advance(t, A, 0)
         held.append(t)
-    t = adm.admit("c", 0).ticket
-    d = adm.advance(t, A, 0)
+    t = adm.admit("a", 0).ticket        # a would hold 2 against b's 2 after a swap: fair
+    d = adm.advance(t, A, 1)
+    assert d and d.evicted == (held[1],)     # b's oldest, a's own session untouched
+    assert not held[1].live and held[0].live
+    t = adm.admit("a", 2).ticket        # a 3 against b 1: no swap, refused
+    d = adm.advance(t, A, 3)
     assert (d.ticket, d.refused, d.evicted) == (None, STAGE_FULL, ())
-    assert all(h.live for h in held)
     assert t.stage is H and t.live      # refused: keeps its old slot until released
     adm.release(t)
-    assert adm.total == 2
+    assert adm.total == 4
+
+
+def test_equal_auth_holders_never_displace_each_other_and_unauth_never_displaces_auth():
+    adm = Admission(limits(auth=(2, 5), unauth=(1, 5)))
+    for addr in "ab":
+        assert adm.advance(adm.admit(addr, 0).ticket, A, 0)
+    t = adm.admit("a", 0).ticket        # a holds 1, b holds 1: a second for a is no gain
+    assert adm.advance(t, A, 0).refused == STAGE_FULL
+    c = adm.admit("c", 0).ticket        # a newcomer from c holds 0 and the top holds 1: no
+    assert adm.advance(c, A, 0).refused == STAGE_FULL    # gain either (1 < 0 + 2)
+    assert adm.advance(c, U, 0) and adm.counts()[A] == 2
+
+
+def test_a_lone_device_gets_in_past_a_flood_spread_over_many_addresses():
+    adm = Admission(limits(total=10_000, handshake=(10_000, 100), auth=(900, 100)))
+    for i in range(2000):               # 253 addresses each push until refused
+        t = adm.admit(f"10.0.{i % 253}.1", i).ticket
+        if not adm.advance(t, A, i):
+            adm.release(t)
+    assert adm.count(A) == 900
+    device = adm.admit("192.0.2.7", 3000).ticket
+    d = adm.advance(device, A, 3000)
+    assert d and len(d.evicted) == 1 and d.evicted[0].address.startswith("10.0.")
 
 
 def test_per_address_cap_applies_at_every_stage():
@@ -159,9 +185,13 @@ def test_counts_and_victims_match_a_brute_force_model():
             if t.stage is A:
                 continue
             stage = Stage(t.stage + rng.choice([1, 2]) if t.stage is H else A)
+            before = _holders(live, stage)
             d = adm.advance(t, stage, step)
             for v in d.evicted:
-                assert v.stage is stage and stage is U
+                assert v.stage is stage and stage is not H
+                assert before[v.address] == max(before.values())
+                if stage is A:          # fair share: the victim's address keeps >= newcomer's
+                    assert before[v.address] - 1 >= before.get(t.address, 0) + 1
                 live.remove(v)
         else:
             t = rng.choice(live)

@@ -218,6 +218,36 @@ def test_receive_half_sent_frame_is_bounded_and_sessions_are_capped_per_address(
     run(main())
 
 
+def test_a_device_gets_a_receive_session_past_a_flood_by_fair_share():
+    """Any key passes XX, so a flood of cheap identities from several addresses can fill the
+    receive stage: a device from another address still gets in, by taking the oldest session
+    of the address holding the most; equal holders never displace each other."""
+    conf = make_settings(heartbeat_idle_seconds=60.0, heartbeat_timeout_seconds=60.0,
+                         max_receive_sessions=6, max_receive_sessions_per_address=3)
+
+    async def main():
+        async with receive_relay(conf) as relay:
+            port, srv = relay.server.bound_port, relay.server
+            flood = [await trueseal(port, src, XX, keypair()[0])
+                     for src in ("127.0.0.3",) * 3 + ("127.0.0.4",) * 3]
+            await wait_until(lambda: relay.hub.sessions_open() == 6)
+            device = await trueseal(port, "127.0.0.5", XX, keypair()[0])
+            assert await closed_by_server(flood[0].reader, 2)    # .3's oldest made room
+            assert not await closed_by_server(device.reader, 0.3)
+            assert srv.rejected["evicted_auth"] == 1
+            await wait_until(lambda: relay.hub.sessions_open() == 6)
+            second = await trueseal(port, "127.0.0.5", XX, keypair()[0])   # 1 vs 3: fair
+            assert await closed_by_server(flood[3].reader, 2)    # .4's oldest this time
+            again = await trueseal(port, "127.0.0.3", XX, keypair()[0])    # 2 vs 2: no gain
+            assert await closed_by_server(again.reader, 2)
+            assert srv.rejected["auth_stage_full"] == 1
+            assert not any([await closed_by_server(c.reader, 0.05)
+                            for c in flood[1:3] + flood[4:] + [device, second]])
+            close_all(flood + [device, second, again])
+
+    run(main())
+
+
 def test_a_device_that_stops_reading_is_closed_at_the_write_deadline():
     conf = make_settings(write_timeout_seconds=0.5, heartbeat_idle_seconds=60.0,
                          heartbeat_timeout_seconds=60.0)

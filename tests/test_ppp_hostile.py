@@ -359,10 +359,12 @@ def test_per_address_caps_and_eviction_before_the_head(settings):
     asyncio.run(go())
 
 
-def test_unauth_evicted_for_newcomers_auth_never_and_full_auth_refused(settings):
+def test_unauth_evicted_for_newcomers_auth_only_by_fair_share_and_full_auth_refused(settings):
     """UNAUTH (WebSockets before AUTH_OK) full: the biggest holder's oldest is closed for a
-    newcomer. AUTH is never displaced: full (or the address at its cap), AUTH_FAIL "relay
-    full" and close 1013, and the sessions holding it keep working."""
+    newcomer. AUTH yields only by fair share: full, a newcomer from an address holding two
+    fewer than the biggest holder takes that holder's oldest session; otherwise (or the
+    address at its cap) AUTH_FAIL "relay full" and close 1013, and the sessions holding it
+    keep working."""
     settings.ppp.max_unauth_connections = 20
     settings.ppp.max_auth_sessions = 6
     settings.ppp.max_auth_sessions_per_address = 4
@@ -383,18 +385,24 @@ def test_unauth_evicted_for_newcomers_auth_never_and_full_auth_refused(settings)
             await asyncio.wait_for(ws.wait_closed(), 5)
             assert ws.close_code == 1013
             sessions += [(await login(port, "127.0.0.5"))[0] for _ in range(2)]
-            ws, r = await login(port, "127.0.0.6")              # AUTH full
+            assert n.ppp.admission.count(Stage.AUTH) == 6       # full: .4 holds 4, .5 holds 2
+            newcomer, r = await login(port, "127.0.0.6")        # holds 0: takes .4's oldest
+            assert r == {"cmd": "AUTH_OK"}
+            await asyncio.wait_for(sessions[0].wait_closed(), 5)
+            assert n.ppp.rejected["evicted_auth"] == 1
+            ws, r = await login(port, "127.0.0.5")              # .5 holds 2, .4 now 3: no gain
             assert r == {"cmd": "AUTH_FAIL", "reason": "relay full"}
+            await asyncio.wait_for(ws.wait_closed(), 5)
             assert n.ppp.rejected["auth_stage_full"] == 1
             assert n.ppp.rejected["auth_address_cap"] == 1
-            for s in sessions:                                  # never displaced
+            for s in sessions[1:] + [newcomer]:                 # the rest keep working
                 await s.send(pack({"cmd": "FETCH", "since": 0}))
                 assert unpack(await asyncio.wait_for(s.recv(), 5))["cmd"] == "EVENTS"
-            await sessions[0].close()
+            await sessions[1].close()
             await until(lambda: n.ppp.admission.count(Stage.AUTH) == 5)
-            ws, r = await login(port, "127.0.0.6")              # a slot is free again
+            ws, r = await login(port, "127.0.0.5")              # a slot is free again
             assert r == {"cmd": "AUTH_OK"}
-            for s in sessions[1:] + [ws]:
+            for s in sessions[2:] + [newcomer, ws]:
                 await s.close()
     asyncio.run(go())
 
