@@ -47,6 +47,9 @@ class EgressNode:
             self.tail.run(self.settings.egress.poll_interval_ms / 1000, self._stop))
         await self.trueseal.start()
 
+    def listeners(self) -> list:
+        return [self.trueseal]
+
     def listening(self) -> dict[str, str]:
         return {"trueseal_receive": f"{self.settings.bind}:{self.trueseal.bound_port}"}
 

@@ -51,6 +51,7 @@ API (all a shell needs):
     adm.release(ticket)                        # connection gone (idempotent; also after an
                                                # eviction)
     adm.count(Stage.HANDSHAKE), adm.count_of(addr, stage), adm.total  # for metrics
+    adm.released, adm.peak, adm.reset_peak()   # waves of connections (relay/memory_trim.py)
 
 `now` is the shell's clock (any monotonic float); it is kept as `ticket.since`, the time the
 ticket entered its stage, for the shell's deadlines and metrics. Eviction order does not
@@ -206,6 +207,8 @@ class Admission:
         self._books = {stage: _StageBook() for stage in Stage}
         self.evictions = 0     # counters for metrics: connections evicted (rules 2 and 4)
         self.refusals = 0      # and refused (rules 1, 3 and 4)
+        self.released = 0      # slots given back (ended or evicted), ever
+        self.peak = 0          # most held at once since `reset_peak` (a wave's height)
 
     # --- questions --------------------------------------------------------------------------
     def count(self, stage: Stage) -> int:
@@ -236,6 +239,8 @@ class Admission:
         ticket = Ticket(address, Stage.HANDSHAKE, now)
         book.add(ticket)
         self.total += 1
+        if self.total > self.peak:
+            self.peak = self.total
         return Decision(ticket, None, tuple(evicted))
 
     def advance(self, ticket: Ticket, stage: Stage, now: float) -> Decision:
@@ -271,6 +276,11 @@ class Admission:
             ticket.live = False
             self._books[ticket.stage].remove(ticket)
             self.total -= 1
+            self.released += 1
+
+    def reset_peak(self) -> None:
+        """Start measuring the next wave from what is held now."""
+        self.peak = self.total
 
     # --- inside -------------------------------------------------------------------------------
     def _refused_by_address(self, address: str, stage: Stage) -> Decision | None:

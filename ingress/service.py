@@ -51,6 +51,9 @@ class IngressNode:
         if self.ppp is not None:
             await self.ppp.start()
 
+    def listeners(self) -> list:
+        return [srv for srv in (self.trueseal, self.heya, self.sync, self.ppp) if srv is not None]
+
     def listening(self) -> dict[str, str]:
         out = {"trueseal_push": f"{self.settings.bind}:{self.trueseal.bound_port}"}
         if self.heya is not None:

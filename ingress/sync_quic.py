@@ -36,8 +36,6 @@ make the relay hold.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import gc
 import hashlib
 import logging
 import math
@@ -290,21 +288,6 @@ def _nothing(*_args) -> None:
     pass
 
 
-def _malloc_trim():
-    """glibc's `malloc_trim`, or None (another C library)."""
-    try:
-        return ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return None
-
-
-# A dropped connection is reference cycles (aioquic's, timers), freed by the collector, and
-# glibc then keeps the memory in its heap for reuse: 400 abandoned handshakes (~93 KiB each)
-# left the process 37 MiB bigger for good. Once a wave of connections that never got a
-# session is gone (at least TRIM_AFTER, and none left in handshake or before HELLO), they
-# are collected and `malloc_trim` gives the memory back (on a thread: it walks the heap).
-MALLOC_TRIM = _malloc_trim()
-TRIM_AFTER = 256
 
 
 # --- the listener ---------------------------------------------------------------------------
@@ -339,8 +322,6 @@ class SyncServer(Listener):
         self.last_seen: dict[tuple[bytes, bytes], int] = {}
         self.retries = 0           # Retry packets sent (address validation under load)
         self.validating = False    # every new connection must pass a Retry now
-        self.ended_unsessioned = 0     # since the heap was last trimmed (MALLOC_TRIM)
-        self._trim: asyncio.Future | None = None
         self._server: AdmittingServer | None = None
         self._stop = asyncio.Event()
         self._tail_task: asyncio.Task | None = None
@@ -388,22 +369,6 @@ class SyncServer(Listener):
         """A request stream's window once HELLO is accepted (BoundedStreams)."""
         return self.conf.max_message_size + 4 + STREAM_WINDOW_SLACK
 
-    def ended_without_session(self) -> None:
-        """A connection ended before its HELLO was accepted (after `release`)."""
-        self.ended_unsessioned += 1
-        adm = self.admission
-        if (self.ended_unsessioned >= TRIM_AFTER and MALLOC_TRIM is not None
-                and adm.count(Stage.HANDSHAKE) == 0 and adm.count(Stage.UNAUTH) == 0
-                and (self._trim is None or self._trim.done())):
-            self.ended_unsessioned = 0
-            self._trim = asyncio.get_running_loop().create_future()
-            asyncio.get_running_loop().call_soon(self._give_memory_back, self._trim)
-
-    def _give_memory_back(self, done: asyncio.Future) -> None:
-        gc.collect()
-        trim = asyncio.ensure_future(asyncio.to_thread(MALLOC_TRIM, 0))
-        trim.add_done_callback(lambda _: done.done() or done.set_result(None))
-
     def needs_retry(self, address: str) -> bool:
         """The Retry rule: a new connection must prove its address first while the relay holds
         `retry_above_handshakes` connections in handshake (0: always), or its address holds
@@ -435,8 +400,6 @@ class SyncServer(Listener):
         self._stop.set()
         if self._tail_task is not None:
             await self._tail_task
-        if self._trim is not None:
-            await self._trim
         await self.control.close()
         if self.acks is not None:
             await self.acks.close()
@@ -655,8 +618,6 @@ class SyncConnection(QuicConnectionProtocol):
         srv.conns.discard(self)
         srv.connections = len(srv.conns)
         srv.release(self.ticket)
-        if self.ticket is not None and self.ticket.stage is not Stage.AUTH:
-            srv.ended_without_session()
         for timer in (self.hello_timer, self.handshake_timer):
             if timer is not None:
                 timer.cancel()

@@ -229,14 +229,20 @@ class Listener:
 
 
 async def serve_until(node, stop: asyncio.Event, ready=None) -> None:
-    """Run a node (anything with start / listening / close) until `stop` is set."""
+    """Run a node (anything with start / listening / listeners / close) until `stop` is set;
+    meanwhile the memory of drained waves of its listeners' connections is given back
+    (relay/memory_trim.py)."""
+    from relay.memory_trim import HeapTrimmer
     await node.start()
+    trimmer = HeapTrimmer(lambda: [listener.admission for listener in node.listeners()])
+    trimming = asyncio.create_task(trimmer.run(stop), name="heap-trimmer")
     if ready:
         ready(node.listening())
     try:
         await stop.wait()
     finally:
         await node.close()
+        await trimming
 
 
 async def serve_role(settings, role: str, node, registry, stop: asyncio.Event,
