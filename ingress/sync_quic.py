@@ -25,9 +25,10 @@ of its address) the client must first echo a stateless Retry token, so a spoofed
 creates nothing; then the connection must be admitted, or its Initial is dropped unanswered.
 A handshake not done within `handshake_timeout_seconds` is dropped silently and its state
 freed (aioquic alone keeps it for the idle timeout, renewed by every packet). Per connection,
-at most `max_streams_per_connection` request streams are open at once (aioquic's 128 before)
-and the client may open no unidirectional stream; each request stream may carry
-`stream_window_before_hello` bytes before HELLO and one largest frame after
+at most `max_streams_before_hello` request streams are open at once before HELLO and
+`max_streams_per_connection` after (aioquic's 128 before), and the client may open no
+unidirectional stream; each request stream may carry `stream_window_before_hello` bytes
+before HELLO and one largest frame after
 (`BoundedStreams`: aioquic doubled a stream's window whenever half of it was used, gaps
 included, so out-of-order bytes could grow without end), which bounds what one connection can
 make the relay hold.
@@ -164,14 +165,25 @@ class BoundedStreams(QuicConnection):
     (before HELLO `stream_window_before_hello`, room for the identity exchange, a Join and a
     HELLO; after, one largest frame: all the relay reads from one stream), and a client may
     have `max_streams` request streams open at once and no unidirectional stream (the relay
-    reads none). One connection can make the relay hold at most `max_streams` windows."""
+    reads none). One connection can make the relay hold at most `max_streams` windows;
+    `accepted_hello` widens both."""
 
     def __init__(self, *, max_streams: int, stream_window: int, **kwargs):
         super().__init__(**kwargs)
         self.stream_window = stream_window
+        self.max_streams = max_streams        # open at once
         self._local_max_streams_bidi = Limit(QuicFrameType.MAX_STREAMS_BIDI, "max_streams_bidi",
                                              max_streams)
         self._local_max_streams_uni = Limit(QuicFrameType.MAX_STREAMS_UNI, "max_streams_uni", 0)
+
+    def accepted_hello(self, stream_window: int, max_streams: int) -> None:
+        """HELLO was accepted: one largest frame per stream, and `max_streams` of them open
+        at once (aioquic announces the new limit in its next MAX_STREAMS frame)."""
+        self.stream_window = stream_window
+        if max_streams > self.max_streams:
+            # the limit counts streams ever allowed; aioquic adds one per finished stream
+            self._local_max_streams_bidi.value += max_streams - self.max_streams
+            self.max_streams = max_streams
 
     def _write_stream_limits(self, builder, space, stream) -> None:
         if not stream.max_stream_data_local or stream.receiver.is_finished:
@@ -251,7 +263,7 @@ class AdmittingServer(QuicServer):
             retry_source_connection_id=retry_source,
             session_ticket_fetcher=self._session_ticket_fetcher,
             session_ticket_handler=self._session_ticket_handler,
-            max_streams=lst.conf.max_streams_per_connection,
+            max_streams=lst.conf.max_streams_before_hello,
             stream_window=lst.conf.stream_window_before_hello)
         protocol = self._create_protocol(connection, stream_handler=self._stream_handler)
         protocol.connection_made(self._transport)
@@ -793,7 +805,7 @@ class SyncConnection(QuicConnectionProtocol):
         self.session.activate(msg, name)
         if self.hello_timer is not None:
             self.hello_timer.cancel()
-        self._quic.stream_window = srv.stream_window    # one largest frame per stream now
+        self._quic.accepted_hello(srv.stream_window, self.conf.max_streams_per_connection)
         srv.inbox.register(group, self)
         self.registered = True
         srv.last_seen[(group, dev)] = unix_now()

@@ -306,9 +306,14 @@ class SyncConf:
     # at a time is normal; a flood of spoofed sources then holds at most these.
     retry_above_handshakes: int = 100
     retry_above_handshakes_per_address: int = 8
-    # Request streams a client may have open at once (aioquic's default: 128): 0k-sync sends
-    # one request at a time per connection; 4 leaves room for a client that pipelines.
-    max_streams_per_connection: int = 4
+    # Request streams a client may have open at once (aioquic's default: 128). Before HELLO
+    # the identity exchange, a Join and HELLO are all it needs. After, 0k-sync sends one
+    # request at a time; a client that pipelines PUSHes gets one PUSH_ACK per stream per
+    # landing commit (~20-80 ms), so 16 streams carry a few hundred PUSH/s on one
+    # connection (4 held one at 50/s to a queue of seconds in `relay bench`). The cost: up
+    # to 16 x one largest frame buffered per authenticated connection.
+    max_streams_before_hello: int = 4
+    max_streams_per_connection: int = 16
     # A request stream's receive window before HELLO is accepted (after: one largest frame):
     # the identity exchange, a Join and a HELLO (a 256-character name) fit many times over.
     stream_window_before_hello: int = 16384
