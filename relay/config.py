@@ -318,8 +318,12 @@ class SyncConf:
     # the identity exchange, a Join and a HELLO (a 256-character name) fit many times over.
     stream_window_before_hello: int = 16384
     # The UDP socket's receive buffer (SO_RCVBUF; Linux caps it at net.core.rmem_max): a
-    # connect burst waits there as TCP connects in a listen backlog (~1,800 Initials).
-    receive_buffer_bytes: int = 4194304
+    # connect burst waits there as TCP connects in a listen backlog. Every session's
+    # packets wait behind it too, and aioquic takes ~1 ms of CPU per Initial: 4 MiB
+    # (~3,500 Initials) held a session's PUSH 3.8 s behind a handshake flood. 512 KiB
+    # (~450) bounds that wait near 0.5 s; an Initial dropped past it is resent by its
+    # client (1 s later in aioquic, 0k-sync waits 30 s in all).
+    receive_buffer_bytes: int = 524288
     connections_per_minute: int = 10         # per device id; past it, close code 1
     messages_per_minute: int = 100           # per device, PUSH + PULL (burst = the count)
     control_requests_per_minute: int = 60    # per device, our extension requests (burst = it)
