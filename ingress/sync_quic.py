@@ -43,8 +43,8 @@ import math
 import os
 import re
 import secrets
-import socket
 import time
+from collections import deque
 from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
@@ -73,7 +73,7 @@ from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_DEVICE_REVOKED, CLOSE_
                                  State)
 from engine.sync.token_bucket import KeyedBuckets, TokenBucket
 from relay.config import Settings
-from relay import tls
+from relay import tls, udp_endpoint
 from relay.listener import Listener
 from relay.log_rate import LogRate
 
@@ -200,6 +200,11 @@ class BoundedStreams(QuicConnection):
             stream.max_stream_data_local_sent = stream.max_stream_data_local
 
 
+# New connections started per event-loop turn (~1 ms of CPU each); the sessions' packets read
+# in the same turn go first.
+INITIALS_PER_TURN = 8
+
+
 class AdmittingServer(QuicServer):
     """aioquic's server, deciding before a new connection costs anything.
 
@@ -214,6 +219,8 @@ class AdmittingServer(QuicServer):
         super().__init__(configuration=configuration, create_protocol=listener._protocol,
                          retry=True)
         self.listener = listener
+        self._initials: deque = deque(maxlen=listener.conf.initial_queue)
+        self._initials_scheduled = False
 
     def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:
         try:
@@ -226,7 +233,28 @@ class AdmittingServer(QuicServer):
                 or header.destination_cid in self._protocols):
             super().datagram_received(data, addr)   # a known connection, version negotiation
             return
-        self._new_connection(data, addr, header)
+        # A new connection waits its turn: sessions' packets first (relay/udp_endpoint.py).
+        if len(self._initials) == self._initials.maxlen:
+            self.listener.rejected["initial_queue_full"] += 1   # the oldest: likely resent
+        self._initials.append((data, addr, header))
+
+    def batch_done(self) -> None:
+        """The endpoint read what it had: start up to `INITIALS_PER_TURN` new connections,
+        and the rest on later turns, between the sessions' packets."""
+        if self._initials and not self._initials_scheduled:
+            self._start_initials()
+
+    def _start_initials(self) -> None:
+        self._initials_scheduled = False
+        for _ in range(min(INITIALS_PER_TURN, len(self._initials))):
+            data, addr, header = self._initials.popleft()
+            if header.destination_cid in self._protocols:   # a resent Initial, now known
+                super().datagram_received(data, addr)
+            else:
+                self._new_connection(data, addr, header)
+        if self._initials and self._transport is not None:
+            self._initials_scheduled = True
+            self._loop.call_soon(self._start_initials)
 
     def _new_connection(self, data: bytes, addr: NetworkAddress, header) -> None:
         lst, now = self.listener, self._loop.time()
@@ -360,11 +388,11 @@ class SyncServer(Listener):
                                   max_data=conf.max_streams_per_connection * self.stream_window,
                                   max_stream_data=conf.stream_window_before_hello)
         qconf.load_cert_chain(str(self.cert_path), str(self.key_path))
-        transport, self._server = await asyncio.get_running_loop().create_datagram_endpoint(
-            lambda: AdmittingServer(self, qconf), local_addr=(self.host, self.port))
-        # A connect burst waits in the socket's buffer, as TCP connects in a listen backlog.
-        transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF,
-                                                      conf.receive_buffer_bytes)
+        # A connect burst waits in the socket's buffer, as TCP connects in a listen backlog;
+        # the endpoint drains it every turn so sessions' packets never wait behind it.
+        _, self._server = await udp_endpoint.open_endpoint(
+            lambda: AdmittingServer(self, qconf), self.host, self.port,
+            receive_buffer=conf.receive_buffer_bytes)
         log.info("listener started", extra={"event": "listener_started",
                                             "listener": self.name, "port": self.bound_port})
 

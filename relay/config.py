@@ -317,13 +317,15 @@ class SyncConf:
     # A request stream's receive window before HELLO is accepted (after: one largest frame):
     # the identity exchange, a Join and a HELLO (a 256-character name) fit many times over.
     stream_window_before_hello: int = 16384
-    # The UDP socket's receive buffer (SO_RCVBUF; Linux caps it at net.core.rmem_max): a
-    # connect burst waits there as TCP connects in a listen backlog. Every session's
-    # packets wait behind it too, and aioquic takes ~1 ms of CPU per Initial: 4 MiB
-    # (~3,500 Initials) held a session's PUSH 3.8 s behind a handshake flood. 512 KiB
-    # (~450) bounds that wait near 0.5 s; an Initial dropped past it is resent by its
-    # client (1 s later in aioquic, 0k-sync waits 30 s in all).
-    receive_buffer_bytes: int = 524288
+    # The UDP socket's receive buffer (SO_RCVBUF; Linux caps it at net.core.rmem_max): what
+    # arrives while one event-loop turn runs waits here. The endpoint drains it every turn
+    # (relay/udp_endpoint.py), so a flood of Initials no longer sits in it ahead of the
+    # sessions' packets (with asyncio's one datagram per turn, 4 MiB of queued Initials held
+    # a session's PUSH 3.8 s; 512 KiB dropped its packets instead).
+    receive_buffer_bytes: int = 4194304
+    # New connections' Initials read but not yet started (~1 ms of CPU each, 8 per turn,
+    # after the sessions' packets): past it the oldest is dropped (its client resends).
+    initial_queue: int = 512
     connections_per_minute: int = 10         # per device id; past it, close code 1
     messages_per_minute: int = 100           # per device, PUSH + PULL (burst = the count)
     control_requests_per_minute: int = 60    # per device, our extension requests (burst = it)

@@ -162,6 +162,32 @@ def test_a_request_stream_stalled_mid_frame_is_answered_at_its_deadline(settings
     asyncio.run(go())
 
 
+def test_a_flood_of_initials_waits_behind_the_sessions_packets(settings):
+    """The listener drains its socket every turn (relay/udp_endpoint.py): a session's packet
+    read behind 400 new connections' Initials is answered while most of them still wait
+    (at most `initial_queue`, the oldest dropped), instead of after all of them."""
+    settings.sync.initial_queue = 64
+
+    async def go():
+        async with relay(settings, stream=False) as (port, node, _):
+            srv = node.sync
+            c, welcome = await device_session(port, Device(), group_id(b"flood"))
+            assert welcome[0] == "Welcome"
+            flood = [SilentInitial(port, "127.0.0.2", send=False) for _ in range(400)]
+            for f in flood:                  # all in the socket before the relay's next turn
+                f.send()
+            reply = await asyncio.wait_for(c.request(pull(0, 0)), 10)
+            assert reply[0] == "PullResponse"
+            assert len(srv._server._initials) > 0                    # still waiting
+            assert srv.rejected["initial_queue_full"] >= 400 - 64 - 3 * 8   # 8 started a turn
+            await wait_until(lambda: not srv._server._initials)    # then all started
+            for f in flood:
+                f.close()
+            await c.close()
+
+    asyncio.run(go())
+
+
 # --- address validation -----------------------------------------------------------------------
 
 def test_under_load_a_new_client_gets_a_retry_and_still_connects(settings):
