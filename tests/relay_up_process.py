@@ -121,6 +121,21 @@ class RelayUp:
                 continue
         return found
 
+    def role_environ(self, role: str) -> dict[str, str] | None:
+        """The environment of this relay's `relay.cli ... <role>` process, as it runs."""
+        mark = f"RELAY_DATA_DIR={self.data}"
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    args = fh.read().decode(errors="replace").split("\0")
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    env = fh.read().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            if "relay.cli" in args and role in args and mark in env:
+                return dict(e.split("=", 1) for e in env if "=" in e)
+        return None
+
     @property
     def output(self) -> str:
         return "".join(self.stdout) + "".join(self.stderr)

@@ -47,6 +47,9 @@ def test_messages_sent_at_ready_are_served_at_once_and_sigterm_stops_cleanly(rel
     # The stream said ready only after a micro-batch committed (its checkpoint has one).
     assert (relay.data / "checkpoints" / "inbox_stream" / "commits" / "0").exists()
     assert ready["seconds"] > 0
+    # The roles holding connections run on glibc's malloc (memory returned after a wave).
+    for role in ("ingress", "egress"):
+        assert relay.role_environ(role)["PYTHONMALLOC"] == "malloc"
 
     heya, ppp = asyncio.run(_at_ready(relay, tmp_path, inbox_token))
     print("served after ready:", heya, ppp)
