@@ -8,9 +8,9 @@ import logging
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS
-from relay import keys, metrics, open_files
-from relay.config import Settings
-from relay.listener import serve_role
+from runtime import keys, metrics, open_files
+from runtime.config import Settings
+from runtime.listener import serve_role
 
 from .inbox_tail import AckWriter, InboxTail
 from .pending import MailboxHub

@@ -3,7 +3,7 @@ in uvicorn's own protocol classes (issue 19 items 2 and 5).
 
 uvicorn has no deadline before a request head, inside a body or inside a WebSocket frame,
 and counts nothing below the WebSocket upgrade. So the PPP listener accepts on its own
-(`relay/listener.py`: admission at TCP accept, its accept loop that stops near the descriptor
+(`runtime/listener.py`: admission at TCP accept, its accept loop that stops near the descriptor
 limit) and gives each admitted socket these protocols:
 
 * `PppHttpProtocol` (uvicorn's h11 protocol): the request head must be complete
@@ -36,7 +36,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from engine.admission import Stage, Ticket
-from relay.listener import Deadline
+from runtime.listener import Deadline
 
 if TYPE_CHECKING:   # the import would be circular: ppp_app builds these protocols
     from .ppp_app import PppServer

@@ -33,7 +33,7 @@ from engine.ppp.ids import PROTOCOL, event_id, sealed_event_id
 from engine.ppp.limits import (EVENT_ID_LEN, FETCH_PAGE_SIZE, MAX_ACK_IDS, MAX_BACKUP_SIZE,
                                MAX_CIPHERTEXT_SIZE, MAX_EVENT_TTL_SECS)
 from engine.ppp.session import with_request_id
-from relay.log_rate import LogRate
+from runtime.log_rate import LogRate
 
 from .ppp_control import PppControl
 from .ppp_inbox import PppInbox
@@ -77,7 +77,7 @@ class PppService:
         self.control = control
         self.clock = clock
         self.page_size = page_size
-        # The listener's `accepted` / `rejected` counters (relay/listener.py, metrics).
+        # The listener's `accepted` / `rejected` counters (runtime/listener.py, metrics).
         self.counters = counters
         self._landing: set[bytes] = set()   # ids being landed by this process
         self.stored = 0

@@ -11,9 +11,9 @@ import logging
 
 from delta_tables.group_commit import GroupCommitAppender, LandingTarget
 from delta_tables.layout import Layout
-from relay import keys, metrics, open_files
-from relay.config import Settings
-from relay.listener import serve_role
+from runtime import keys, metrics, open_files
+from runtime.config import Settings
+from runtime.listener import serve_role
 
 from .heya import HeyaServer
 from .sync_quic import SyncServer

@@ -24,7 +24,7 @@ from delta_tables.schema_sync import (OP_CREATE, OP_JOIN, OP_REGISTER, OP_REVOKE
                                       OP_UNREGISTER, SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH,
                                       S)
 from delta_tables.sync_state import SyncState, ensure_tables, load_state
-from relay.log_rate import LogRate
+from runtime.log_rate import LogRate
 
 log = logging.getLogger("relay.ingress.sync")
 

@@ -73,10 +73,10 @@ from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_DEVICE_REVOKED, CLOSE_
                                  CLOSE_TOO_MANY_SESSIONS, CONTROL_LIMITED, RATE_LIMITED, Code, Refused, Session,
                                  State)
 from engine.sync.token_bucket import KeyedBuckets, TokenBucket
-from relay.config import Settings
-from relay import tls
-from relay.listener import Listener
-from relay.log_rate import LogRate
+from runtime.config import Settings
+from runtime import tls
+from runtime.listener import Listener
+from runtime.log_rate import LogRate
 
 from .sync_control import SyncControl
 from .sync_inbox import SyncInbox, encode_meta

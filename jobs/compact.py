@@ -51,7 +51,7 @@ from deltalake.exceptions import CommitFailedError
 from delta_tables.layout import GENERATION_RE, Layout
 from delta_tables.query import sql
 from delta_tables.schema import ACKS, INBOX, PADDING_AUDIT, REJECTS, C
-from relay.config import Settings
+from runtime.config import Settings
 
 log = logging.getLogger("relay.compaction")
 

@@ -61,7 +61,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, C, LANDING, LANDING_SOURCE
 from engine.heya.ids import event_id as heya_event_id
 from engine.trueseal.ids import event_id as trueseal_event_id
-from relay.config import Settings
+from runtime.config import Settings
 
 from .inbox_stream import BATCH_TS, InboxSink
 from .inbox_transform import StreamRules

@@ -17,8 +17,8 @@ import threading
 import time
 
 from delta_tables.layout import Layout
-from relay import metrics
-from relay.config import Settings
+from runtime import metrics
+from runtime.config import Settings
 
 from .inbox_stream import start_inbox_stream
 from .spark_session import get_spark

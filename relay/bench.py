@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import config
+from runtime import config
 
 QUICK = {
     "ceiling_commits": {1000: 60, 10000: 20},
@@ -662,7 +662,7 @@ def _e2e_breakdown(inbox_path: Path, records: list) -> dict:
 def bench_e2e(spark, root: Path, args, p: dict) -> dict:
     from delta_tables.layout import Layout
     from jobs.inbox_stream import start_inbox_stream
-    from relay import keys
+    from runtime import keys
 
     from . import bench_client as bc
     data_dir = root / "e2e"

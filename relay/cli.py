@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from . import config, logs
+from runtime import config, logs
 from .up import SUPERVISED_ENV
 
 
@@ -126,7 +126,7 @@ def cmd_compact(args) -> None:
     settings = _settings(args)
     logs.setup("compact")
     if args.loop:
-        from . import metrics
+        from runtime import metrics
         stop = _StopFlag()
         compaction_metrics = metrics.CompactionMetrics(settings.data_dir)
         exporter = metrics.serve_role(settings, "compact", compaction_metrics.registry)
@@ -142,12 +142,12 @@ def cmd_compact(args) -> None:
 
 
 def cmd_keys(args) -> None:
-    from . import keys
+    from runtime import keys
     settings = _settings(args)
     key = keys.load_or_create(settings.data_dir)
     print(f"trueseal {key.public_hex}")
     if settings.heya.enabled:
-        from . import tls
+        from runtime import tls
         cert, _ = tls.load_or_create_server_cert(settings.data_dir, settings.heya.cert_file,
                                                  settings.heya.key_file)
         # What a Heya client pins instead of SKIP_VERIFY: SHA-256 of the server certificate.

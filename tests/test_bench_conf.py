@@ -1,6 +1,7 @@
 """`relay.bench.write_conf`: a bench's child relay gets exactly the bench's settings."""
 
-from relay import bench, config
+from relay import bench
+from runtime import config
 
 
 def test_write_conf_round_trips(tmp_path):

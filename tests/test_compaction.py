@@ -16,7 +16,7 @@ from deltalake.exceptions import CommitFailedError
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, INBOX, LANDING, C
 from jobs.compact import compaction_loop, run_compaction
-from relay.config import Settings
+from runtime.config import Settings
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
 PROTO = "trueseal"

@@ -20,7 +20,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX
 from ingress.heya_control import HeyaControl, mint_inbox_tokens
 from jobs.compact import run_compaction
-from relay.config import Settings
+from runtime.config import Settings
 
 ALICE, BOB = b"\xa1" * 32, b"\xb0" * 32     # certificate digests
 

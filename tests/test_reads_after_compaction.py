@@ -31,7 +31,7 @@ class _Owners:
 
 @pytest.fixture(scope="module")
 def compacted(tmp_path_factory):
-    from relay import config
+    from runtime import config
     settings = config.load(None, env={}, data_dir=str(tmp_path_factory.mktemp("rc") / "data"))
     generate_day(settings, hours=2, scale=0.05, seed=5)
     run_compaction(settings)

@@ -107,7 +107,7 @@ def test_a_handshake_that_never_finishes_is_dropped_at_its_deadline_and_freed(se
             await c.close()
 
     asyncio.run(go())
-    # one line for forty timeouts (relay/log_rate.py), none of aioquic's
+    # one line for forty timeouts (runtime/log_rate.py), none of aioquic's
     assert len(events(caplog, "sync_handshake_timeout")) == 1
     assert not [r for r in caplog.records if r.name == "quic"]
 
