@@ -10,7 +10,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import ACKS
 from runtime import keys, metrics, open_files
 from runtime.config import Settings
-from runtime.listener import serve_role
+from runtime.role import run_role
 
 from .inbox_tail import AckWriter, InboxTail
 from .pending import MailboxHub
@@ -61,6 +61,6 @@ class EgressNode:
 async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:
     open_files.raise_limit()   # before any socket: the listener's caps need the descriptors
     node = EgressNode(settings)
-    await serve_role(settings, "egress", node, metrics.egress_registry(node), stop, ready)
+    await run_role(settings, "egress", node, metrics.egress_registry(node), stop, ready)
     log.info("egress stopped", extra={"event": "egress_stopped",
                                       "delivered": node.hub.delivered, "acked": node.hub.acked})

@@ -228,28 +228,6 @@ class Listener:
             self.release(ticket)
 
 
-async def serve_until(node, stop: asyncio.Event, ready=None) -> None:
-    """Run a node (anything with start / listening / close) until `stop` is set."""
-    await node.start()
-    if ready:
-        ready(node.listening())
-    try:
-        await stop.wait()
-    finally:
-        await node.close()
-
-
-async def serve_role(settings, role: str, node, registry, stop: asyncio.Event,
-                     ready=None) -> None:
-    """`serve_until` with the role's /metrics exporter around it (runtime/metrics.py)."""
-    from runtime import metrics
-    exporter = metrics.serve_role(settings, role, registry)
-    try:
-        await serve_until(node, stop, metrics.announce(ready, exporter, settings.metrics.bind))
-    finally:
-        metrics.stop(exporter)
-
-
 def bind(host: str | None, port: int, backlog: int) -> socket.socket:
     """A listening, non-blocking TCP socket on `host:port` (the first address it resolves to;
     "" or None: all IPv4 interfaces)."""

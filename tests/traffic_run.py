@@ -149,8 +149,10 @@ async def _run(settings, spark, out: Traffic) -> None:
         c["sessions_after"] = value(after, "relay_sessions_open", listener="trueseal_push")
 
         # the stream, with its own registry, over what landed
+        from delta_tables.landing_lag import landing_lag
         from delta_tables.layout import Layout
-        stream_metrics = metrics.StreamMetrics(Layout(settings.data_dir))
+        layout = Layout(settings.data_dir)
+        stream_metrics = metrics.StreamMetrics(settings.data_dir, lambda: landing_lag(layout))
         st = metrics.serve_ephemeral(stream_metrics.registry)
         try:
             pre = await ascrape(st)
