@@ -22,11 +22,11 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from delta_tables.group_commit import DeltaAppendTarget
-from delta_tables.heya_state import (HeyaState, SendToken, apply_inbox_tokens, ensure_tables,
+from .group_commit import DeltaAppendTarget
+from .heya_state import (HeyaState, SendToken, apply_inbox_tokens, ensure_tables,
                                      load_state, read_table)
-from delta_tables.layout import Layout
-from delta_tables.schema_heya import (HEYA_INBOX_TOKENS, HEYA_MAILBOXES, HEYA_PUSH_TOKENS,
+from .layout import Layout
+from .schema_heya import (HEYA_INBOX_TOKENS, HEYA_MAILBOXES, HEYA_PUSH_TOKENS,
                                       HEYA_SEND_TOKENS, HEYA_TABLES, HEYA_TRIMS, OP_AUTH,
                                       OP_DALL, OP_DEAU, OP_EXTD, OP_INCO, OP_IOSA, OP_IOSD, H)
 

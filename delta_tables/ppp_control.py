@@ -17,10 +17,10 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from delta_tables.group_commit import DeltaAppendTarget
-from delta_tables.layout import Layout
-from delta_tables.ppp_state import BackupMeta, PppState, ensure_tables, load_state, read_backup, ts
-from delta_tables.schema_ppp import (OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_STORE,
+from .group_commit import DeltaAppendTarget
+from .layout import Layout
+from .ppp_state import BackupMeta, PppState, ensure_tables, load_state, read_backup, ts
+from .schema_ppp import (OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_STORE,
                                      PPP_BACKUPS, PPP_DELIVERY_TOKENS, PPP_TABLES, Q)
 from engine.ppp.limits import MAX_DELIVERY_TOKENS_PER_RECIPIENT
 

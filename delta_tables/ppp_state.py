@@ -1,6 +1,6 @@
 """The PPP control plane as data: the fold of `schema_ppp` tables.
 
-Pure: rows in, a `PppState` out. The owner (`ingress/ppp_control.py`) applies each row it
+Pure: rows in, a `PppState` out. The owner (`delta_tables/ppp_control.py`) applies each row it
 writes with the same methods the loader replays at start, so memory and a rebuild after a
 restart agree by construction. Backup ciphertext is not held: the state keeps each backup's
 version and `at`, and a FETCH_BACKUP reads that one row (`read_backup`).

@@ -18,12 +18,12 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
-from delta_tables.layout import Layout
-from delta_tables.schema_sync import (OP_CREATE, OP_JOIN, OP_REGISTER, OP_REVOKE,
+from .group_commit import DeltaAppendTarget, GroupCommitAppender
+from .layout import Layout
+from .schema_sync import (OP_CREATE, OP_JOIN, OP_REGISTER, OP_REVOKE,
                                       OP_UNREGISTER, SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH,
                                       S)
-from delta_tables.sync_state import SyncState, ensure_tables, load_state
+from .sync_state import SyncState, ensure_tables, load_state
 from runtime.log_rate import LogRate
 
 log = logging.getLogger("relay.ingress.sync")

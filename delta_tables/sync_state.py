@@ -1,6 +1,6 @@
 """The cursor-sync control plane as data: the fold of `schema_sync` rows into `SyncState`.
 
-Pure: rows in, state out. The owner (`ingress/sync_control.py`) applies each row it writes
+Pure: rows in, state out. The owner (`delta_tables/sync_control.py`) applies each row it writes
 with the same methods the loader replays at start, so memory and a rebuild agree.
 """
 

@@ -32,7 +32,7 @@ from deltalake import DeltaTable
 
 from delta_tables.layout import equals
 from delta_tables.schema import C
-from egress.pending import PendingEnvelope
+from .pending import PendingEnvelope
 from engine.heya.ids import PROTOCOL
 
 log = logging.getLogger("relay.ingress.heya")
@@ -42,7 +42,7 @@ class Session(Protocol):
     def notify_have(self, token: bytes, next_seq: int) -> None: ...
 
 
-class Owners(Protocol):   # ingress.heya_control.HeyaControl
+class Owners(Protocol):   # delta_tables.heya_control.HeyaControl
     def owner_of(self, token: bytes) -> bytes | None: ...
     def trimmed(self, token: bytes) -> int: ...
 

@@ -39,9 +39,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from delta_tables.schema import C
-from egress.envelope_cache import EnvelopeCache
-from egress.inbox_tail import read_protocol_rows
-from egress.pending import PendingEnvelope
+from .envelope_cache import EnvelopeCache
+from .inbox_tail import read_protocol_rows
+from .pending import PendingEnvelope
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 from engine.ppp.ids import PROTOCOL
 

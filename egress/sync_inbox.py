@@ -39,9 +39,9 @@ import msgpack
 import pyarrow as pa
 
 from delta_tables.schema import C
-from egress.envelope_cache import EnvelopeCache
-from egress.inbox_tail import read_protocol_rows
-from egress.pending import PendingEnvelope
+from .envelope_cache import EnvelopeCache
+from .inbox_tail import read_protocol_rows
+from .pending import PendingEnvelope
 from engine.sync import PROTOCOL
 
 log = logging.getLogger("relay.ingress.sync")

@@ -10,9 +10,9 @@ the stores and the views, and carries out each command the core reports:
   through the ingress `GroupCommitAppender`; RECV goes out only after `append` returned, i.e.
   after the landing commit (DESIGN.md "Ack = durable"). SENDs of one connection are stored
   concurrently (`max_in_flight`); the core keeps the replies in command order.
-* Sequence numbers are the inbox cursors the stream assigns (`ingress/heya_inbox.py`); HAVE
+* Sequence numbers are the inbox cursors the stream assigns (`egress/heya_inbox.py`); HAVE
   follows the inbox commit and reaches every connected session of the owner.
-* Control commands go through `ingress/heya_control.py` (durable before the reply).
+* Control commands go through `delta_tables/heya_control.py` (durable before the reply).
 * A command that cannot be carried out (unknown inbox token, a send token that is not
   yours / revoked / outside its times, a push token you never registered, ...) is refused:
   the connection closes after the replies owed before it (there is no error line in Heya).
@@ -51,8 +51,10 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
+from delta_tables.heya_control import HeyaControl
 from delta_tables.layout import Layout
 from delta_tables.schema import C
+from egress.heya_inbox import HeyaInbox
 from egress.inbox_tail import InboxTail
 from engine.admission import Cap, Limits, Stage, Ticket
 from engine.heya import frames
@@ -64,9 +66,6 @@ from engine.heya.session import HeyaSession, Phase
 from runtime import tls, tls_stream
 from runtime.config import Settings
 from runtime.listener import Listener
-
-from .heya_control import HeyaControl
-from .heya_inbox import HeyaInbox
 
 log = logging.getLogger("relay.ingress.heya")
 

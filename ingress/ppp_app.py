@@ -52,8 +52,10 @@ from starlette.websockets import WebSocketDisconnect
 
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
 from delta_tables.layout import Layout
+from delta_tables.ppp_control import PppControl
 from delta_tables.schema import ACKS
 from egress.inbox_tail import InboxTail
+from egress.ppp_inbox import PppInbox
 from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.ppp import protocol as P
 from engine.ppp.ids import PROTOCOL
@@ -65,8 +67,6 @@ from runtime.config import PppConf, Settings
 from runtime.listener import Listener
 
 from .ppp_conn import PppConn, PppHttpProtocol, PppWsProtocol
-from .ppp_control import PppControl
-from .ppp_inbox import PppInbox
 from .ppp_service import PppService, SealedOutcome
 
 log = logging.getLogger("relay.ingress.ppp")

@@ -26,7 +26,9 @@ from typing import Any, Callable
 
 import msgpack
 
+from delta_tables.ppp_control import PppControl
 from delta_tables.schema import C
+from egress.ppp_inbox import PppInbox
 from engine.ppp import protocol as P
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 from engine.ppp.ids import PROTOCOL, event_id, sealed_event_id
@@ -34,9 +36,6 @@ from engine.ppp.limits import (EVENT_ID_LEN, FETCH_PAGE_SIZE, MAX_ACK_IDS, MAX_B
                                MAX_CIPHERTEXT_SIZE, MAX_EVENT_TTL_SECS)
 from engine.ppp.session import with_request_id
 from runtime.log_rate import LogRate
-
-from .ppp_control import PppControl
-from .ppp_inbox import PppInbox
 
 log = logging.getLogger("relay.ingress.ppp")
 

@@ -64,7 +64,9 @@ from aioquic.quic.packet import (QuicFrameType, QuicPacketType, encode_quic_retr
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, C
+from delta_tables.sync_control import SyncControl
 from egress.inbox_tail import InboxTail
+from egress.sync_inbox import SyncInbox, encode_meta
 from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.sync import ALPN, PROTOCOL, identity, limits
 from engine.sync import messages as m
@@ -77,9 +79,6 @@ from runtime.config import Settings
 from runtime import tls
 from runtime.listener import Listener
 from runtime.log_rate import LogRate
-
-from .sync_control import SyncControl
-from .sync_inbox import SyncInbox, encode_meta
 
 log = logging.getLogger("relay.ingress.sync")
 logging.getLogger("quic").setLevel(logging.WARNING)   # aioquic logs connection ids per event

@@ -150,7 +150,7 @@ async def _send_worker(queue, go, port, cert, tokens, duration, connections, win
 
 async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
     from delta_tables.layout import Layout
-    from ingress.heya_control import mint_inbox_tokens
+    from delta_tables.heya_control import mint_inbox_tokens
     from ingress.service import IngressNode
     node = IngressNode(settings)    # fsync as configured: RECV = durable
     await node.start()
@@ -211,7 +211,7 @@ async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
 
 async def _latency(settings, p: dict, workdir: str) -> dict:
     from delta_tables.layout import Layout
-    from ingress.heya_control import mint_inbox_tokens
+    from delta_tables.heya_control import mint_inbox_tokens
     from ingress.service import IngressNode
     node = IngressNode(settings)
     await node.start()

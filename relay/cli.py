@@ -163,7 +163,7 @@ def cmd_heya_inbox_token(args) -> None:
     The operator hands each to one user, who sends `INCO <token>` once from the client
     certificate that is to be the mailbox; the running ingress node accepts it at once."""
     from delta_tables.layout import Layout
-    from ingress.heya_control import mint_inbox_tokens
+    from delta_tables.heya_control import mint_inbox_tokens
     settings = _settings(args)
     for token in mint_inbox_tokens(Layout(settings.data_dir), args.count):
         print(token.hex())

@@ -30,7 +30,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX
-from ingress.heya_control import mint_inbox_tokens
+from delta_tables.heya_control import mint_inbox_tokens
 from ingress.service import IngressNode
 
 from heya_client import Cert, HeyaClient, client_context, recv_line, send_line

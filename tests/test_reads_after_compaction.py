@@ -16,7 +16,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, INBOX, C
 from egress.inbox_tail import InboxTail
 from egress.pending import MailboxHub
-from ingress.heya_inbox import HeyaInbox
+from egress.heya_inbox import HeyaInbox
 from jobs.compact import run_compaction
 from jobs.loadgen import generate_day
 
