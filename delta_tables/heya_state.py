@@ -191,13 +191,9 @@ def load_state(tables: dict[str, Path]) -> HeyaState:
 
 def table_paths(layout) -> dict[str, Path]:
     """`layout`: delta_tables.layout.Layout. Table name -> path under <data>/tables/."""
-    return {name: layout.table(tdef) for name, tdef in HEYA_TABLES.items()}
+    return layout.table_paths(HEYA_TABLES)
 
 
 def ensure_tables(layout) -> dict[str, Path]:
     """Create the five control tables if missing (idempotent); returns their paths."""
-    from .layout import ensure_table
-    paths = table_paths(layout)
-    for name, tdef in HEYA_TABLES.items():
-        ensure_table(paths[name], tdef)
-    return paths
+    return layout.ensure_tables(HEYA_TABLES)

@@ -122,13 +122,10 @@ def read_backup(path: Path, pubkey: bytes, at: int) -> bytes | None:
 
 
 def table_paths(layout) -> dict[str, Path]:
-    return {name: layout.table(tdef) for name, tdef in PPP_TABLES.items()}
+    """`layout`: delta_tables.layout.Layout. Table name -> path under <data>/tables/."""
+    return layout.table_paths(PPP_TABLES)
 
 
 def ensure_tables(layout) -> dict[str, Path]:
     """Create the PPP control tables if missing (idempotent); returns their paths."""
-    from .layout import ensure_table
-    paths = table_paths(layout)
-    for name, tdef in PPP_TABLES.items():
-        ensure_table(paths[name], tdef)
-    return paths
+    return layout.ensure_tables(PPP_TABLES)
