@@ -112,7 +112,7 @@ class _Group:
         return blob
 
 
-class SyncInbox:
+class SyncInbox:   # an inbox_view.InboxView; sessions are kept with each group
     def __init__(self, inbox_path: Path, acks_path: Path, *, cache_bytes: int = 256 << 20):
         self.inbox_path = Path(inbox_path)
         self.acks_path = Path(acks_path)
