@@ -57,6 +57,10 @@ def rounded(x, nd: int = 1):
     return None if x is None else round(float(x), nd)
 
 
+def p50_p99(values) -> dict:
+    return {"p50": rounded(percentile(values, 50)), "p99": rounded(percentile(values, 99))}
+
+
 def say(msg: str) -> None:
     print(f"bench: {msg}", flush=True)
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .harness import measure_appender, percentile, rounded
+from .harness import measure_appender, p50_p99, rounded
 
 BODY_SIZE = 600
 TOKENS = 64
@@ -274,9 +274,9 @@ async def _latency(settings, p: dict, workdir: str) -> dict:
         # RECVs come back in SEND order on the one connection: i-th RECV <-> i-th SEND.
         order = sorted(x for v in sent.values() for x in v)
         recv_ms = [(r - s_) * 1000 for r, s_ in zip(recv_at, order)]
-        return {"p50": rounded(percentile(ms, 50)), "p99": rounded(percentile(ms, 99)), "max": rounded(max(ms)),
+        return {**p50_p99(ms), "max": rounded(max(ms)),
                 "mean": rounded(statistics.fmean(ms)), "messages": len(ms),
-                "send_to_recv_ms": {"p50": rounded(percentile(recv_ms, 50)), "p99": rounded(percentile(recv_ms, 99))},
+                "send_to_recv_ms": p50_p99(recv_ms),
                 "rate_per_s": p["rate"], "seconds": p["latency_seconds"],
                 "trigger_interval_ms": settings.stream.trigger_interval_ms,
                 "poll_interval_ms": settings.egress.poll_interval_ms}
@@ -306,8 +306,8 @@ def run(settings, quick: bool, spark=None) -> dict:
         try:
             out["heya_send_to_have_ms"] = asyncio.run(_latency(s2, p, workdir))
             batches = [b.seconds * 1000 for b in sink.history if b.rows_in]
-            out["heya_send_to_have_ms"]["stream_batch_ms"] = {
-                "p50": rounded(percentile(batches, 50)), "p99": rounded(percentile(batches, 99)), "batches": len(batches)}
+            out["heya_send_to_have_ms"]["stream_batch_ms"] = {**p50_p99(batches),
+                                                               "batches": len(batches)}
         finally:
             query.stop()
     return out

@@ -31,7 +31,7 @@ import os
 import time
 from pathlib import Path
 
-from .harness import child_ingress_and_stream, collect, percentile, port_of, rounded, spawn
+from .harness import child_ingress_and_stream, collect, p50_p99, port_of, rounded, spawn
 
 CT_SIZE = 1040          # a 1024-byte padding bucket + 16-byte tag (§8 buckets)
 WARMUP_EVENTS = 20
@@ -122,7 +122,8 @@ async def _throughput(settings, p: dict) -> dict:
         await node.close()
     stored = sum(r["stored"] for r in results)
     secs = max(r["last"] for r in results) - min(r["first"] for r in results)
-    return {"stores_per_s": rounded(stored / secs, 0), "stored": stored, "seconds": rounded(secs, 2),
+    return {"stores_per_s": rounded(stored / secs, 0), "stored": stored,
+            "seconds": rounded(secs, 2),
             "sockets": p["clients"] * p["sockets"], "stores_per_socket": p["stores"],
             "landing_commits": commits, "fsync": True, "ciphertext_bytes": CT_SIZE,
             "method": ("IngressNode in the bench process (no stream running; STORED = landing "
@@ -206,10 +207,9 @@ def _latency(spark, settings, p: dict) -> dict:
         res = collect(queue, [worker], 1, p["latency_seconds"] + 300)[0]
         worker.join(timeout=10)
     lat = res["latency_ms"]
-    return {"p50": rounded(percentile(lat, 50)), "p99": rounded(percentile(lat, 99)), "count": len(lat),
+    return {**p50_p99(lat), "count": len(lat),
             "warmup_events": WARMUP_EVENTS,
-            "store_to_stored_ms": {"p50": rounded(percentile(res["stored_ms"], 50)),
-                                   "p99": rounded(percentile(res["stored_ms"], 99))},
+            "store_to_stored_ms": p50_p99(res["stored_ms"]),
             "rate_per_s": p["rate"], "notify_window_ms": settings.ppp.notify_window_ms,
             "trigger_interval_ms": settings.stream.trigger_interval_ms,
             "tail_poll_interval_ms": settings.egress.poll_interval_ms,

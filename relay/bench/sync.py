@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from .harness import (CpuMeter, batches_after, child_ingress_and_stream, collect, durations_ms,
-                      jvm_pid, last_batch, percentile, port_of, rounded, spawn)
+                      jvm_pid, last_batch, p50_p99, percentile, port_of, rounded, spawn)
 
 BODY_SIZE = 600
 # 512 PUSHes in flight: on 2 cores the curve (in flight -> pushes/s) flattens here (the relay
@@ -320,7 +320,7 @@ def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = W
         "seconds": p["seconds"], "warmup_seconds": p["warmup"],
         "client_processes": procs, "devices": per * procs, "window_per_device": window,
         "in_flight": per * procs * window, "groups": procs, "body_bytes": BODY_SIZE,
-        "push_to_ack_ms": {"p50": rounded(percentile(lat, 50)), "p99": rounded(percentile(lat, 99))},
+        "push_to_ack_ms": p50_p99(lat),
         "stream_batches": len(batches),
         "stream_batches_per_s": rounded(len(batches) / p["seconds"], 2),
         "stream_batch_rows_p50": rounded(percentile(rows, 50)),
@@ -346,11 +346,10 @@ def latency(spark, settings, p: dict) -> dict:
         res = collect(queue, [worker], 1, p["latency_seconds"] + 240)[0]
         worker.join(timeout=10)
     lat = res["latency_ms"]
-    return {"p50": rounded(percentile(lat, 50)), "p99": rounded(percentile(lat, 99)),
+    return {**p50_p99(lat),
             "max": rounded(max(lat) if lat else None), "messages": len(lat),
             "pushed": res["pushed"],
-            "push_to_ack_ms": {"p50": rounded(percentile(res["ack_ms"], 50)),
-                               "p99": rounded(percentile(res["ack_ms"], 99))},
+            "push_to_ack_ms": p50_p99(res["ack_ms"]),
             "rate_per_s": p["rate"], "seconds": p["latency_seconds"],
             "trigger_interval_ms": settings.stream.trigger_interval_ms,
             "tail_poll_interval_ms": settings.egress.poll_interval_ms,

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .harness import (ENVELOPE_SIZE, MAILBOXES, gather_workers, measure_appender, percentile,
-                      rounded, say, settings_for, spawn, start_role, wait_result)
+from .harness import (ENVELOPE_SIZE, MAILBOXES, gather_workers, measure_appender, p50_p99,
+                      percentile, rounded, say, settings_for, spawn, start_role, wait_result)
 
 PER_CONNECTION_CONCURRENCY = 128    # in-flight one-push connections per client process
 
@@ -196,7 +196,7 @@ def _e2e_breakdown(inbox_path: Path, records: list) -> dict:
         stages["ack_to_batch_start"].append((started[seq] - ack) / 1e6)
         stages["batch_start_to_inbox_commit"].append((committed - started[seq]) / 1e6)
         stages["inbox_commit_to_deliver"].append((deliver - committed) / 1e6)
-    return {k: {"p50": rounded(percentile(v, 50)), "p99": rounded(percentile(v, 99))} for k, v in stages.items()} | {
+    return {k: p50_p99(v) for k, v in stages.items()} | {
         "note": "ms per envelope; clocks are one machine's; inbox commit time has ms precision"}
 
 
@@ -239,7 +239,8 @@ def bench_e2e(spark, root: Path, args, p: dict) -> dict:
         except Exception as exc:
             breakdown = {"error": f"{type(exc).__name__}: {exc}"}
         return {
-            "p50": rounded(percentile(lat, 50)), "p90": rounded(percentile(lat, 90)), "p99": rounded(percentile(lat, 99)),
+            "p50": rounded(percentile(lat, 50)), "p90": rounded(percentile(lat, 90)),
+            "p99": rounded(percentile(lat, 99)),
             "max": rounded(max(lat) if lat else None),
             "count": len(lat), "pushed": res["pushed"], "acked": res["acked"],
             "push_errors": res["push_errors"], "not_delivered": res["acked"] - len(lat),
