@@ -1,9 +1,9 @@
 """The Heya control plane as data: the fold of the control tables (`schema_heya.py`).
 
-Pure: rows in, a `HeyaState` out. The owner (`heya_control.py`, in the ingress process)
-applies each row it writes with the same methods the loader replays at start, so its memory
-and a rebuild after a restart agree by construction. Compaction (`jobs/compact_heya.py`) folds the same way
-and deletes every row the current state no longer needs (`needed_at`).
+Pure: rows in, a `HeyaState` out. The owner (`heya_control.py`, in the ingress process) applies
+each row it writes with the same methods the loader replays at start, so its memory and a
+rebuild after a restart agree by construction. Compaction (`jobs/compact_heya.py`) folds the
+same way and deletes every row the current state no longer needs (`needed_at`).
 
 Rows of one table are applied in `at` order (the owner writes strictly increasing values).
 Tables are applied in this order: mailboxes (which inbox tokens are consumed), inbox tokens,

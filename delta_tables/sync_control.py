@@ -1,11 +1,12 @@
 """The cursor-sync control plane's owner: group membership, device acknowledgement progress
 and push registrations, in memory and durable in the `schema_sync` tables.
 
-A `ControlTables` (`control.py`): membership changes and push registrations are written
-first (one fsync'ed append) and applied after the commit returned, under its lock, so what a
-client was told survives a restart and two joins / revokes cannot interleave. Ack progress is applied to memory at once
-and written by a group-committed appender in the background: losing the newest progress in a
-crash only delays a DELETE until the device pulls again (the safe direction).
+A `ControlTables` (`control.py`): membership changes and push registrations are written first
+(one fsync'ed append) and applied after the commit returned, under its lock, so what a client
+was told survives a restart and two joins / revokes cannot interleave. Ack progress is applied
+to memory at once and written by a group-committed appender in the background: losing the
+newest progress in a crash only delays a DELETE until the device pulls again (the safe
+direction).
 
 Policy (who may do what) is the shell's; this module stores. It never logs an id or token.
 """

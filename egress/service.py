@@ -31,7 +31,7 @@ class EgressNode:
         self.hub = MailboxHub(AckWriter(self.acks), max_pending=conf.max_pending_per_mailbox)
         # Only trueseal is pushed from here. Heya, PPP and cursor-sync clients read by seq or
         # cursor from the ingress process that hosts their listener, which tails the inbox
-        # for its own protocol (egress/{heya,ppp,sync}_inbox.py, composed in ingress/heya.py, ppp_app.py, sync_quic.py).
+        # for its own protocol (egress/{heya,ppp,sync}_inbox.py, composed in ingress/).
         self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.hub,
                               protocols={"trueseal"})
         self.hub.loader = self.tail.load

@@ -27,8 +27,8 @@ appender gets `CommitFailedError` ("a concurrent transaction deleted data this o
 and must retry on a fresh handle, and so must any appender whose handle predates such a commit.
 The MERGE here loses only if a concurrent append matches its recorded pruning predicate (see
 `compact_step.merge`); then the step is recomputed on fresh handles a few times, and if it
-still loses it is skipped until the next run. Appended rows are never touched: a MERGE only rewrites files of its
-own snapshot.
+still loses it is skipped until the next run. Appended rows are never touched: a MERGE only
+rewrites files of its own snapshot.
 """
 
 from __future__ import annotations
