@@ -177,7 +177,7 @@ class GroupCommitAppender:
         self.commits = 0
         self.failures = 0
         # Optional callback(CommitResult) after each commit that released its callers: the
-        # metrics endpoint's commit-latency histogram (relay/metrics.py).
+        # metrics endpoint's commit-latency histogram (runtime/metrics.py).
         self.on_commit: Callable[[CommitResult], None] | None = None
 
     async def start(self) -> None:

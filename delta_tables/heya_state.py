@@ -1,9 +1,9 @@
 """The Heya control plane as data: the fold of the control tables (`schema_heya.py`).
 
-Pure: rows in, a `HeyaState` out. The owner (ingress, `ingress/heya_control.py`) applies each
-row it writes with the same methods the loader replays at start, so its memory and a rebuild
-after a restart agree by construction. Compaction (`jobs/compact_heya.py`) folds the same way
-and deletes every row the current state no longer needs (`needed_at`).
+Pure: rows in, a `HeyaState` out. The owner (`heya_control.py`, in the ingress process) applies
+each row it writes with the same methods the loader replays at start, so its memory and a
+rebuild after a restart agree by construction. Compaction (`jobs/compact_heya.py`) folds the
+same way and deletes every row the current state no longer needs (`needed_at`).
 
 Rows of one table are applied in `at` order (the owner writes strictly increasing values).
 Tables are applied in this order: mailboxes (which inbox tokens are consumed), inbox tokens,
@@ -191,13 +191,9 @@ def load_state(tables: dict[str, Path]) -> HeyaState:
 
 def table_paths(layout) -> dict[str, Path]:
     """`layout`: delta_tables.layout.Layout. Table name -> path under <data>/tables/."""
-    return {name: layout.table(tdef) for name, tdef in HEYA_TABLES.items()}
+    return layout.table_paths(HEYA_TABLES)
 
 
 def ensure_tables(layout) -> dict[str, Path]:
     """Create the five control tables if missing (idempotent); returns their paths."""
-    from .layout import ensure_table
-    paths = table_paths(layout)
-    for name, tdef in HEYA_TABLES.items():
-        ensure_table(paths[name], tdef)
-    return paths
+    return layout.ensure_tables(HEYA_TABLES)

@@ -13,6 +13,7 @@ import json
 import os
 import re
 from pathlib import Path
+from typing import Mapping
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -38,6 +39,10 @@ class Layout:
 
     def table(self, tdef: TableDef) -> Path:
         return self.tables / tdef.name
+
+    def table_paths(self, tdefs: Mapping[str, TableDef]) -> dict[str, Path]:
+        """Table name -> path, for tables declared together (a protocol's control tables)."""
+        return {name: self.table(tdef) for name, tdef in tdefs.items()}
 
     @property
     def inbox(self) -> Path:
@@ -106,6 +111,13 @@ class Layout:
         """Create inbox, acks, rejects and padding_audit if missing (idempotent)."""
         for tdef in (INBOX, ACKS, REJECTS, PADDING_AUDIT):
             ensure_table(self.table(tdef), tdef)
+
+    def ensure_tables(self, tdefs: Mapping[str, TableDef]) -> dict[str, Path]:
+        """Create these tables if missing (idempotent); returns their paths."""
+        paths = self.table_paths(tdefs)
+        for name, tdef in tdefs.items():
+            ensure_table(paths[name], tdef)
+        return paths
 
     def ensure_landing(self, node: str, generation: int) -> Path:
         path = self.landing_generation(node, generation)

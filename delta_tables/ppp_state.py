@@ -1,6 +1,6 @@
 """The PPP control plane as data: the fold of `schema_ppp` tables.
 
-Pure: rows in, a `PppState` out. The owner (`ingress/ppp_control.py`) applies each row it
+Pure: rows in, a `PppState` out. The owner (`delta_tables/ppp_control.py`) applies each row it
 writes with the same methods the loader replays at start, so memory and a rebuild after a
 restart agree by construction. Backup ciphertext is not held: the state keeps each backup's
 version and `at`, and a FETCH_BACKUP reads that one row (`read_backup`).
@@ -122,13 +122,10 @@ def read_backup(path: Path, pubkey: bytes, at: int) -> bytes | None:
 
 
 def table_paths(layout) -> dict[str, Path]:
-    return {name: layout.table(tdef) for name, tdef in PPP_TABLES.items()}
+    """`layout`: delta_tables.layout.Layout. Table name -> path under <data>/tables/."""
+    return layout.table_paths(PPP_TABLES)
 
 
 def ensure_tables(layout) -> dict[str, Path]:
     """Create the PPP control tables if missing (idempotent); returns their paths."""
-    from .layout import ensure_table
-    paths = table_paths(layout)
-    for name, tdef in PPP_TABLES.items():
-        ensure_table(paths[name], tdef)
-    return paths
+    return layout.ensure_tables(PPP_TABLES)

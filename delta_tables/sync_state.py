@@ -1,6 +1,6 @@
 """The cursor-sync control plane as data: the fold of `schema_sync` rows into `SyncState`.
 
-Pure: rows in, state out. The owner (`ingress/sync_control.py`) applies each row it writes
+Pure: rows in, state out. The owner (`delta_tables/sync_control.py`) applies each row it writes
 with the same methods the loader replays at start, so memory and a rebuild agree.
 """
 
@@ -122,13 +122,11 @@ def load_state(paths: dict[str, Path]) -> SyncState:
 
 
 def table_paths(layout) -> dict[str, Path]:
-    return {name: layout.table(tdef) for name, tdef in SYNC_TABLES.items()}
+    """`layout`: delta_tables.layout.Layout. Table name -> path under <data>/tables/."""
+    return layout.table_paths(SYNC_TABLES)
 
 
 def ensure_tables(layout) -> dict[str, Path]:
-    from .layout import ensure_table
-    paths = table_paths(layout)
-    for name, tdef in SYNC_TABLES.items():
-        ensure_table(paths[name], tdef)
-    return paths
+    """Create the sync control tables if missing (idempotent); returns their paths."""
+    return layout.ensure_tables(SYNC_TABLES)
 

@@ -68,7 +68,7 @@ class MailboxHub:
         self.clock = clock
         self._boxes: dict[MailboxKey, _Box] = {}
         self._ids = itertools.count(1)
-        # Per protocol, read by the metrics endpoint (relay/metrics.py) from another thread.
+        # Per protocol, read by the metrics endpoint (runtime/metrics.py) from another thread.
         self.delivered_by: Counter[str] = Counter()
         self.acked_by: Counter[str] = Counter()
 

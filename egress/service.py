@@ -8,9 +8,9 @@ import logging
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS
-from relay import keys, metrics, open_files
-from relay.config import Settings
-from relay.listener import serve_role
+from runtime import keys, metrics, open_files
+from runtime.config import Settings
+from runtime.role import run_role
 
 from .inbox_tail import AckWriter, InboxTail
 from .pending import MailboxHub
@@ -31,7 +31,7 @@ class EgressNode:
         self.hub = MailboxHub(AckWriter(self.acks), max_pending=conf.max_pending_per_mailbox)
         # Only trueseal is pushed from here. Heya, PPP and cursor-sync clients read by seq or
         # cursor from the ingress process that hosts their listener, which tails the inbox
-        # for its own protocol (ingress/heya_inbox.py, ingress/ppp_*, ingress/sync_*).
+        # for its own protocol (egress/{heya,ppp,sync}_inbox.py, composed in ingress/).
         self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.hub,
                               protocols={"trueseal"})
         self.hub.loader = self.tail.load
@@ -64,6 +64,6 @@ class EgressNode:
 async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:
     open_files.raise_limit()   # before any socket: the listener's caps need the descriptors
     node = EgressNode(settings)
-    await serve_role(settings, "egress", node, metrics.egress_registry(node), stop, ready)
+    await run_role(settings, "egress", node, metrics.egress_registry(node), stop, ready)
     log.info("egress stopped", extra={"event": "egress_stopped",
                                       "delivered": node.hub.delivered, "acked": node.hub.acked})

@@ -21,7 +21,7 @@ On close: acks already under way finish, then `session.close()` releases what wa
 and not acked, for the next session.
 
 Limits (README "Hostile clients"; settings in [trueseal]):
-* Admission (`engine/admission.py` through `relay/listener.py`): HANDSHAKE until XX is done,
+* Admission (`engine/admission.py` through `runtime/listener.py`): HANDSHAKE until XX is done,
   then AUTH (the device key is proven; there is no anonymous stage): `max_handshakes`,
   `max_receive_sessions` and their per-address caps, `max_connections` in all. A full
   handshake stage evicts the oldest handshake of the address holding the most. Any key
@@ -49,9 +49,9 @@ from engine.trueseal.events import (ConnectionClosed, DeliverAckReceived, Handsh
 from engine.trueseal.ids import PROTOCOL
 from engine.trueseal.receive import ReceiveSession
 from engine.trueseal.session import State
-from relay.config import Settings
-from relay.keys import RelayKey
-from relay.listener import Deadline, Listener, RecordClock
+from runtime.config import Settings
+from runtime.keys import RelayKey
+from runtime.listener import Deadline, Listener, RecordClock
 
 log = logging.getLogger("relay.egress.trueseal_receive")
 

@@ -51,7 +51,7 @@ API (all a shell needs):
     adm.release(ticket)                        # connection gone (idempotent; also after an
                                                # eviction)
     adm.count(Stage.HANDSHAKE), adm.count_of(addr, stage), adm.total  # for metrics
-    adm.released, adm.peak, adm.reset_peak()   # waves of connections (relay/memory_trim.py)
+    adm.released, adm.peak, adm.reset_peak()   # waves of connections (runtime/memory_trim.py)
 
 `now` is the shell's clock (any monotonic float); it is kept as `ticket.since`, the time the
 ticket entered its stage, for the shell's deadlines and metrics. Eviction order does not

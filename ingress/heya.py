@@ -3,16 +3,16 @@
 The protocol is `engine.heya.session.HeyaSession`; this module owns the socket, the clocks,
 the stores and the views, and carries out each command the core reports:
 
-* TLS 1.3 through pyOpenSSL (`relay/tls_stream.py`); any client certificate is accepted and
-  its DER's SHA-256 is the identity (`relay/tls.py`, interop §1).
+* TLS 1.3 through pyOpenSSL (`runtime/tls_stream.py`); any client certificate is accepted and
+  its DER's SHA-256 is the identity (`runtime/tls.py`, interop §1).
 * SEND is checked against the send token (known, not revoked, `start <= now <= end`: interop
   §5.1) and stored as a landing row (protocol "heya", mailbox = send token, envelope = body)
   through the ingress `GroupCommitAppender`; RECV goes out only after `append` returned, i.e.
   after the landing commit (DESIGN.md "Ack = durable"). SENDs of one connection are stored
   concurrently (`max_in_flight`); the core keeps the replies in command order.
-* Sequence numbers are the inbox cursors the stream assigns (`ingress/heya_inbox.py`); HAVE
+* Sequence numbers are the inbox cursors the stream assigns (`egress/heya_inbox.py`); HAVE
   follows the inbox commit and reaches every connected session of the owner.
-* Control commands go through `ingress/heya_control.py` (durable before the reply).
+* Control commands go through `delta_tables/heya_control.py` (durable before the reply).
 * A command that cannot be carried out (unknown inbox token, a send token that is not
   yours / revoked / outside its times, a push token you never registered, ...) is refused:
   the connection closes after the replies owed before it (there is no error line in Heya).
@@ -27,7 +27,7 @@ writes with no deadline, a 1 s body deadline and no handshake deadline):
 * Reading stops while `max_in_flight` replies are owed or unwritten output passes
   `OUTPUT_HIGH_WATER`; `max_in_flight_bytes` bounds the SEND bodies being stored by all
   connections together.
-* Admission (README "Hostile clients"; `engine/admission.py` through `relay/listener.py`),
+* Admission (README "Hostile clients"; `engine/admission.py` through `runtime/listener.py`),
   counted from TCP accept, TLS handshakes included: HANDSHAKE until TLS is done; then AUTH
   if the certificate is a mailbox, else UNAUTH. An UNAUTH session is promoted to AUTH when
   its INCO succeeds (or another session of its certificate makes it a mailbox) and at its
@@ -53,8 +53,10 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
+from delta_tables.heya_control import HeyaControl
 from delta_tables.layout import Layout
 from delta_tables.schema import C
+from egress.heya_inbox import HeyaInbox
 from egress.inbox_tail import InboxTail
 from engine.admission import Cap, Limits, Stage, Ticket
 from engine.heya import frames
@@ -63,12 +65,9 @@ from engine.heya.frames import (MAX_UINT, Auth, Dall, Deau, Extd, Inco, Iosa, Io
                                 ListTokens, Send, Trim, Want)
 from engine.heya.ids import PROTOCOL, event_id
 from engine.heya.session import HeyaSession, Phase
-from relay import tls, tls_stream
-from relay.config import Settings
-from relay.listener import Listener
-
-from .heya_control import HeyaControl
-from .heya_inbox import HeyaInbox
+from runtime import tls, tls_stream
+from runtime.config import Settings
+from runtime.listener import Listener
 
 log = logging.getLogger("relay.ingress.heya")
 
@@ -150,7 +149,7 @@ class HeyaServer(Listener):
         self._tail_task: asyncio.Task | None = None
 
     async def _start_server(self) -> tls_stream.TLSServer:
-        # Our own accept loop (relay/listener.py) with TLS streams on it: a connection is
+        # Our own accept loop (runtime/listener.py) with TLS streams on it: a connection is
         # admitted (and counted in HANDSHAKE) at TCP accept, before it costs a TLS engine.
         self._tls = tls_stream.Acceptor(
             self.ssl_context, lambda reader, writer: self._on_connect(reader, writer,

@@ -15,7 +15,7 @@
 
 uvicorn runs as a task of the caller's loop (`PppServer.start` / `close`, from IngressNode);
 its signal handlers are not installed (the relay process owns signals). It serves no socket of
-its own: `relay/listener.py` accepts (admission at TCP accept, its own accept loop that pauses
+its own: `runtime/listener.py` accepts (admission at TCP accept, its own accept loop that pauses
 near the descriptor limit) and hands each admitted socket to uvicorn's protocol classes with
 this port's deadlines (`ppp_conn.py`). Budgets (issue 19, `engine/admission.py`):
 
@@ -52,8 +52,10 @@ from starlette.websockets import WebSocketDisconnect
 
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
 from delta_tables.layout import Layout
+from delta_tables.ppp_control import PppControl
 from delta_tables.schema import ACKS
 from egress.inbox_tail import InboxTail
+from egress.ppp_inbox import PppInbox
 from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.ppp import protocol as P
 from engine.ppp.ids import PROTOCOL
@@ -61,12 +63,10 @@ from engine.ppp.limits import (REQUEST_ID_LEN, SEALED_BODY_LIMIT_BYTES, SEALED_I
                                SEALED_TOKEN_RATE_LIMIT, command_budget)
 from engine.ppp.session import Authenticated, Closing, CommandReceived, PppSession, Refused
 from engine.ratelimit import KeyedBudgets, SlidingWindowLimiter
-from relay.config import PppConf, Settings
-from relay.listener import Listener
+from runtime.config import PppConf, Settings
+from runtime.listener import Listener
 
 from .ppp_conn import PppConn, PppHttpProtocol, PppWsProtocol
-from .ppp_control import PppControl
-from .ppp_inbox import PppInbox
 from .ppp_service import PppService, SealedOutcome
 
 log = logging.getLogger("relay.ingress.ppp")
@@ -223,13 +223,13 @@ class PppServer(Listener):
             asyncio.create_task(self.tail.run(self.settings.egress.poll_interval_ms / 1000,
                                               self._stop), name="ppp-inbox-tail"),
             asyncio.create_task(self._sweep_loop(), name="ppp-sweep")]
-        # Logging: uvicorn configures none (log_config=None: our root handler, relay/logs.py)
+        # Logging: uvicorn configures none (log_config=None: our root handler, runtime/logs.py)
         # and its loggers stay at WARNING: its INFO records are per connection and carry the
         # client's address ("127.0.0.1:48284 - "WebSocket /v1/ws" [accepted]").
         # proxy_headers off: X-Forwarded-For is read by our rule only (`trusted_proxies`).
         # limit_concurrency unset: admission refuses at accept, before a byte is read, where
         # uvicorn's would answer 503 after reading the head. No socket of its own (`sockets=[]`):
-        # `relay/listener.py` accepts and `_protocol_for` builds uvicorn's protocols.
+        # `runtime/listener.py` accepts and `_protocol_for` builds uvicorn's protocols.
         # No permessage-deflate: PPP frames carry ciphertext, which does not compress, and
         # each connection's deflate contexts were most of the memory of an idle session.
         conf = self.conf

@@ -3,7 +3,7 @@ in uvicorn's own protocol classes (issue 19 items 2 and 5).
 
 uvicorn has no deadline before a request head, inside a body or inside a WebSocket frame,
 and counts nothing below the WebSocket upgrade. So the PPP listener accepts on its own
-(`relay/listener.py`: admission at TCP accept, its accept loop that stops near the descriptor
+(`runtime/listener.py`: admission at TCP accept, its accept loop that stops near the descriptor
 limit) and gives each admitted socket these protocols:
 
 * `PppHttpProtocol` (uvicorn's h11 protocol): the request head must be complete
@@ -29,24 +29,34 @@ counted (`rejected["<what>_timeout"]`) and logged at most once per 10 s (`ppp_cl
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from engine.admission import Stage, Ticket
-from relay.listener import Deadline
+from runtime.config import PppConf
+from runtime.listener import Deadline
 
-if TYPE_CHECKING:   # the import would be circular: ppp_app builds these protocols
-    from .ppp_app import PppServer
+
+class Port(Protocol):
+    """What a connection asks of the PPP listener (`ppp_app.PppServer`, which builds these
+    protocols: they know it by this interface, not by import)."""
+    conf: PppConf
+
+    def admit_client(self, ticket: Ticket, peer: str,
+                     headers: list[tuple[bytes, bytes]]) -> Ticket | None: ...
+    def advance(self, ticket: Ticket | None, stage: Stage) -> bool: ...
+    def release(self, ticket: Ticket | None) -> None: ...
+    def client_closed(self, reason: str) -> None: ...
 
 
 class PppConn:
     """One TCP connection of the PPP port, from accept to close. The uvicorn protocols see it
     as their transport: it forwards everything to the real one and watches the output."""
 
-    def __init__(self, server: "PppServer", ticket: Ticket):
+    def __init__(self, server: Port, ticket: Ticket):
         self.server = server
         self.conf = server.conf
         self.ticket = ticket

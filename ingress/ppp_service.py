@@ -26,17 +26,16 @@ from typing import Any, Callable
 
 import msgpack
 
+from delta_tables.ppp_control import PppControl
 from delta_tables.schema import C
+from egress.ppp_inbox import PppInbox
 from engine.ppp import protocol as P
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 from engine.ppp.ids import PROTOCOL, event_id, sealed_event_id
 from engine.ppp.limits import (EVENT_ID_LEN, FETCH_PAGE_SIZE, MAX_ACK_IDS, MAX_BACKUP_SIZE,
                                MAX_CIPHERTEXT_SIZE, MAX_EVENT_TTL_SECS)
 from engine.ppp.session import with_request_id
-from relay.log_rate import LogRate
-
-from .ppp_control import PppControl
-from .ppp_inbox import PppInbox
+from runtime.log_rate import LogRate
 
 log = logging.getLogger("relay.ingress.ppp")
 
@@ -77,7 +76,7 @@ class PppService:
         self.control = control
         self.clock = clock
         self.page_size = page_size
-        # The listener's `accepted` / `rejected` counters (relay/listener.py, metrics).
+        # The listener's `accepted` / `rejected` counters (runtime/listener.py, metrics).
         self.counters = counters
         self._landing: set[bytes] = set()   # ids being landed by this process
         self.stored = 0

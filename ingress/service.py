@@ -11,9 +11,9 @@ import logging
 
 from delta_tables.group_commit import GroupCommitAppender, LandingTarget
 from delta_tables.layout import Layout
-from relay import keys, metrics, open_files
-from relay.config import Settings
-from relay.listener import serve_role
+from runtime import keys, metrics, open_files
+from runtime.config import Settings
+from runtime.role import run_role
 
 from .heya import HeyaServer
 from .sync_quic import SyncServer
@@ -79,6 +79,6 @@ class IngressNode:
 async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:
     open_files.raise_limit()   # before any socket: the listeners' caps need the descriptors
     node = IngressNode(settings)
-    await serve_role(settings, "ingress", node, metrics.ingress_registry(node), stop, ready)
+    await run_role(settings, "ingress", node, metrics.ingress_registry(node), stop, ready)
     log.info("ingress stopped", extra={"event": "ingress_stopped",
                                        "rows": node.appender.rows_committed})

@@ -63,7 +63,9 @@ from aioquic.quic.packet import (QuicFrameType, QuicPacketType, encode_quic_retr
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, C
+from delta_tables.sync_control import SyncControl
 from egress.inbox_tail import InboxTail
+from egress.sync_inbox import SyncInbox, encode_meta
 from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.sync import ALPN, PROTOCOL, identity, limits
 from engine.sync import messages as m
@@ -72,13 +74,10 @@ from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_DEVICE_REVOKED, CLOSE_
                                  CLOSE_TOO_MANY_SESSIONS, CONTROL_LIMITED, RATE_LIMITED, Code, Refused, Session,
                                  State)
 from engine.sync.token_bucket import KeyedBuckets, TokenBucket
-from relay.config import Settings
-from relay import tls, udp_endpoint
-from relay.listener import Listener
-from relay.log_rate import LogRate
-
-from .sync_control import SyncControl
-from .sync_inbox import SyncInbox, encode_meta
+from runtime.config import Settings
+from runtime import tls, udp_endpoint
+from runtime.listener import Listener
+from runtime.log_rate import LogRate
 
 log = logging.getLogger("relay.ingress.sync")
 logging.getLogger("quic").setLevel(logging.WARNING)   # aioquic logs connection ids per event
@@ -233,7 +232,7 @@ class AdmittingServer(QuicServer):
                 or header.destination_cid in self._protocols):
             super().datagram_received(data, addr)   # a known connection, version negotiation
             return
-        # A new connection waits its turn: sessions' packets first (relay/udp_endpoint.py).
+        # A new connection waits its turn: sessions' packets first (runtime/udp_endpoint.py).
         if len(self._initials) == self._initials.maxlen:
             self.listener.rejected["initial_queue_full"] += 1   # the oldest: likely resent
         self._initials.append((data, addr, header))

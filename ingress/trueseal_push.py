@@ -8,7 +8,7 @@ in Push order. A failed store closes the connection after the replies before it:
 would tell the real client to drop the blob for good (000), a close makes it retry.
 
 Limits (README "Hostile clients"; settings in [trueseal]):
-* Admission (`engine/admission.py` through `relay/listener.py`): HANDSHAKE until NK is done,
+* Admission (`engine/admission.py` through `runtime/listener.py`): HANDSHAKE until NK is done,
   then UNAUTH (the anonymous session) until the connection ends; `max_handshakes`,
   `max_push_sessions` and their per-address caps, `max_connections` in all. A full stage
   evicts the oldest connection of the address holding the most there; past
@@ -26,7 +26,7 @@ Limits (README "Hostile clients"; settings in [trueseal]):
   and what is queued behind them); past that the shell stops reading, which pushes back on a
   client that pipelines faster than we commit. The bound is checked between reads, so one
   read (`READ_SIZE`) more may be taken in.
-* Every line a client can repeat is rate-limited (`relay/log_rate.py`).
+* Every line a client can repeat is rate-limited (`runtime/log_rate.py`).
 
 Never logged: envelope bytes, keys, client addresses.
 """
@@ -46,9 +46,9 @@ from engine.trueseal.events import (ConnectionClosed, HandshakeComplete, PushRec
 from engine.trueseal.ids import PROTOCOL, event_id
 from engine.trueseal.push import PushSession
 from engine.trueseal.session import State
-from relay.config import Settings
-from relay.keys import RelayKey
-from relay.listener import Deadline, Listener, RecordClock
+from runtime.config import Settings
+from runtime.keys import RelayKey
+from runtime.listener import Deadline, Listener, RecordClock
 
 log = logging.getLogger("relay.ingress.trueseal_push")
 

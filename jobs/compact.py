@@ -26,95 +26,43 @@ commit that removes files (MERGE, DELETE, UPDATE) and an append racing it cannot
 appender gets `CommitFailedError` ("a concurrent transaction deleted data this operation read")
 and must retry on a fresh handle, and so must any appender whose handle predates such a commit.
 The MERGE here loses only if a concurrent append matches its recorded pruning predicate (see
-`_merge`); then the step is recomputed on fresh handles a few times, and if it still loses it is
-skipped until the next run. Appended rows are never touched: a MERGE only rewrites files of its
-own snapshot.
+`compact_step.merge`); then the step is recomputed on fresh handles a few times, and if it
+still loses it is skipped until the next run. Appended rows are never touched: a MERGE only
+rewrites files of its own snapshot.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import threading
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Callable
 
 import pyarrow as pa
 from deltalake import DeltaTable
-from deltalake.exceptions import CommitFailedError
 
 from delta_tables.layout import GENERATION_RE, Layout
 from delta_tables.query import sql
 from delta_tables.schema import ACKS, INBOX, PADDING_AUDIT, REJECTS, C
-from relay.config import Settings
+from runtime.config import Settings
+
+from .compact_heya import compact_heya
+from .compact_ppp import compact_ppp
+from .compact_step import (COMMIT_ATTEMPTS, SAME_MAILBOX, CompactionReport, LostRace,
+                           ProtocolStep, S, T, human_bytes, maintain, merge, retry)
+from .compact_sync import compact_sync
 
 log = logging.getLogger("relay.compaction")
 
 Progress = Callable[[str], None]
-T = TypeVar("T")
 
-# A step that loses a commit race is recomputed on fresh handles this many times in total.
-COMMIT_ATTEMPTS = 5
-RETRY_BACKOFF_SECONDS = 0.05
-# Full VACUUM also deletes files no log entry references (failed writes, removes whose
-# tombstones aged out of the checkpoints, which a lite VACUUM can no longer see). It judges
-# those by file age alone, so an in-flight append's file is fair game below this floor.
-FULL_VACUUM_MIN_HOURS = 1
-
-_S, _T = "s", "t"  # merge aliases: source, target
-_SAME_MAILBOX = " AND ".join(f"{_T}.{c} = {_S}.{c}" for c in (C.PROTOCOL, C.MAILBOX))
-
-
-@dataclass
-class CompactionReport:
-    tombstoned_acked: int = 0     # envelopes nulled because they were acked (step 1)
-    expired_deleted: int = 0      # inbox rows deleted because they expired (step 2)
-    tombstones_kept: int = 0      # expired rows kept as their mailbox's max-cursor tombstone
-    acks_removed: int = 0
-    landing_dropped: int = 0      # landing generation directories removed
-    heya_inbox_deleted: int = 0   # Heya rows of revoked send tokens (DEAU, DALL)
-    heya_inbox_trimmed: int = 0   # Heya bodies removed by TRIM
-    heya_control_removed: int = 0  # Heya control rows no longer needed
-    ppp_control_removed: int = 0   # PPP control rows no longer needed (jobs/compact_ppp.py)
-    sync_control_removed: int = 0  # sync control rows no longer needed (jobs/compact_sync.py)
-    files_compacted: int = 0      # small files rewritten by OPTIMIZE
-    files_vacuumed: int = 0
-    bytes_before: int = 0         # everything under <data>/tables
-    bytes_after: int = 0
-    conflicts_retried: int = 0    # commit races lost and recomputed
-    skipped: list[str] = field(default_factory=list)  # steps that lost every attempt
-    seconds: float = 0.0
-
-    def format(self) -> str:
-        lines = [
-            f"acked envelopes tombstoned   {self.tombstoned_acked}",
-            f"expired rows deleted         {self.expired_deleted}",
-            f"max-cursor tombstones kept   {self.tombstones_kept}",
-            f"acks removed                 {self.acks_removed}",
-            f"landing generations dropped  {self.landing_dropped}",
-            f"heya rows deleted / trimmed  {self.heya_inbox_deleted} / "
-            f"{self.heya_inbox_trimmed} ({self.heya_control_removed} control rows)",
-            f"ppp / sync control removed   {self.ppp_control_removed} / "
-            f"{self.sync_control_removed}",
-            f"files compacted              {self.files_compacted}",
-            f"files vacuumed               {self.files_vacuumed}",
-            f"tables on disk               {_human(self.bytes_before)} -> "
-            f"{_human(self.bytes_after)}",
-            f"commit conflicts retried     {self.conflicts_retried}",
-        ]
-        if self.skipped:
-            lines.append(f"skipped (lost to writers)    {', '.join(self.skipped)}")
-        lines.append(f"took                         {self.seconds:.2f} s")
-        return "\n".join(lines)
-
-
-class _LostRace(Exception):
-    """A step lost its commit to concurrent writers on every attempt."""
+# The protocols with tables of their own, each one step after the generic ones (compact_step).
+PROTOCOL_STEPS: tuple[tuple[str, ProtocolStep], ...] = (
+    ("heya", compact_heya), ("ppp", compact_ppp), ("sync", compact_sync))
 
 
 def run_compaction(settings: Settings, *, now: datetime | None = None,
@@ -139,39 +87,24 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
         t0 = time.monotonic()
         try:
             detail = fn()
-        except _LostRace:
+        except LostRace:
             report.skipped.append(name)
             detail = f"skipped: lost {COMMIT_ATTEMPTS} commit races to concurrent writers"
         say(f"{name}: {detail} ({time.monotonic() - t0:.2f} s)")
 
     def purge() -> str:
-        report.tombstoned_acked = _retry(report, lambda: _purge_acked(layout, ack_cutoff, now))
+        report.tombstoned_acked = retry(report, lambda: _purge_acked(layout, ack_cutoff, now))
         return f"{report.tombstoned_acked} acked envelopes tombstoned"
 
     def expire() -> str:
-        report.expired_deleted, report.tombstones_kept = _retry(
+        report.expired_deleted, report.tombstones_kept = retry(
             report, lambda: _expire(layout, now))
         return (f"{report.expired_deleted} expired rows deleted, "
                 f"{report.tombstones_kept} max-cursor tombstones kept")
 
     def acks() -> str:
-        report.acks_removed = _retry(report, lambda: _clean_acks(layout, stale_ack_cutoff))
+        report.acks_removed = retry(report, lambda: _clean_acks(layout, stale_ack_cutoff))
         return f"{report.acks_removed} acks removed"
-
-    def heya() -> str:
-        from .compact_heya import compact_heya   # jobs/compact_heya.py imports this module
-        return compact_heya(layout, report, conf.target_file_mb * 1024 * 1024,
-                            conf.vacuum_retention_hours)
-
-    def ppp() -> str:
-        from .compact_ppp import compact_ppp
-        return compact_ppp(layout, report, conf.target_file_mb * 1024 * 1024,
-                           conf.vacuum_retention_hours)
-
-    def sync() -> str:
-        from .compact_sync import compact_sync
-        return compact_sync(layout, report, conf.target_file_mb * 1024 * 1024,
-                            conf.vacuum_retention_hours)
 
     def landing() -> str:
         report.landing_dropped = _drop_landing(layout)
@@ -180,20 +113,20 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
     step("purge acked", purge)
     step("expire", expire)
     step("acks", acks)
-    step("heya", heya)
-    step("ppp", ppp)
-    step("sync", sync)
-    step("landing", landing)
     target = conf.target_file_mb * 1024 * 1024
+    for name, protocol_step in PROTOCOL_STEPS:
+        step(name, lambda protocol_step=protocol_step: protocol_step(
+            layout, report, target, conf.vacuum_retention_hours))
+    step("landing", landing)
     for tdef in (INBOX, ACKS, REJECTS, PADDING_AUDIT):
         step(f"tables/{tdef.name}",
-             lambda tdef=tdef: _maintain(layout.table(tdef), target,
-                                         conf.vacuum_retention_hours, report))
+             lambda tdef=tdef: maintain(layout.table(tdef), target,
+                                        conf.vacuum_retention_hours, report))
 
     report.bytes_after = _du(layout.tables)
     report.seconds = time.monotonic() - started
-    say(f"done: tables {_human(report.bytes_before)} -> {_human(report.bytes_after)} "
-        f"in {report.seconds:.2f} s")
+    say(f"done: tables {human_bytes(report.bytes_before)} -> "
+        f"{human_bytes(report.bytes_after)} in {report.seconds:.2f} s")
     return report
 
 
@@ -242,9 +175,9 @@ def _purge_acked(layout: Layout, cutoff: datetime, now: datetime) -> int:
           AND i.{C.EXPIRES_AT} > {_ts(now)}""")
     if source.num_rows == 0:
         return 0
-    metrics = (_merge(inbox, source)
+    metrics = (merge(inbox, source)
                .when_matched_update({C.ENVELOPE: "NULL"},
-                                    f"{_SAME_MAILBOX} AND {_T}.{C.ENVELOPE} IS NOT NULL")
+                                    f"{SAME_MAILBOX} AND {T}.{C.ENVELOPE} IS NOT NULL")
                .execute())
     return int(metrics["num_target_rows_updated"])
 
@@ -271,11 +204,11 @@ def _expire(layout: Layout, now: datetime) -> tuple[int, int]:
         return 0, kept
     # A row that is not its mailbox's max in this snapshot never becomes the max later
     # (cursors only grow), so deleting it stays right whatever the stream appends meanwhile.
-    metrics = (_merge(inbox, expired.filter(pa.array(todo)).drop_columns(["tombstone"]))
-               .when_matched_delete(f"{_SAME_MAILBOX} AND NOT {_S}.keep")
+    metrics = (merge(inbox, expired.filter(pa.array(todo)).drop_columns(["tombstone"]))
+               .when_matched_delete(f"{SAME_MAILBOX} AND NOT {S}.keep")
                .when_matched_update({C.ENVELOPE: "NULL"},
-                                    f"{_SAME_MAILBOX} AND {_S}.keep "
-                                    f"AND {_T}.{C.ENVELOPE} IS NOT NULL")
+                                    f"{SAME_MAILBOX} AND {S}.keep "
+                                    f"AND {T}.{C.ENVELOPE} IS NOT NULL")
                .execute())
     return int(metrics["num_target_rows_deleted"]), kept
 
@@ -298,9 +231,9 @@ def _clean_acks(layout: Layout, stale_cutoff: datetime) -> int:
            OR a.{C.MAILBOX} <> i.{C.MAILBOX} OR a.{C.ACKED_AT} < {_ts(stale_cutoff)}""")
     if source.num_rows == 0:
         return 0
-    metrics = (_merge(acks, source, (C.SEQ, C.ACKED_AT))
-               .when_matched_delete(f"{_S}.{C.MAILBOX} IS NULL OR NOT ({_SAME_MAILBOX}) "
-                                    f"OR {_T}.{C.ACKED_AT} < {_ts(stale_cutoff)}")
+    metrics = (merge(acks, source, (C.SEQ, C.ACKED_AT))
+               .when_matched_delete(f"{S}.{C.MAILBOX} IS NULL OR NOT ({SAME_MAILBOX}) "
+                                    f"OR {T}.{C.ACKED_AT} < {_ts(stale_cutoff)}")
                .execute())
     return int(metrics["num_target_rows_deleted"])
 
@@ -330,102 +263,7 @@ def _drop_landing(layout: Layout) -> int:
     return dropped
 
 
-def _maintain(path: Path, target_size: int, retention_hours: int,
-              report: CompactionReport) -> str:
-    metrics = _retry(report, lambda: DeltaTable(str(path)).optimize.compact(
-        target_size=target_size))
-    compacted = int(metrics.get("numFilesRemoved", 0))
-    report.files_compacted += compacted
-
-    dt = DeltaTable(str(path))
-    if _last_checkpoint(path) != dt.version():  # an idle table keeps its checkpoint
-        dt.create_checkpoint()
-    dt.cleanup_metadata()
-
-    vacuumed = 0
-    if retention_hours < FULL_VACUUM_MIN_HOURS:
-        # Lite: only files the log says were removed, so it cannot hit an in-flight write.
-        vacuumed += _vacuum(dt, path, retention_hours, full=False)
-    vacuumed += _vacuum(dt, path, max(retention_hours, FULL_VACUUM_MIN_HOURS), full=True)
-    report.files_vacuumed += vacuumed
-    return f"{compacted} files compacted, checkpoint at v{dt.version()}, {vacuumed} vacuumed"
-
-
-def _vacuum(dt: DeltaTable, path: Path, hours: int, *, full: bool) -> int:
-    """VACUUM, counting only files that were on disk and are gone now. delta-rs 1.6 lite
-    VACUUM keeps returning (and committing VACUUM START/END for) removed files it already
-    deleted, for as long as their remove tombstones stay in the snapshot: a dry run first
-    keeps those phantom runs out of the counts and out of the log."""
-    planned = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False,
-                        full=full)
-    present = [f for f in (path / p for p in planned) if f.exists()]  # p may be absolute
-    if not present:
-        return 0
-    dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
-              full=full)
-    return sum(not f.exists() for f in present)
-
-
 # --- helpers ---------------------------------------------------------------------------------
-
-def _last_checkpoint(path: Path) -> int | None:
-    try:
-        return json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
-    except (FileNotFoundError, ValueError, KeyError):
-        return None
-
-
-def _retry(report: CompactionReport, attempt: Callable[[], T]) -> T:
-    """Run `attempt` (which opens its own fresh handles) until its commit wins."""
-    for n in range(COMMIT_ATTEMPTS):
-        try:
-            return attempt()
-        except CommitFailedError:
-            report.conflicts_retried += 1
-            log.debug("commit conflict, retrying", extra={
-                "event": "compaction_conflict", "attempt": n + 1, "of": COMMIT_ATTEMPTS})
-            time.sleep(RETRY_BACKOFF_SECONDS * (n + 1))
-    raise _LostRace()
-
-
-def _merge(target: DeltaTable, source: pa.Table, on: tuple[str, ...] = (C.SEQ,)):
-    """MERGE joined on `on` (seq, relay-wide unique, plus acked_at for acks).
-
-    With `streamed_exec=False` delta-rs derives a pruning predicate from the join columns'
-    min/max in the source, records it in the commit, and checks concurrent appends against
-    it: `seq >= a AND seq <= b` never matches the stream's appends (higher seqs) and names no
-    mailbox. Joining on the mailbox too would write two mailbox keys into every commit's
-    operationParameters, so the clauses check protocol and mailbox (`_SAME_MAILBOX`)."""
-    keys = source.select(list(on)).group_by(list(on)).aggregate([])
-    if keys.num_rows != source.num_rows:
-        # One target row matched by two source rows would be rewritten twice.
-        raise RuntimeError(f"merge key {on} is not unique in {target.metadata().name}'s "
-                           "compaction source: refusing to merge")
-    match = " AND ".join(f"{_T}.{c} = {_S}.{c}" for c in on)
-    return target.merge(source, match, source_alias=_S, target_alias=_T, streamed_exec=False)
-
-
-def delete_unneeded(target: DeltaTable, rows: pa.Table, needed, identity: tuple[str, ...],
-                    at: str = "at") -> int:
-    """Delete the control-table rows among `rows` (their `at` and `identity` columns, read
-    from `target`'s snapshot) whose `at` is not in `needed`, the set a protocol's state fold
-    still rests on. The MERGE joins on the non-secret `at` only; the identity columns (tokens,
-    keys) are compared by name in the clause, never spelled into a predicate the Delta log
-    records. No commit when nothing is unneeded. Used by the Heya, PPP and sync steps."""
-    import pyarrow.compute as pc
-    keep = pc.is_in(pc.cast(rows.column(at), pa.int64()), pa.array(sorted(needed), pa.int64()))
-    source = rows.filter(pc.invert(keep)).select([at, *identity])
-    if source.num_rows == 0:
-        return 0
-    same = " AND ".join(f"{_T}.{c} = {_S}.{c}" for c in identity)
-    try:
-        merge = _merge(target, source, (at,))
-    except RuntimeError:   # two rows share an `at` (never written so): leave them
-        return 0
-    return int(merge.when_matched_delete(same).execute()["num_target_rows_deleted"])
-
-
-
 
 def _ts(moment: datetime) -> str:
     """A SQL literal of the tables' timestamp type (microseconds, UTC)."""
@@ -442,11 +280,3 @@ def _du(root: Path) -> int:
             except FileNotFoundError:  # removed by a concurrent writer or vacuum
                 pass
     return total
-
-
-def _human(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"

@@ -18,9 +18,10 @@ first, the control tables after. A send token is durable before any SEND on it i
 so the token of every Heya row in that inbox snapshot is in the control snapshot, and a token
 that is not live there has been revoked for good (tokens are never reused).
 
-As in `compact.py`, every MERGE joins on a column that is no secret (the inbox's relay-wide
-`seq`, the control tables' `at`) and checks the token / owner in its clauses, so no token or
-certificate digest is spelled into a predicate the Delta log records.
+As everywhere in compaction (`compact_step.merge`), every MERGE joins on a column that is no
+secret (the inbox's relay-wide `seq`, the control tables' `at`) and checks the token / owner
+in its clauses, so no token or certificate digest is spelled into a predicate the Delta log
+records.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ from delta_tables.schema_heya import (HEYA_INBOX_TOKENS, HEYA_MAILBOXES, HEYA_PU
                                       HEYA_SEND_TOKENS, HEYA_TABLES, HEYA_TRIMS, H)
 from engine.heya.ids import PROTOCOL
 
-from . import compact
+from .compact_step import (SAME_MAILBOX, CompactionReport, LostRace, S, T, delete_unneeded,
+                           maintain, merge, retry)
 
 _ACTION = "action"
 _DELETE, _TRIM = "delete", "trim"
@@ -53,18 +55,17 @@ _IDENTITY = {
 }
 
 
-def compact_heya(layout: Layout, report, target_size: int, retention_hours: int) -> str:
-    """One pass; `report` is the run's `compact.CompactionReport`. Returns its progress
-    detail (counts only)."""
+def compact_heya(layout: Layout, report: CompactionReport, target_size: int,
+                 retention_hours: int) -> str:
+    """One pass (a `compact_step.ProtocolStep`). Returns its progress detail (counts only)."""
     paths = table_paths(layout)
     # No control tables (Heya never ran here): no token is live; nothing else to do.
     have_tables = all((p / "_delta_log").exists() for p in paths.values())
-    _S, _T = compact._S, compact._T
 
     def guarded(name: str, fn: Callable[[], int]) -> int:
         try:
             return fn()
-        except compact._LostRace:
+        except LostRace:
             report.skipped.append(f"heya/{name}")
             return 0
 
@@ -91,19 +92,19 @@ def compact_heya(layout: Layout, report, target_size: int, retention_hours: int)
             _ACTION, pa.array(actions, pa.string())).filter(mask)
         if source.num_rows == 0:
             return 0, 0
-        metrics = (compact._merge(dt, source)
-                   .when_matched_delete(f"{compact._SAME_MAILBOX} AND {_S}.{_ACTION} = "
+        metrics = (merge(dt, source)
+                   .when_matched_delete(f"{SAME_MAILBOX} AND {S}.{_ACTION} = "
                                         f"'{_DELETE}'")
                    .when_matched_update({C.ENVELOPE: "NULL"},
-                                        f"{compact._SAME_MAILBOX} AND {_S}.{_ACTION} = '{_TRIM}'"
-                                        f" AND {_T}.{C.ENVELOPE} IS NOT NULL")
+                                        f"{SAME_MAILBOX} AND {S}.{_ACTION} = '{_TRIM}'"
+                                        f" AND {T}.{C.ENVELOPE} IS NOT NULL")
                    .execute())
         return int(metrics["num_target_rows_deleted"]), int(metrics["num_target_rows_updated"])
 
     deleted = trimmed = 0
     try:
-        deleted, trimmed = compact._retry(report, inbox)
-    except compact._LostRace:
+        deleted, trimmed = retry(report, inbox)
+    except LostRace:
         report.skipped.append("heya/inbox")
     report.heya_inbox_deleted += deleted
     report.heya_inbox_trimmed += trimmed
@@ -117,24 +118,24 @@ def compact_heya(layout: Layout, report, target_size: int, retention_hours: int)
         needed = load_state(paths).needed_at()[name]
         if exclude is not None:
             t = t.filter(pc.invert(exclude(t)))
-        return compact.delete_unneeded(dt, t, needed, _IDENTITY[name], H.AT)
+        return delete_unneeded(dt, t, needed, _IDENTITY[name], H.AT)
 
     removed = 0
     for name in (HEYA_SEND_TOKENS.name, HEYA_PUSH_TOKENS.name, HEYA_TRIMS.name,
                  HEYA_INBOX_TOKENS.name):
-        removed += guarded(name, lambda name=name: compact._retry(
+        removed += guarded(name, lambda name=name: retry(
             report, lambda: garbage(name)))
 
     def still_minted(t: pa.Table) -> pa.Array:
         minted = read_table(paths[HEYA_INBOX_TOKENS.name]).column(H.TOKEN).combine_chunks()
         return pc.fill_null(pc.is_in(t.column(H.INBOX_TOKEN), minted), False)
 
-    removed += guarded(HEYA_MAILBOXES.name, lambda: compact._retry(
+    removed += guarded(HEYA_MAILBOXES.name, lambda: retry(
         report, lambda: garbage(HEYA_MAILBOXES.name, still_minted)))
 
     # 3. the control tables' files and logs
     for name in HEYA_TABLES:
-        compact._maintain(paths[name], target_size, retention_hours, report)
+        maintain(paths[name], target_size, retention_hours, report)
 
     report.heya_control_removed += removed
     return (f"{deleted} revoked-token rows deleted, {trimmed} trimmed bodies removed, "

@@ -24,58 +24,34 @@ never in the MERGE source, so they are never touched.
 As in `compact_heya.py`, the MERGE joins on `at` (no secret; strictly increasing per writer)
 and checks the token / pubkey in its clause, so none is spelled into a predicate the Delta log
 records. A MERGE that loses to the owner's append is recomputed on fresh handles
-(`compact._retry`); the owner's `DeltaAppendTarget` retries its append on a fresh handle.
+(`compact_step.retry`); the owner's `DeltaAppendTarget` retries its append on a fresh handle.
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
-from deltalake import DeltaTable
-
 from delta_tables.layout import Layout
 from delta_tables.ppp_state import load_state, table_paths
-from delta_tables.query import sql
-from delta_tables.schema_ppp import PPP_BACKUPS, PPP_DELIVERY_TOKENS, PPP_TABLES, Q
+from delta_tables.schema_ppp import PPP_BACKUPS, PPP_DELIVERY_TOKENS, Q
 
-from . import compact
+from .compact_step import CompactionReport, prune_control_tables
 
-# Per table, the columns that name what a row is about (checked in the MERGE clause).
+# Per table, in the order judged, the columns that name what a row is about (checked in the
+# MERGE clause).
 _IDENTITY = {
     PPP_DELIVERY_TOKENS.name: (Q.TOKEN, Q.RECIPIENT),
     PPP_BACKUPS.name: (Q.PUBKEY,),
 }
 
 
-def compact_ppp(layout: Layout, report, target_size: int, retention_hours: int) -> str:
-    """One pass; `report` is the run's `compact.CompactionReport`. Returns its progress
-    detail (counts only)."""
+def compact_ppp(layout: Layout, report: CompactionReport, target_size: int,
+                retention_hours: int) -> str:
+    """One pass (a `compact_step.ProtocolStep`). Returns its progress detail (counts only)."""
     paths = table_paths(layout)
-    if not all((p / "_delta_log").exists() for p in paths.values()):
+    removed = prune_control_tables("ppp", paths, _IDENTITY, Q.AT,
+                                   lambda: load_state(paths).needed_at(), report,
+                                   target_size, retention_hours)
+    if removed is None:
         return "no PPP control tables"
-
-    def garbage(name: str) -> int:
-        dt = DeltaTable(str(paths[name]))
-        # The candidates, from dt's own snapshot (never the ciphertext: at + identity only),
-        # then the state from a snapshot at least as new.
-        t = sql({"t": dt}, f"SELECT {', '.join((Q.AT, *_IDENTITY[name]))} FROM t")
-        if t.num_rows == 0:
-            return 0
-        return compact.delete_unneeded(dt, t, load_state(paths).needed_at()[name],
-                                       _IDENTITY[name], Q.AT)
-
-    def guarded(name: str, fn: Callable[[], int]) -> int:
-        try:
-            return compact._retry(report, fn)
-        except compact._LostRace:
-            report.skipped.append(f"ppp/{name}")
-            return 0
-
-    tokens = guarded(PPP_DELIVERY_TOKENS.name, lambda: garbage(PPP_DELIVERY_TOKENS.name))
-    backups = guarded(PPP_BACKUPS.name, lambda: garbage(PPP_BACKUPS.name))
-
-    for name in PPP_TABLES:
-        compact._maintain(paths[name], target_size, retention_hours, report)
-
+    tokens, backups = removed[PPP_DELIVERY_TOKENS.name], removed[PPP_BACKUPS.name]
     report.ppp_control_removed += tokens + backups
     return f"{tokens} delivery-token rows and {backups} backup rows removed"

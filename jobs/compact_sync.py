@@ -24,56 +24,37 @@ Rows appended after the first read are never in the MERGE source.
 
 As in `compact_heya.py`, the MERGE joins on `at` (no secret) and checks the group / device
 (and push token) in its clause, so no id or token is spelled into a predicate the Delta log
-records. A MERGE that loses to an append is recomputed on fresh handles (`compact._retry`);
+records. A MERGE that loses to an append is recomputed on fresh handles (`compact_step.retry`);
 the owner's `DeltaAppendTarget`s (members, push, and the acks' group commit) retry their
 append on a fresh handle.
 """
 
 from __future__ import annotations
 
-from deltalake import DeltaTable
-
 from delta_tables.layout import Layout
-from delta_tables.query import sql
-from delta_tables.schema_sync import SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH, SYNC_TABLES, S
+from delta_tables.schema_sync import SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH, S
 from delta_tables.sync_state import load_state, table_paths
 
-from . import compact
+from .compact_step import CompactionReport, prune_control_tables
 
-# Per control table, the columns that name what a row is about (checked in the MERGE clause).
+# Per control table, in the order judged, the columns that name what a row is about (checked
+# in the MERGE clause).
 _IDENTITY = {
-    SYNC_MEMBERS.name: (S.GROUP_ID, S.DEVICE_ID),
     SYNC_DEVICE_ACKS.name: (S.GROUP_ID, S.DEVICE_ID),
+    SYNC_MEMBERS.name: (S.GROUP_ID, S.DEVICE_ID),
     SYNC_PUSH.name: (S.GROUP_ID, S.DEVICE_ID, S.TOKEN),
 }
 
 
-def compact_sync(layout: Layout, report, target_size: int, retention_hours: int) -> str:
-    """One pass; `report` is the run's `compact.CompactionReport`. Returns its progress
-    detail (counts only)."""
+def compact_sync(layout: Layout, report: CompactionReport, target_size: int,
+                 retention_hours: int) -> str:
+    """One pass (a `compact_step.ProtocolStep`). Returns its progress detail (counts only)."""
     paths = table_paths(layout)
-    if not all((p / "_delta_log").exists() for p in paths.values()):
+    counts = prune_control_tables("sync", paths, _IDENTITY, S.AT,
+                                  lambda: load_state(paths).needed_at(), report,
+                                  target_size, retention_hours)
+    if counts is None:
         return "no sync control tables"
-
-    def garbage(name: str) -> int:
-        dt = DeltaTable(str(paths[name]))
-        t = sql({"t": dt}, f"SELECT {', '.join((S.AT, *_IDENTITY[name]))} FROM t")
-        if t.num_rows == 0:
-            return 0
-        return compact.delete_unneeded(dt, t, load_state(paths).needed_at()[name],
-                                       _IDENTITY[name], S.AT)   # snapshots at least as new
-
-    counts = {}
-    for name in (SYNC_DEVICE_ACKS.name, SYNC_MEMBERS.name, SYNC_PUSH.name):
-        try:
-            counts[name] = compact._retry(report, lambda name=name: garbage(name))
-        except compact._LostRace:
-            report.skipped.append(f"sync/{name}")
-            counts[name] = 0
-
-    for name in SYNC_TABLES:
-        compact._maintain(paths[name], target_size, retention_hours, report)
-
     report.sync_control_removed += sum(counts.values())
     return (f"{counts[SYNC_DEVICE_ACKS.name]} ack-progress rows, "
             f"{counts[SYNC_MEMBERS.name]} membership rows and "

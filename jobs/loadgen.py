@@ -11,7 +11,7 @@ What one day holds at `scale=1` (volumes scale linearly, mailbox counts with its
     the relay sets the TTL (`trueseal.ttl_seconds`, 30 days);
   - heya (30 %): one event id per SEND (engine/heya/ids.py), so a retry is stored again as a
     new message; the relay sets the TTL (`heya.ttl_seconds`). Its mailboxes are send tokens,
-    minted through the Heya control plane (`ingress.heya_control`: inbox token, INCO, AUTH)
+    minted through the Heya control plane (`delta_tables.heya_control`: inbox token, INCO, AUTH)
     for one registered mailbox per two or three tokens, so compaction sees them as live;
   - ppp (10 %): rows of a protocol whose *sender* sets the expiry (1 h to 7 days; 1 % arrive
     already expired and are rejected by the stream). This relay does not serve PPP yet; its
@@ -61,7 +61,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, C, LANDING, LANDING_SOURCE
 from engine.heya.ids import event_id as heya_event_id
 from engine.trueseal.ids import event_id as trueseal_event_id
-from relay.config import Settings
+from runtime.config import Settings
 
 from .inbox_stream import BATCH_TS, InboxSink
 from .inbox_transform import StreamRules
@@ -156,7 +156,7 @@ def mint_heya_tokens(layout: Layout, count: int, rng: np.random.Generator,
     """Register Heya mailboxes and mint `count` send tokens for them through the Heya
     control plane, as `relay heya inbox-token` + INCO + AUTH would; returns the tokens."""
     import asyncio
-    from ingress.heya_control import HeyaControl, mint_inbox_tokens
+    from delta_tables.heya_control import HeyaControl, mint_inbox_tokens
 
     owners = [rng.bytes(32) for _ in range(max(1, count // 2))]  # SHA-256 of a client cert
     inbox_tokens = mint_inbox_tokens(layout, len(owners), fsync=False)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from delta_tables.landing_lag import latest_version
 from delta_tables.layout import Layout
-from relay.config import Settings
+from runtime.config import Settings
 
 from .inbox_stream import InboxSink, landing_stream
 from .inbox_transform import StreamRules

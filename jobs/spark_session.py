@@ -1,8 +1,8 @@
 """The one place a SparkSession is configured for the relay (jobs, tests, notebooks).
 
 Logs of the driver JVM: conf/log4j2.properties (root WARN, known noise at ERROR, lines shaped
-like relay/logs.py's: one JSON object per line, or a readable text line). In a relay process
-(`relay.logs.setup` was called) the JVM's stderr, and its Python workers', comes back through
+like runtime/logs.py's: one JSON object per line, or a readable text line). In a relay process
+(`runtime.logs.setup` was called) the JVM's stderr, and its Python workers', comes back through
 `logs.child_stderr`: every line a record of this process, in its format, through its filter.
 """
 
@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from delta_tables.landing_source import LandingDataSource
-from relay import logs
+from runtime import logs
 
 # Shipped with the repository (a clean checkout and an editable install both find it here).
 LOG4J2_CONF = Path(__file__).resolve().parents[1] / "conf" / "log4j2.properties"

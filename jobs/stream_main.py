@@ -16,9 +16,10 @@ import logging
 import threading
 import time
 
+from delta_tables.landing_lag import landing_lag
 from delta_tables.layout import Layout
-from relay import metrics
-from relay.config import Settings
+from runtime import metrics
+from runtime.config import Settings
 
 from .inbox_stream import start_inbox_stream
 from .spark_session import get_spark
@@ -49,7 +50,9 @@ def run(settings: Settings, stop: threading.Event, *, available_now: bool = Fals
     spark = get_spark(settings.stream.master, "relay-inbox-stream")
     if on_spark_started:
         on_spark_started()
-    stream_metrics = metrics.StreamMetrics(Layout(settings.data_dir), settings.stream_checkpoint)
+    layout = Layout(settings.data_dir)
+    stream_metrics = metrics.StreamMetrics(
+        settings.data_dir, lambda: landing_lag(layout, settings.stream_checkpoint))
     exporter = None
     query = None
     sink = None

@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 
-from . import config, logs
+from runtime import config, logs
 from .up import SUPERVISED_ENV
 
 
@@ -86,7 +86,7 @@ def _run_async(main) -> None:
 # (pymalloc) keeps a 1 MiB arena as long as one object in it lives, so a wave of connections
 # that came and went left the process at its peak: 2,500 idle PPP WebSockets left ingress
 # 73 MiB bigger for good, against 14 MiB with glibc's malloc and `malloc_trim`
-# (relay/memory_trim.py), for ~7% more CPU in that wave. An operator's PYTHONMALLOC wins.
+# (runtime/memory_trim.py), for ~7% more CPU in that wave. An operator's PYTHONMALLOC wins.
 LISTENER_ROLES = ("ingress", "egress")
 ALLOCATOR_ENV = {"PYTHONMALLOC": "malloc"}
 
@@ -144,7 +144,7 @@ def cmd_compact(args) -> None:
     settings = _settings(args)
     logs.setup("compact")
     if args.loop:
-        from . import metrics
+        from runtime import metrics
         stop = _StopFlag()
         compaction_metrics = metrics.CompactionMetrics(settings.data_dir)
         exporter = metrics.serve_role(settings, "compact", compaction_metrics.registry)
@@ -160,12 +160,12 @@ def cmd_compact(args) -> None:
 
 
 def cmd_keys(args) -> None:
-    from . import keys
+    from runtime import keys
     settings = _settings(args)
     key = keys.load_or_create(settings.data_dir)
     print(f"trueseal {key.public_hex}")
     if settings.heya.enabled:
-        from . import tls
+        from runtime import tls
         cert, _ = tls.load_or_create_server_cert(settings.data_dir, settings.heya.cert_file,
                                                  settings.heya.key_file)
         # What a Heya client pins instead of SKIP_VERIFY: SHA-256 of the server certificate.
@@ -181,7 +181,7 @@ def cmd_heya_inbox_token(args) -> None:
     The operator hands each to one user, who sends `INCO <token>` once from the client
     certificate that is to be the mailbox; the running ingress node accepts it at once."""
     from delta_tables.layout import Layout
-    from ingress.heya_control import mint_inbox_tokens
+    from delta_tables.heya_control import mint_inbox_tokens
     settings = _settings(args)
     for token in mint_inbox_tokens(Layout(settings.data_dir), args.count):
         print(token.hex())
@@ -210,8 +210,8 @@ def cmd_up(args) -> None:
 
 
 def cmd_bench(args) -> None:
-    from . import bench
-    sys.exit(bench.main(args))
+    from .bench import run   # the benchmark is loaded by its command only
+    sys.exit(run.main(args))
 
 
 # --- relay ppp: a PPP client for people (the library is relay/ppp_client.py) ---------------

@@ -21,8 +21,8 @@ from delta_tables.landing_lag import landing_lag
 from delta_tables.layout import Layout
 from delta_tables.schema import C
 
-from . import metrics
-from .config import Settings
+from runtime import metrics
+from runtime.config import Settings
 
 
 @dataclass

@@ -18,7 +18,7 @@ the inbox is picked up by the next start. A child whose supervisor vanished (`ki
 `relay up`) stops by itself.
 
 Output: stdout carries what the relay tells its operator (where it listens, ready, stopped):
-readable lines, or one JSON object per line when the log format is json (relay/logs.py);
+readable lines, or one JSON object per line when the log format is json (runtime/logs.py);
 every process's logs go to the shared stderr.
 """
 
@@ -32,8 +32,8 @@ import sys
 import threading
 import time
 
-from . import logs
-from .config import Settings
+from runtime import logs
+from runtime.config import Settings
 
 ROLES = [("ingress", []), ("stream", []), ("egress", []), ("compact", ["--loop"])]
 STOP_ORDER = ["ingress", "stream", "egress", "compact"]
@@ -42,7 +42,7 @@ SUPERVISED_ENV = "RELAY_SUPERVISED"   # set for children: the supervisor's pid
 
 
 class Output:
-    """The supervisor's own lines on stdout, readable or JSON (`fmt` from relay/logs.py)."""
+    """The supervisor's own lines on stdout, readable or JSON (`fmt` from runtime/logs.py)."""
 
     def __init__(self, fmt: str):
         self.json = fmt == "json"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from delta_tables.layout import Layout
-from relay import config
+from runtime import config
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,7 @@
-"""`relay.bench.write_conf`: a bench's child relay gets exactly the bench's settings."""
+"""`relay.bench.harness.write_conf`: a bench's child relay gets exactly the bench's settings."""
 
-from relay import bench, config
+from relay.bench import harness
+from runtime import config
 
 
 def test_write_conf_round_trips(tmp_path):
@@ -10,5 +11,5 @@ def test_write_conf_round_trips(tmp_path):
     s.heya.enabled = False
     s.stream.cursor_start = {}
     s.bind = 'a "quoted" \\ value'
-    path = bench.write_conf(s, tmp_path / "relay.toml")
+    path = harness.write_conf(s, tmp_path / "relay.toml")
     assert config.as_dict(config.load(path, env={})) == config.as_dict(s)

@@ -16,7 +16,7 @@ from deltalake.exceptions import CommitFailedError
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, INBOX, LANDING, C
 from jobs.compact import compaction_loop, run_compaction
-from relay.config import Settings
+from runtime.config import Settings
 
 NOW = datetime.now(timezone.utc).replace(microsecond=0)
 PROTO = "trueseal"
@@ -342,7 +342,7 @@ def test_lost_commit_race_is_recomputed_on_fresh_handles(tmp_path, layout, monke
                     mode="append")
     write_deltalake(str(layout.acks), ack_rows([(MB_A, 1, NOW - timedelta(hours=1))]),
                     mode="append")
-    real_merge, calls = compact._merge, []
+    real_merge, calls = compact.merge, []
 
     def merge_after_a_rival_commit(target, source):
         calls.append(target.version())
@@ -351,7 +351,7 @@ def test_lost_commit_race_is_recomputed_on_fresh_handles(tmp_path, layout, monke
             DeltaTable(str(layout.inbox)).update({C.META: "NULL"}, predicate=f"{C.SEQ} = 2")
         return real_merge(target, source)
 
-    monkeypatch.setattr(compact, "_merge", merge_after_a_rival_commit)
+    monkeypatch.setattr(compact, "merge", merge_after_a_rival_commit)
     report = run_compaction(settings(tmp_path), now=NOW, progress=lambda _: None)
 
     assert report.conflicts_retried == 1 and report.skipped == []
@@ -364,6 +364,7 @@ def test_lost_commit_race_is_recomputed_on_fresh_handles(tmp_path, layout, monke
 
 def test_step_that_always_loses_is_skipped_not_fatal(tmp_path, layout, monkeypatch):
     import jobs.compact as compact
+    import jobs.compact_step as compact_step
     write_deltalake(str(layout.inbox), inbox_rows([(MB_A, 1, 1, NOW, True),
                                                    (MB_A, 2, 2, NOW, True)]), mode="append")
 
@@ -371,11 +372,11 @@ def test_step_that_always_loses_is_skipped_not_fatal(tmp_path, layout, monkeypat
         raise CommitFailedError("Commit failed: a concurrent transactions added new data.")
 
     monkeypatch.setattr(compact, "_purge_acked", always_loses)
-    monkeypatch.setattr(compact, "RETRY_BACKOFF_SECONDS", 0)
+    monkeypatch.setattr(compact_step, "RETRY_BACKOFF_SECONDS", 0)
     lines: list[str] = []
     report = run_compaction(settings(tmp_path), now=NOW, progress=lines.append)
 
     assert report.skipped == ["purge acked"]
-    assert report.conflicts_retried == compact.COMMIT_ATTEMPTS
+    assert report.conflicts_retried == compact_step.COMMIT_ATTEMPTS
     assert "skipped" in lines[0] and "skipped (lost to writers)    purge acked" in report.format()
     assert report.expired_deleted == 1, "the other steps still ran"

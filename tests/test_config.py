@@ -4,7 +4,7 @@ import dataclasses
 import tomllib
 from pathlib import Path
 
-from relay import config
+from runtime import config
 
 ROOT = Path(__file__).resolve().parents[1]
 

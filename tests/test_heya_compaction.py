@@ -18,9 +18,9 @@ from deltalake import DeltaTable, write_deltalake
 
 from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX
-from ingress.heya_control import HeyaControl, mint_inbox_tokens
+from delta_tables.heya_control import HeyaControl, mint_inbox_tokens
 from jobs.compact import run_compaction
-from relay.config import Settings
+from runtime.config import Settings
 
 ALICE, BOB = b"\xa1" * 32, b"\xb0" * 32     # certificate digests
 

@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 
 from delta_tables.layout import Layout
 from delta_tables.schema import C
-from ingress.heya_control import mint_inbox_tokens
+from delta_tables.heya_control import mint_inbox_tokens
 from ingress.service import IngressNode
 from jobs.compact import run_compaction
 from jobs.inbox_stream import start_inbox_stream

@@ -30,7 +30,7 @@ from deltalake import DeltaTable, write_deltalake
 
 from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX
-from ingress.heya_control import mint_inbox_tokens
+from delta_tables.heya_control import mint_inbox_tokens
 from ingress.service import IngressNode
 
 from heya_client import Cert, HeyaClient, client_context, recv_line, send_line
@@ -438,7 +438,7 @@ def test_operator_mints_inbox_tokens_with_the_cli_while_the_node_runs(settings, 
     import os
     import subprocess
     import sys
-    from relay import config
+    from runtime import config
     assert config.load(None, env={"RELAY_HEYA_PORT": "18337"}).heya.port == 18337
 
     async def go():
@@ -455,7 +455,7 @@ def test_operator_mints_inbox_tokens_with_the_cli_while_the_node_runs(settings, 
     asyncio.run(go())
 
 
-# --- TLS: any client certificate, key possession proven (relay/tls.py, relay/tls_stream.py) ------
+# --- TLS: any client certificate, key possession proven (runtime/tls.py, runtime/tls_stream.py) ------
 
 def test_any_client_certificate_is_accepted_and_its_der_digest_is_the_identity(settings,
                                                                                tmp_path):
@@ -559,7 +559,7 @@ def test_a_client_that_never_finishes_its_handshake_is_closed_at_the_deadline(se
 
 def _tls_objects() -> list:
     from OpenSSL import SSL
-    from relay.tls_stream import TLSStream
+    from runtime.tls_stream import TLSStream
     gc.collect()
     return [o for o in gc.get_objects() if isinstance(o, (TLSStream, SSL.Connection))]
 
@@ -620,10 +620,10 @@ def test_a_certificate_without_its_key_cannot_complete_the_handshake(settings, t
 
 
 def test_tls_stream_stops_reading_for_a_slow_application_and_ends_with_close_notify(tmp_path):
-    """relay/tls_stream.py on its own: decrypted bytes the application has not read stay
+    """runtime/tls_stream.py on its own: decrypted bytes the application has not read stay
     under the bound (the socket is not read meanwhile), 32 MiB each way arrive intact, and
     close() is a clean EOF for the client (close_notify), not a reset."""
-    from relay import tls, tls_stream
+    from runtime import tls, tls_stream
 
     async def go():
         cert, key = tls.load_or_create_server_cert(tmp_path / "data")

@@ -74,7 +74,7 @@ def test_two_nodes_dedup_gap_free_and_restart(spark, settings, layout):
 def test_driver_and_executor_reads_build_the_same_inbox(spark, settings, tmp_path):
     """Small batches are read by the driver from the files the offsets name, large ones by
     the executors: the same landing must give the same inbox either way."""
-    from relay import config
+    from runtime import config
     from delta_tables.layout import Layout
     rows = [landing_row(MB[i % 4], envelope(i)) for i in range(90)]
     rows += rows[:10]                                  # retries

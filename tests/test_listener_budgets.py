@@ -414,8 +414,8 @@ def test_heya_handshakes_are_bounded_by_the_handshake_cap(settings, tmp_path):
 _LISTENER = textwrap.dedent("""
     import asyncio, logging, resource, sys
     from ingress.trueseal_push import PushServer
-    from relay.config import Settings
-    from relay.keys import RelayKey
+    from runtime.config import Settings
+    from runtime.keys import RelayKey
 
     class Fmt(logging.Formatter):
         def format(self, r):

@@ -22,7 +22,7 @@ from relay import status
 
 @pytest.fixture(scope="module")
 def day(tmp_path_factory):
-    from relay import config
+    from runtime import config
     settings = config.load(None, env={}, data_dir=str(tmp_path_factory.mktemp("lg") / "data"))
     report = generate_day(settings, hours=6, scale=0.1, seed=3)
     return settings, report

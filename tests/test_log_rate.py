@@ -1,6 +1,6 @@
-"""relay/log_rate.py: one line per key per interval, the next one counting what was dropped."""
+"""runtime/log_rate.py: one line per key per interval, the next one counting what was dropped."""
 
-from relay.log_rate import LogRate
+from runtime.log_rate import LogRate
 
 
 def test_one_line_per_key_per_interval_with_the_dropped_count():

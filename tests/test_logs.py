@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from relay import logs
-from relay.logs import EVENTS
+from runtime import logs
+from runtime.logs import EVENTS
 from relay_up_process import RelayUp
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("engine", "ingress", "egress", "jobs", "relay", "delta_tables")
+PACKAGES = ("engine", "delta_tables", "runtime", "jobs", "ingress", "egress", "relay")
 LEVELS = {"debug", "info", "warning", "error", "exception", "critical"}
 
 
@@ -55,7 +55,7 @@ def test_every_log_call_names_an_event_of_the_vocabulary():
         if event is None:
             problems.append(f"{path}:{call.lineno} logs without extra={{'event': ...}}")
         elif event not in EVENTS:
-            problems.append(f"{path}:{call.lineno} event {event!r} is not in relay.logs.EVENTS")
+            problems.append(f"{path}:{call.lineno} event {event!r} is not in runtime.logs.EVENTS")
     assert calls > 20
     assert not problems, "\n".join(problems)
 
@@ -243,7 +243,7 @@ def test_child_stderr_lines_become_records():
 
 SETUP_SCRIPT = r'''
 import logging, sys, threading, warnings
-from relay import logs
+from runtime import logs
 logs.setup("ingress")
 logging.getLogger("uvicorn.error").info('%s - "WebSocket %s" [accepted]', "127.0.0.1:48284",
                                         "/v1/ws", extra={"color_message": "\x1b[1mx"})
@@ -287,7 +287,7 @@ def test_setup_json_process_quiets_libraries_and_keeps_one_line_per_record():
 
 CHILD_SCRIPT = r'''
 import logging, subprocess, sys
-from relay import logs
+from runtime import logs
 logs.setup("stream")
 child = ("import sys; w = sys.stderr.write; "
          "w('{\"ts\": 1.5, \"level\": \"error\", \"logger\": \"org.x.Y\", \"msg\": \"m\"}\\n'); "

@@ -1,4 +1,4 @@
-"""relay/memory_trim.py: the heap is trimmed after a drained wave of connections, never under
+"""runtime/memory_trim.py: the heap is trimmed after a drained wave of connections, never under
 steady load."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from engine.admission import Admission, Cap, Limits
-from relay.memory_trim import HeapTrimmer
+from runtime.memory_trim import HeapTrimmer
 
 
 def _admission() -> Admission:

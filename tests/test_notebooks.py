@@ -28,7 +28,7 @@ CELL_TIMEOUT = 300
 @pytest.fixture(scope="module")
 def day(tmp_path_factory):
     from jobs.loadgen import generate_day
-    from relay import config
+    from runtime import config
     data = tmp_path_factory.mktemp("nb") / "day"
     settings = config.load(None, env={}, data_dir=str(data))
     t0 = time.monotonic()

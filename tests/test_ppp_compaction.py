@@ -17,7 +17,7 @@ from deltalake import DeltaTable
 from delta_tables.layout import Layout
 from delta_tables.ppp_state import load_state, table_paths
 from delta_tables.schema_ppp import PPP_BACKUPS, PPP_DELIVERY_TOKENS
-from ingress.ppp_control import PppControl
+from delta_tables.ppp_control import PppControl
 from jobs.compact import run_compaction
 
 R1, R2 = b"\x01" * 32, b"\x02" * 32                 # recipients

@@ -475,11 +475,11 @@ def test_bad_client_bytes_make_no_uvicorn_warnings_only_one_line_of_ours(setting
 
 def test_near_the_descriptor_limit_the_port_pauses_once_and_recovers(settings, caplog):
     """Item 5: ~20,000 silent connections took every descriptor and asyncio logged an ERROR
-    per accept() try. The PPP port accepts through relay/listener.py: at the descriptor
+    per accept() try. The PPP port accepts through runtime/listener.py: at the descriptor
     ceiling (limit - process.open_files_reserve) it stops accepting, says so once, and
     resumes when descriptors free up; the legitimate client gets through after."""
     import resource
-    from relay import open_files
+    from runtime import open_files
     caplog.set_level("INFO")
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     # the listeners may take ~150 descriptors above those open now (starting takes some)

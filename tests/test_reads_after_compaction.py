@@ -16,7 +16,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, INBOX, C
 from egress.inbox_tail import InboxTail
 from egress.pending import MailboxHub
-from ingress.heya_inbox import HeyaInbox
+from egress.heya_inbox import HeyaInbox
 from jobs.compact import run_compaction
 from jobs.loadgen import generate_day
 
@@ -31,7 +31,7 @@ class _Owners:
 
 @pytest.fixture(scope="module")
 def compacted(tmp_path_factory):
-    from relay import config
+    from runtime import config
     settings = config.load(None, env={}, data_dir=str(tmp_path_factory.mktemp("rc") / "data"))
     generate_day(settings, hours=2, scale=0.05, seed=5)
     run_compaction(settings)

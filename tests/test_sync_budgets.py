@@ -107,7 +107,7 @@ def test_a_handshake_that_never_finishes_is_dropped_at_its_deadline_and_freed(se
             await c.close()
 
     asyncio.run(go())
-    # one line for forty timeouts (relay/log_rate.py), none of aioquic's
+    # one line for forty timeouts (runtime/log_rate.py), none of aioquic's
     assert len(events(caplog, "sync_handshake_timeout")) == 1
     assert not [r for r in caplog.records if r.name == "quic"]
 
@@ -163,7 +163,7 @@ def test_a_request_stream_stalled_mid_frame_is_answered_at_its_deadline(settings
 
 
 def test_a_flood_of_initials_waits_behind_the_sessions_packets(settings):
-    """The listener drains its socket every turn (relay/udp_endpoint.py): a session's packet
+    """The listener drains its socket every turn (runtime/udp_endpoint.py): a session's packet
     read behind 400 new connections' Initials is answered while most of them still wait
     (at most `initial_queue`, the oldest dropped), instead of after all of them."""
     settings.sync.initial_queue = 64

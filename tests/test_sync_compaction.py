@@ -18,7 +18,7 @@ from deltalake import DeltaTable
 from delta_tables.layout import Layout
 from delta_tables.schema_sync import SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH
 from delta_tables.sync_state import load_state, table_paths
-from ingress.sync_control import SyncControl
+from delta_tables.sync_control import SyncControl
 from jobs.compact import run_compaction
 
 G1, G2 = b"\x61" * 32, b"\x62" * 32

@@ -16,8 +16,8 @@ from engine.trueseal.events import (CloseReason, ConnectionClosed, DeliverAckRec
 from engine.trueseal.push import PushSession
 from engine.trueseal.receive import ReceiveSession
 from engine.trueseal.session import State
-from relay import keys
-from relay.keys import RelayKey
+from runtime import keys
+from runtime.keys import RelayKey
 from trueseal_client import (ACK, ERROR, HEARTBEAT, NK, XX, Client, deliver_ack_frame, frame,
                              keypair, push_frame, u16)
 

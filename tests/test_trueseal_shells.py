@@ -14,8 +14,8 @@ from egress.pending import MailboxHub, PendingEnvelope
 from egress.trueseal_receive import start_receive_server
 from engine.trueseal.ids import event_id
 from ingress.trueseal_push import start_push_server
-from relay.config import Settings
-from relay.keys import RelayKey
+from runtime.config import Settings
+from runtime.keys import RelayKey
 from trueseal_client import (ACK, ERROR, HEARTBEAT, NK, XX, AsyncClient, deliver_ack_frame,
                              frame, keypair, push_frame, u16)
 

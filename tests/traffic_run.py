@@ -19,8 +19,8 @@ import pytest
 from egress.service import EgressNode
 from ingress.service import IngressNode
 from jobs.inbox_stream import start_inbox_stream
-from relay import metrics
-from relay.logs import JsonFormatter
+from runtime import metrics
+from runtime.logs import JsonFormatter
 
 from trueseal_client import ACK, ERROR, NK, XX, AsyncClient, deliver_ack_frame, frame, keypair, \
     push_frame
@@ -56,7 +56,7 @@ class Traffic:
 @pytest.fixture(scope="session")
 def traffic(spark, tmp_path_factory):
     """One traffic run through real sockets, Delta and Spark."""
-    from relay import config
+    from runtime import config
     settings = config.load(None, env={}, data_dir=str(tmp_path_factory.mktemp("m") / "data"))
     settings.trueseal.push_port = settings.trueseal.receive_port = 0
     settings.heya.port = 0
@@ -149,8 +149,10 @@ async def _run(settings, spark, out: Traffic) -> None:
         c["sessions_after"] = value(after, "relay_sessions_open", listener="trueseal_push")
 
         # the stream, with its own registry, over what landed
+        from delta_tables.landing_lag import landing_lag
         from delta_tables.layout import Layout
-        stream_metrics = metrics.StreamMetrics(Layout(settings.data_dir))
+        layout = Layout(settings.data_dir)
+        stream_metrics = metrics.StreamMetrics(settings.data_dir, lambda: landing_lag(layout))
         st = metrics.serve_ephemeral(stream_metrics.registry)
         try:
             pre = await ascrape(st)

@@ -1,5 +1,5 @@
 """The hardening table (seed 5.4, 0k-sync `config.rs` defaults): the built-in values of
-`relay.config.SyncConf`, which an operator may change. Each says what it protects."""
+`runtime.config.SyncConf`, which an operator may change. Each says what it protects."""
 
 # ST-001: the transport refuses a frame over this before deserialising it (len == MAX allowed).
 MAX_MESSAGE_SIZE = 1_048_576

@@ -1,12 +1,10 @@
 """The Heya control plane's owner: inbox tokens, mailboxes, send tokens, push registrations
 and trims, held in memory and made durable in the `schema_heya` tables.
 
-Every change is written first (one append to the table, fsync'ed like a landing commit) and
-applied to memory only after the commit returned, with the fold functions the loader uses
-(`delta_tables/heya_state.py`), so what a client was told survives a crash and a restart
-rebuilds the same state. Changes are serialised by one lock: they are rare next to SENDs
-(which never take it), and read-modify-write commands (two INCOs of one inbox token, two
-EXTDs of one send token) then cannot interleave.
+A `ControlTables` (`control.py`): every change is written first and applied to memory after
+the commit returned, with the fold functions the loader uses (`heya_state.py`), under one
+lock that SENDs never take, so read-modify-write commands (two INCOs of one inbox token, two
+EXTDs of one send token) cannot interleave.
 
 Policy (who may do what) is the shell's (`ingress/heya.py`); this module stores. It never
 logs a token, a certificate digest or a push token.
@@ -22,13 +20,14 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
-from delta_tables.group_commit import DeltaAppendTarget
-from delta_tables.heya_state import (HeyaState, SendToken, apply_inbox_tokens, ensure_tables,
-                                     load_state, read_table)
-from delta_tables.layout import Layout
-from delta_tables.schema_heya import (HEYA_INBOX_TOKENS, HEYA_MAILBOXES, HEYA_PUSH_TOKENS,
-                                      HEYA_SEND_TOKENS, HEYA_TABLES, HEYA_TRIMS, OP_AUTH,
-                                      OP_DALL, OP_DEAU, OP_EXTD, OP_INCO, OP_IOSA, OP_IOSD, H)
+from .control import ControlTables, utc_micros
+from .group_commit import DeltaAppendTarget
+from .heya_state import (HeyaState, SendToken, apply_inbox_tokens, ensure_tables, load_state,
+                         read_table)
+from .layout import Layout
+from .schema_heya import (HEYA_INBOX_TOKENS, HEYA_MAILBOXES, HEYA_PUSH_TOKENS, HEYA_SEND_TOKENS,
+                          HEYA_TABLES, HEYA_TRIMS, OP_AUTH, OP_DALL, OP_DEAU, OP_EXTD, OP_INCO,
+                          OP_IOSA, OP_IOSD, H)
 
 log = logging.getLogger("relay.ingress.heya")
 
@@ -39,29 +38,19 @@ def _ts(micros: int) -> datetime:
     return datetime.fromtimestamp(micros / 1_000_000, timezone.utc)
 
 
-def utc_micros() -> int:
-    return int(datetime.now(timezone.utc).timestamp() * 1_000_000)
+class HeyaControl(ControlTables):
+    tables = HEYA_TABLES
 
-
-class HeyaControl:
     def __init__(self, layout: Layout, *, fsync: bool = True,
                  clock: Callable[[], int] = utc_micros):
         """`clock` returns unix microseconds (row times; tests move it)."""
-        self.layout = layout
-        self.fsync = fsync
-        self.clock = clock
+        super().__init__(layout, fsync=fsync, clock=clock)
         self.state = HeyaState()
-        self._paths: dict = {}
-        self._targets: dict[str, DeltaAppendTarget] = {}
-        self._lock = asyncio.Lock()
-        self.writes = 0
 
     async def load(self) -> None:
         """Create the tables if needed and fold them into memory."""
-        self._paths = await asyncio.to_thread(ensure_tables, self.layout)
-        self.state = await asyncio.to_thread(load_state, self._paths)
-        self._targets = {name: DeltaAppendTarget(self._paths[name], tdef, fsync=self.fsync)
-                         for name, tdef in HEYA_TABLES.items()}
+        paths = await self.open()
+        self.state = await asyncio.to_thread(load_state, paths)
         log.info("heya control plane loaded", extra={
             "event": "heya_control_loaded", "mailboxes": len(self.state.mailboxes),
             "send_tokens": len(self.state.tokens)})
@@ -87,45 +76,33 @@ class HeyaControl:
         """(device token, registered unix seconds), IOSL order."""
         return [(d, at // 1_000_000) for d, at in self.state.push_tokens(owner)]
 
-    # --- writes ------------------------------------------------------------------------------
-    def _next_at(self) -> int:
-        # Strictly increasing: `at` orders the fold and is compaction's merge key.
-        at = max(self.clock(), self.state.last_at + 1)
-        self.state.last_at = at
-        return at
-
-    async def _write(self, table: str, rows: list[dict[str, Any]]) -> None:
-        target = self._targets[table]
-        data = pa.Table.from_pylist(rows, schema=target.schema)
-        await asyncio.to_thread(target.commit, data)
-        self.writes += 1
-
+    # --- writes (`ControlTables.write`: durable before memory changes) ----------------------
     async def inco(self, owner: bytes, inbox_token: bytes) -> bool:
         """Consume `inbox_token` and make `owner` a mailbox, in one row (so the token is never
         burnt without the mailbox, interop §5.11). False: unknown or used token, or `owner`
         is a mailbox already."""
-        async with self._lock:
+        async with self.lock:
             if owner in self.state.mailboxes:
                 return False
             if inbox_token not in self.state.minted:
                 await self._refresh_inbox_tokens()   # minted by `relay heya inbox-token`
                 if inbox_token not in self.state.minted:
                     return False
-            at = self._next_at()
-            await self._write(HEYA_MAILBOXES.name, [{
+            at = self.next_at(self.state)
+            await self.write(HEYA_MAILBOXES.name, [{
                 H.OWNER: owner, H.OP: OP_INCO, H.INBOX_TOKEN: inbox_token, H.AT: _ts(at)}])
             self.state.mailbox_row(OP_INCO, owner, inbox_token, at)
             return True
 
     async def _refresh_inbox_tokens(self) -> None:
-        t = await asyncio.to_thread(read_table, self._paths[HEYA_INBOX_TOKENS.name])
+        t = await asyncio.to_thread(read_table, self.paths[HEYA_INBOX_TOKENS.name])
         apply_inbox_tokens(self.state, t)
 
     async def auth(self, owner: bytes, start: int, end: int) -> SendToken:
-        async with self._lock:
+        async with self.lock:
             token = secrets.token_bytes(TOKEN_LEN)
-            at = self._next_at()
-            await self._write(HEYA_SEND_TOKENS.name, [self._token_row(
+            at = self.next_at(self.state)
+            await self.write(HEYA_SEND_TOKENS.name, [self._token_row(
                 OP_AUTH, token, owner, start, end, at)])
             self.state.send_token_row(OP_AUTH, token, owner, start, end, at)
             return self.state.tokens[token]
@@ -141,12 +118,12 @@ class HeyaControl:
 
     async def deau(self, owner: bytes, token: bytes) -> bool:
         """Revoke `token` if `owner` holds it; its messages go with it (compaction)."""
-        async with self._lock:
+        async with self.lock:
             tok = self._owned(owner, token)
             if tok is None:
                 return False
-            at = self._next_at()
-            await self._write(HEYA_SEND_TOKENS.name, [self._token_row(
+            at = self.next_at(self.state)
+            await self.write(HEYA_SEND_TOKENS.name, [self._token_row(
                 OP_DEAU, token, owner, tok.start, tok.end, at)])
             self.state.send_token_row(OP_DEAU, token, owner, tok.start, tok.end, at)
             return True
@@ -155,13 +132,13 @@ class HeyaControl:
                    max_end: int) -> int | None:
         """New end = old end + seconds (interop §3 EXTD); None if not `owner`'s token or the
         new end would not fit the 10-digit field."""
-        async with self._lock:
+        async with self.lock:
             tok = self._owned(owner, token)
             if tok is None or tok.end + seconds > max_end:
                 return None
             end = tok.end + seconds
-            at = self._next_at()
-            await self._write(HEYA_SEND_TOKENS.name, [self._token_row(
+            at = self.next_at(self.state)
+            await self.write(HEYA_SEND_TOKENS.name, [self._token_row(
                 OP_EXTD, token, owner, tok.start, end, at)])
             self.state.send_token_row(OP_EXTD, token, owner, tok.start, end, at)
             return end
@@ -169,13 +146,13 @@ class HeyaControl:
     async def trim(self, owner: bytes, token: bytes, up_to: int) -> bool:
         """Record that `token`'s messages with seq <= up_to are deleted (compaction removes
         them from the inbox). False if `owner` does not hold `token`."""
-        async with self._lock:
+        async with self.lock:
             if self._owned(owner, token) is None:
                 return False
             if up_to <= self.state.trimmed(token):
                 return True
-            at = self._next_at()
-            await self._write(HEYA_TRIMS.name, [{H.TOKEN: token, H.UP_TO_SEQ: up_to,
+            at = self.next_at(self.state)
+            await self.write(HEYA_TRIMS.name, [{H.TOKEN: token, H.UP_TO_SEQ: up_to,
                                                  H.AT: _ts(at)}])
             self.state.trim_row(token, up_to, at)
             return True
@@ -187,19 +164,19 @@ class HeyaControl:
     async def iosa(self, owner: bytes, device: str) -> None:
         """Register a push token; registering it again keeps the first registration
         (interop §3 IOSA: ON CONFLICT DO NOTHING)."""
-        async with self._lock:
+        async with self.lock:
             if device in self.state.push.get(owner, {}):
                 return
-            at = self._next_at()
-            await self._write(HEYA_PUSH_TOKENS.name, [self._push_row(OP_IOSA, owner, device, at)])
+            at = self.next_at(self.state)
+            await self.write(HEYA_PUSH_TOKENS.name, [self._push_row(OP_IOSA, owner, device, at)])
             self.state.push_row(OP_IOSA, owner, device, at)
 
     async def iosd(self, owner: bytes, device: str) -> bool:
-        async with self._lock:
+        async with self.lock:
             if device not in self.state.push.get(owner, {}):
                 return False
-            at = self._next_at()
-            await self._write(HEYA_PUSH_TOKENS.name, [self._push_row(OP_IOSD, owner, device, at)])
+            at = self.next_at(self.state)
+            await self.write(HEYA_PUSH_TOKENS.name, [self._push_row(OP_IOSD, owner, device, at)])
             self.state.push_row(OP_IOSD, owner, device, at)
             return True
 
@@ -208,26 +185,26 @@ class HeyaControl:
         remove every push token, then the mailbox itself (README "Deregistering an inbox").
         Written in that order, so a crash part-way leaves a mailbox whose DALL can be
         repeated. Returns the revoked tokens; None if `owner` is not a mailbox."""
-        async with self._lock:
+        async with self.lock:
             if owner not in self.state.mailboxes:
                 return None
             tokens = self.state.tokens_of(owner)
             if tokens:
-                ats = [self._next_at() for _ in tokens]
-                await self._write(HEYA_SEND_TOKENS.name, [
+                ats = [self.next_at(self.state) for _ in tokens]
+                await self.write(HEYA_SEND_TOKENS.name, [
                     self._token_row(OP_DEAU, t.token, owner, t.start, t.end, at)
                     for t, at in zip(tokens, ats)])
                 for t, at in zip(tokens, ats):
                     self.state.send_token_row(OP_DEAU, t.token, owner, t.start, t.end, at)
             devices = [d for d, _ in self.state.push_tokens(owner)]
             if devices:
-                ats = [self._next_at() for _ in devices]
-                await self._write(HEYA_PUSH_TOKENS.name, [
+                ats = [self.next_at(self.state) for _ in devices]
+                await self.write(HEYA_PUSH_TOKENS.name, [
                     self._push_row(OP_IOSD, owner, d, at) for d, at in zip(devices, ats)])
                 for d, at in zip(devices, ats):
                     self.state.push_row(OP_IOSD, owner, d, at)
-            at = self._next_at()
-            await self._write(HEYA_MAILBOXES.name, [{
+            at = self.next_at(self.state)
+            await self.write(HEYA_MAILBOXES.name, [{
                 H.OWNER: owner, H.OP: OP_DALL, H.INBOX_TOKEN: None, H.AT: _ts(at)}])
             self.state.mailbox_row(OP_DALL, owner, None, at)
             return [t.token for t in tokens]

@@ -26,16 +26,14 @@ import time
 import urllib.request
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, PlatformCollector,
                                ProcessCollector, start_http_server)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
-
-from delta_tables.landing_lag import landing_lag
-from delta_tables.layout import Layout
 
 from .listener import Listener
 
@@ -131,7 +129,7 @@ def new_registry(role: str, data_dir) -> CollectorRegistry:
     g = Gauge("relay_process_info", _help("relay_process_info"), ["role", "data_dir"],
               registry=reg)
     # the data directory lets `relay status` tell its own relay from another on this host
-    g.labels(role, str(Layout(data_dir).root)).set(1)
+    g.labels(role, str(Path(data_dir).resolve())).set(1)
     return reg
 
 
@@ -228,13 +226,14 @@ def egress_registry(node) -> CollectorRegistry:
 
 
 class StreamMetrics:
-    """The inbox stream: fed by `InboxSink.on_batch` and the query's progress."""
+    """The inbox stream: fed by `InboxSink.on_batch` and the query's progress; `lag` is read
+    at each scrape (`delta_tables.landing_lag.landing_lag` of the stream's checkpoint: anything
+    with `versions` and `seconds`)."""
 
-    def __init__(self, layout: Layout, checkpoint=None,
+    def __init__(self, data_dir, lag: Callable[[], Any],
                  registry: CollectorRegistry | None = None):
-        self.layout = layout
-        self.checkpoint = checkpoint   # the stream's; None: the default under the data dir
-        self.registry = reg = registry or new_registry("stream", layout.root)
+        self.lag = lag
+        self.registry = reg = registry or new_registry("stream", data_dir)
 
         def counter(name, labels=()):
             return Counter(name[:-len("_total")], _help(name), list(labels), registry=reg)
@@ -288,7 +287,7 @@ class StreamMetrics:
         self._last_progress = (batch, rates.started)
 
     def _lag(self) -> Iterator[Metric]:
-        lag = landing_lag(self.layout, self.checkpoint)
+        lag = self.lag()
         versions = _family("gauge", "relay_landing_lag_versions")
         versions.add_metric([], lag.versions)
         seconds = _family("gauge", "relay_landing_lag_seconds")

@@ -1,6 +1,6 @@
 """PPP benchmarks for `relay bench`: `ppp_acked_stores_per_s` and `ppp_store_to_notify_ms`.
 
-`run(settings, quick, spark=None) -> dict`, called by `relay/bench.py` with its settings.
+`run(settings, quick, spark=None) -> dict`, called by `run.py` with its settings.
 
 1. `ppp_acked_stores_per_s`: an `IngressNode` in this process (uvicorn WebSocket listener,
    landing group commit with fsync on: STORED = durable); load from `spawn`ed client
@@ -31,7 +31,7 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
+from .harness import child_ingress_and_stream, collect, p50_p99, port_of, rounded, spawn
 
 CT_SIZE = 1040          # a 1024-byte padding bucket + 16-byte tag (§8 buckets)
 WARMUP_EVENTS = 20
@@ -41,12 +41,8 @@ LATENCY_SENDERS = 40
 NOTIFY_WINDOW_MS = 0
 
 
-def _p(values, q: float):
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
 
 
-def _r(x, nd: int = 1):
-    return None if x is None else round(float(x), nd)
 
 
 def _wrap(recipient: bytes) -> bytes:
@@ -126,7 +122,8 @@ async def _throughput(settings, p: dict) -> dict:
         await node.close()
     stored = sum(r["stored"] for r in results)
     secs = max(r["last"] for r in results) - min(r["first"] for r in results)
-    return {"stores_per_s": _r(stored / secs, 0), "stored": stored, "seconds": _r(secs, 2),
+    return {"stores_per_s": rounded(stored / secs, 0), "stored": stored,
+            "seconds": rounded(secs, 2),
             "sockets": p["clients"] * p["sockets"], "stores_per_socket": p["stores"],
             "landing_commits": commits, "fsync": True, "ciphertext_bytes": CT_SIZE,
             "method": ("IngressNode in the bench process (no stream running; STORED = landing "
@@ -203,19 +200,16 @@ async def _notify_worker(queue, port, rate, seconds) -> None:
 
 
 def _latency(spark, settings, p: dict) -> dict:
-    from . import bench
-    from .bench_sync import _collect, _port, child_ingress_and_stream
     with child_ingress_and_stream(spark, settings) as (listening, query, sink, relay):
         queue = mp.get_context("spawn").Queue()
-        worker = bench._spawn(notify_worker, queue, _port(listening, "ppp"), p["rate"],
+        worker = spawn(notify_worker, queue, port_of(listening, "ppp"), p["rate"],
                               p["latency_seconds"])
-        res = _collect(queue, [worker], 1, p["latency_seconds"] + 300)[0]
+        res = collect(queue, [worker], 1, p["latency_seconds"] + 300)[0]
         worker.join(timeout=10)
     lat = res["latency_ms"]
-    return {"p50": _r(_p(lat, 50)), "p99": _r(_p(lat, 99)), "count": len(lat),
+    return {**p50_p99(lat), "count": len(lat),
             "warmup_events": WARMUP_EVENTS,
-            "store_to_stored_ms": {"p50": _r(_p(res["stored_ms"], 50)),
-                                   "p99": _r(_p(res["stored_ms"], 99))},
+            "store_to_stored_ms": p50_p99(res["stored_ms"]),
             "rate_per_s": p["rate"], "notify_window_ms": settings.ppp.notify_window_ms,
             "trigger_interval_ms": settings.stream.trigger_interval_ms,
             "tail_poll_interval_ms": settings.egress.poll_interval_ms,

@@ -39,9 +39,9 @@ import msgpack
 import pyarrow as pa
 
 from delta_tables.schema import C
-from egress.envelope_cache import EnvelopeCache
-from egress.inbox_tail import read_protocol_rows
-from egress.pending import PendingEnvelope
+from .envelope_cache import EnvelopeCache
+from .inbox_tail import read_protocol_rows
+from .pending import PendingEnvelope
 from engine.sync import PROTOCOL
 
 log = logging.getLogger("relay.ingress.sync")
@@ -112,7 +112,7 @@ class _Group:
         return blob
 
 
-class SyncInbox:
+class SyncInbox:   # an inbox_view.InboxView; sessions are kept with each group
     def __init__(self, inbox_path: Path, acks_path: Path, *, cache_bytes: int = 256 << 20):
         self.inbox_path = Path(inbox_path)
         self.acks_path = Path(acks_path)

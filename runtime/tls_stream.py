@@ -2,12 +2,12 @@
 
 Why: the Heya listener needs Go's `RequireAnyClientCert` (a client certificate is mandatory and
 never verified; OpenSSL still checks its CertificateVerify signature), which Python's `ssl`
-cannot express and pyOpenSSL can (`relay/tls.py`). pyOpenSSL has no asyncio integration, so
+cannot express and pyOpenSSL can (`runtime/tls.py`). pyOpenSSL has no asyncio integration, so
 this module is the shell: a protocol on the plain TCP transport hands the bytes it receives to
 the TLS engine (`bio_write`) and sends what the engine produces (`bio_read`).
 
 * `Acceptor` is the protocol factory, for a listener with its own accept loop
-  (`relay/listener.py`): `acceptor(tag)` is one connection's protocol for
+  (`runtime/listener.py`): `acceptor(tag)` is one connection's protocol for
   `loop.connect_accepted_socket` (or `loop.create_server`); the callback gets
   `(stream, stream)` once the handshake is done. A handshake that fails, ends, or outlasts
   its deadline is dropped and reported to `on_handshake_failed(kind, detail)` (kind
@@ -20,7 +20,7 @@ the TLS engine (`bio_write`) and sends what the engine produces (`bio_read`).
 * Memory: a connection in its handshake holds its TLS engine state (made at its first byte)
   and no task; sockets are read into one `READ_CHUNK` buffer per server (asyncio's SSL keeps
   256 KiB per connection). How many handshakes there are is the listener's HANDSHAKE cap
-  (relay/listener.py, engine/admission.py); each one's memory is returned when it ends. Decrypted bytes wait for the application up to `read_limit`, then
+  (runtime/listener.py, engine/admission.py); each one's memory is returned when it ends. Decrypted bytes wait for the application up to `read_limit`, then
   the socket is not read; writes are encrypted `WRITE_CHUNK` at a time, so the outgoing BIO
   stays one record. Losing the transport frees the TLS engine.
 * `close()` sends close_notify, then closes once the written bytes are out; `abort()` drops

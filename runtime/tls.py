@@ -12,7 +12,7 @@ certificate from everyone but accepts any (self-signed, expired, unknown issuer)
   `VERIFY_PEER | VERIFY_FAIL_IF_NO_PEER_CERT` (a client without a certificate fails the
   handshake) with a verify callback that accepts every chain. The callback only decides
   chain trust: OpenSSL still checks the client's CertificateVerify signature, so the key is
-  proven. `relay/tls_stream.py` runs the context over asyncio.
+  proven. `runtime/tls_stream.py` runs the context over asyncio.
 * TLS 1.3 only, as the public server (interop §1: a TLS 1.2 client gets `protocol_version`).
 
 The mailbox identity is SHA-256 of the client certificate's DER (interop §1), see

@@ -32,7 +32,8 @@ from deltalake import DeltaTable
 
 from delta_tables.layout import equals
 from delta_tables.schema import C
-from egress.pending import PendingEnvelope
+from .inbox_view import Sessions
+from .pending import PendingEnvelope
 from engine.heya.ids import PROTOCOL
 
 log = logging.getLogger("relay.ingress.heya")
@@ -42,12 +43,12 @@ class Session(Protocol):
     def notify_have(self, token: bytes, next_seq: int) -> None: ...
 
 
-class Owners(Protocol):   # ingress.heya_control.HeyaControl
+class Owners(Protocol):   # delta_tables.heya_control.HeyaControl
     def owner_of(self, token: bytes) -> bytes | None: ...
     def trimmed(self, token: bytes) -> int: ...
 
 
-class HeyaInbox:
+class HeyaInbox:   # an inbox_view.InboxView
     def __init__(self, inbox_path: Path, owners: Owners, *, cache_bytes: int = 64 << 20):
         self.inbox_path = Path(inbox_path)
         self.owners = owners
@@ -55,23 +56,19 @@ class HeyaInbox:
         self._next: dict[bytes, int] = {}
         self._cache: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()
         self._cached = 0
-        self._sessions: dict[bytes, set[Session]] = {}
+        self.sessions: Sessions[Session] = Sessions()     # by owner certificate
         self.messages_seen = 0
         self.disk_reads = 0
 
     # --- sessions ------------------------------------------------------------------------------
     def register(self, owner: bytes, session: Session) -> None:
-        self._sessions.setdefault(owner, set()).add(session)
+        self.sessions.register(owner, session)
 
     def unregister(self, owner: bytes, session: Session) -> None:
-        mine = self._sessions.get(owner)
-        if mine is not None:
-            mine.discard(session)
-            if not mine:
-                del self._sessions[owner]
+        self.sessions.unregister(owner, session)
 
     def sessions_of(self, owner: bytes) -> set[Session]:
-        return set(self._sessions.get(owner, ()))
+        return self.sessions.of(owner)
 
     # --- what the stream committed -------------------------------------------------------------
     def next_seq(self, token: bytes) -> int:

@@ -26,21 +26,19 @@ stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import hashlib
 import itertools
 import multiprocessing as mp
-import os
-import queue as queue_mod
-import signal
 import ssl
 import struct
-import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
+
+from .harness import (CpuMeter, batches_after, child_ingress_and_stream, collect, durations_ms,
+                      jvm_pid, last_batch, p50_p99, percentile, port_of, rounded, spawn)
 
 BODY_SIZE = 600
 # 512 PUSHes in flight: on 2 cores the curve (in flight -> pushes/s) flattens here (the relay
@@ -53,12 +51,8 @@ FULL = {"seconds": 30, "warmup": 5, "rate": 100, "latency_seconds": 30}
 WARMUP = 5            # latency run: pushes (and their NOTIFYs) before the timed ones
 
 
-def _p(values, q: float) -> float | None:
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
 
 
-def _r(x, nd: int = 1):
-    return None if x is None else round(float(x), nd)
 
 
 class _Client:
@@ -273,198 +267,65 @@ async def _notify_worker(queue, port, rate, seconds, body_size) -> None:
 
 # --- the relay as a child process, the stream here ---------------------------------------------
 
-@contextlib.contextmanager
-def child_ingress_and_stream(spark, settings):
-    """`relay ingress` as a child process, its settings from a TOML file written next to its
-    data directory, and the inbox stream in this process on the same data directory. Yields
-    (listening, query, sink, ingress Popen); stops the relay, then the stream."""
-    from delta_tables.layout import Layout
-    from jobs.inbox_stream import start_inbox_stream
-
-    from . import bench
-    data_dir = Path(settings.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    conf = bench.write_conf(settings, data_dir.with_name(data_dir.name + ".toml"))
-    Layout(settings.data_dir).ensure_shared_tables()
-    proc, listening = bench._start_role("ingress", None, data_dir, data_dir, conf=conf)
-    query = None
-    try:
-        query, sink = start_inbox_stream(spark, settings)
-        yield listening, query, sink, proc
-        if query.exception():
-            raise RuntimeError(f"stream failed: {query.exception()}")
-    finally:
-        if proc.poll() is None:     # first the relay (pushes in flight need the stream) ...
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-        if proc in bench._children:
-            bench._children.remove(proc)
-        if query is not None:       # ... then the stream
-            try:
-                query.stop()
-            except Exception:
-                pass
 
 
-def _port(listening: dict, name: str) -> int:
-    return int(listening[name].rsplit(":", 1)[1])
 
 
-def _collect(queue, procs, n: int, timeout: float, key: str = "ok") -> list[dict]:
-    """`n` messages from the workers (a failed worker's error is raised)."""
-    out: list[dict] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError("bench client processes did not report in time")
-        try:
-            msg = queue.get(timeout=1.0)
-        except queue_mod.Empty:
-            if not any(p.is_alive() for p in procs) and queue.empty():
-                raise RuntimeError("bench client processes exited without a result")
-            continue
-        if msg.get("ok") is False:
-            raise RuntimeError(f"bench client failed: {msg.get('error')}")
-        out.append(msg)
-    return out
 
 
-class CpuMeter:
-    """CPU seconds used between `start()` and `stop()` by process trees (Linux /proc) and by
-    the whole machine, as cores (seconds of CPU per second of wall clock)."""
-
-    def __init__(self, **pids: int):
-        self.pids = pids
-
-    @staticmethod
-    def _procs() -> dict[int, tuple[int, float]]:
-        tick = os.sysconf("SC_CLK_TCK")
-        out = {}
-        for d in Path("/proc").iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            out[int(d.name)] = (int(rest[1]), (int(rest[11]) + int(rest[12])) / tick)
-        return out
-
-    @staticmethod
-    def _machine() -> tuple[float, float]:
-        f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
-        return float(sum(f) - f[3] - f[4]), float(sum(f))
-
-    def _tree(self, procs, root: int) -> float:
-        kids: dict[int, list[int]] = {}
-        for pid, (ppid, _) in procs.items():
-            kids.setdefault(ppid, []).append(pid)
-        total, todo = 0.0, [root]
-        while todo:
-            pid = todo.pop()
-            if pid in procs:
-                total += procs[pid][1]
-            todo += kids.get(pid, [])
-        return total
-
-    def _snap(self) -> dict:
-        procs = self._procs()
-        snap = {name: self._tree(procs, pid) for name, pid in self.pids.items()}
-        snap["bench_process"] = time.process_time()   # its own threads only (not children)
-        snap["_machine"] = self._machine()
-        snap["_t"] = time.perf_counter()
-        return snap
-
-    def start(self) -> None:
-        self.a = self._snap()
-
-    def stop(self) -> dict:
-        b = self._snap()
-        wall = b["_t"] - self.a["_t"]
-        busy = b["_machine"][0] - self.a["_machine"][0]
-        total = b["_machine"][1] - self.a["_machine"][1]
-        out = {k: _r((b[k] - self.a[k]) / wall, 2) for k in b if not k.startswith("_")}
-        out["machine_busy"] = _r(busy / max(1.0, total) * (os.cpu_count() or 1), 2)
-        out["machine_cores"] = os.cpu_count()
-        return out
 
 
-def _jvm_pid() -> int | None:
-    try:
-        from pyspark import SparkContext
-        return SparkContext._gateway.proc.pid
-    except Exception:
-        return None
 
 
-def _batches(sink, after_id: int) -> list:
-    return [h for h in sink.history if h.batch_id > after_id and h.rows_in]
 
 
-def _durations_ms(query, ids: set[int]) -> dict[str, float | None]:
-    """p50 of each part of Spark's durationMs (triggerExecution = latestOffset + planning +
-    addBatch, i.e. foreachBatch, + WAL/commit log) over batches `ids` (numInputRows stays 0:
-    the sink reads small batches' files itself)."""
-    parts: dict[str, list[float]] = {}
-    for pr in (dict(x) for x in query.recentProgress):
-        if pr.get("batchId") in ids:
-            for k, v in (pr.get("durationMs") or {}).items():
-                parts.setdefault(k, []).append(v)
-    return {k: _r(_p(v, 50)) for k, v in sorted(parts.items())}
 
 
-def _last_batch(sink) -> int:
-    return sink.history[-1].batch_id if sink.history else -1
 
 
 # --- the two figures ---------------------------------------------------------------------------
 
 def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = WINDOW,
                procs: int = CLIENT_PROCS) -> dict:
-    from . import bench
     with child_ingress_and_stream(spark, settings) as (listening, query, sink, relay):
-        port = _port(listening, "sync")
+        port = port_of(listening, "sync")
         ctx = mp.get_context("spawn")
         queue, go = ctx.Queue(), ctx.Event()
         per = max(1, devices // procs)
-        workers = [bench._spawn(push_worker, queue, go, port, i + 1, per, window, p["warmup"],
+        workers = [spawn(push_worker, queue, go, port, i + 1, per, window, p["warmup"],
                                 p["seconds"], BODY_SIZE) for i in range(procs)]
-        _collect(queue, workers, procs, 180)              # connected, authenticated, HELLO'd
-        meter = CpuMeter(relay_process=relay.pid, **({"spark_jvm": _jvm_pid()}
-                                                     if _jvm_pid() else {}))
+        collect(queue, workers, procs, 180)              # connected, authenticated, HELLO'd
+        meter = CpuMeter(relay_process=relay.pid, **({"spark_jvm": jvm_pid()}
+                                                     if jvm_pid() else {}))
         go.set()
         time.sleep(p["warmup"])
         meter.start()
-        b0 = _last_batch(sink)
+        b0 = last_batch(sink)
         time.sleep(p["seconds"])
         cpu = meter.stop()
-        batches = _batches(sink, b0)
-        durations = _durations_ms(query, {b.batch_id for b in batches})
-        results = _collect(queue, workers, procs, p["seconds"] + 120)
+        batches = batches_after(sink, b0)
+        durations = durations_ms(query, {b.batch_id for b in batches})
+        results = collect(queue, workers, procs, p["seconds"] + 120)
         for w in workers:
             w.join(timeout=10)
     acked = sum(r["acked"] for r in results)
     lat = [x for r in results for x in r["latency_ms"]]
-    cpu["clients"] = _r(sum(r["cpu_s"] for r in results) / p["seconds"], 2)
+    cpu["clients"] = rounded(sum(r["cpu_s"] for r in results) / p["seconds"], 2)
     if acked and cpu.get("relay_process") is not None:
-        cpu["relay_ms_per_push"] = _r(cpu["relay_process"] * p["seconds"] / acked * 1000, 2)
+        cpu["relay_ms_per_push"] = rounded(cpu["relay_process"] * p["seconds"] / acked * 1000, 2)
     rows = [b.rows_in for b in batches]
     return {
-        "pushes_per_s": _r(acked / p["seconds"]), "acked": acked,
+        "pushes_per_s": rounded(acked / p["seconds"]), "acked": acked,
         "errors": sum(r["errors"] for r in results),
         "seconds": p["seconds"], "warmup_seconds": p["warmup"],
         "client_processes": procs, "devices": per * procs, "window_per_device": window,
         "in_flight": per * procs * window, "groups": procs, "body_bytes": BODY_SIZE,
-        "push_to_ack_ms": {"p50": _r(_p(lat, 50)), "p99": _r(_p(lat, 99))},
+        "push_to_ack_ms": p50_p99(lat),
         "stream_batches": len(batches),
-        "stream_batches_per_s": _r(len(batches) / p["seconds"], 2),
-        "stream_batch_rows_p50": _r(_p(rows, 50)),
-        "stream_batch_ms_p50": _r(_p([b.seconds * 1000 for b in batches], 50)),
-        "stream_batch_ms_p99": _r(_p([b.seconds * 1000 for b in batches], 99)),
+        "stream_batches_per_s": rounded(len(batches) / p["seconds"], 2),
+        "stream_batch_rows_p50": rounded(percentile(rows, 50)),
+        "stream_batch_ms_p50": rounded(percentile([b.seconds * 1000 for b in batches], 50)),
+        "stream_batch_ms_p99": rounded(percentile([b.seconds * 1000 for b in batches], 99)),
         "stream_duration_ms_p50": durations,
         "trigger_interval_ms": settings.stream.trigger_interval_ms,
         "cpu_cores": cpu,
@@ -477,20 +338,18 @@ def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = W
 
 
 def latency(spark, settings, p: dict) -> dict:
-    from . import bench
     with child_ingress_and_stream(spark, settings) as (listening, query, sink, relay):
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        worker = bench._spawn(notify_worker, queue, _port(listening, "sync"), p["rate"],
+        worker = spawn(notify_worker, queue, port_of(listening, "sync"), p["rate"],
                               p["latency_seconds"], BODY_SIZE)
-        res = _collect(queue, [worker], 1, p["latency_seconds"] + 240)[0]
+        res = collect(queue, [worker], 1, p["latency_seconds"] + 240)[0]
         worker.join(timeout=10)
     lat = res["latency_ms"]
-    return {"p50": _r(_p(lat, 50)), "p99": _r(_p(lat, 99)),
-            "max": _r(max(lat) if lat else None), "messages": len(lat),
+    return {**p50_p99(lat),
+            "max": rounded(max(lat) if lat else None), "messages": len(lat),
             "pushed": res["pushed"],
-            "push_to_ack_ms": {"p50": _r(_p(res["ack_ms"], 50)),
-                               "p99": _r(_p(res["ack_ms"], 99))},
+            "push_to_ack_ms": p50_p99(res["ack_ms"]),
             "rate_per_s": p["rate"], "seconds": p["latency_seconds"],
             "trigger_interval_ms": settings.stream.trigger_interval_ms,
             "tail_poll_interval_ms": settings.egress.poll_interval_ms,

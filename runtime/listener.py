@@ -24,10 +24,10 @@ bookkeeping:
   `RecordClock` (where a client is inside a length-prefixed record, for a minimum byte rate)
   are the shells' tools.
 
-Counters for relay/metrics.py: `connections` (connections whose handler runs: the
+Counters for runtime/metrics.py: `connections` (connections whose handler runs: the
 `relay_sessions_open` gauge; a TLS handshake is not a session yet), `accepted`, `rejected`
 (by reason: refusals and evictions by stage, timeouts), `admission.counts()` per stage.
-Every line a client can make repeat goes through `self.quiet` (relay/log_rate.py).
+Every line a client can make repeat goes through `self.quiet` (runtime/log_rate.py).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from collections import Counter
 from typing import Callable
 
 from engine.admission import Admission, Cap, Limits, Stage, Ticket, address_key
-from relay import open_files
-from relay.log_rate import LogRate
+from runtime import open_files
+from runtime.log_rate import LogRate
 
 log = logging.getLogger("relay.listener")
 
@@ -75,7 +75,7 @@ class Listener:
         self.admission = Admission(limits or open_limits(max_connections))
         self.connections = 0    # handlers running: the `relay_sessions_open` gauge
         # Plain counters bumped on the event loop and read by the metrics endpoint
-        # (relay/metrics.py): requests this listener stored and acknowledged, and those it
+        # (runtime/metrics.py): requests this listener stored and acknowledged, and those it
         # refused, by reason. A shell counts; it never talks to Prometheus itself.
         self.accepted = 0
         self.rejected: Counter[str] = Counter()
@@ -92,7 +92,7 @@ class Listener:
     async def _start_server(self):
         """Hook: the server whose connections reach `_on_connect(reader, writer, ticket)`
         (the Heya listener wraps `_accept_server()` with its TLS streams,
-        `relay/tls_stream.py`). Anything with `sockets`, `close()` and `wait_closed()`."""
+        `runtime/tls_stream.py`). Anything with `sockets`, `close()` and `wait_closed()`."""
         return self._accept_server()
 
     async def start(self) -> None:
@@ -226,34 +226,6 @@ class Listener:
             self._handlers.discard(task)
             self.connections -= 1
             self.release(ticket)
-
-
-async def serve_until(node, stop: asyncio.Event, ready=None) -> None:
-    """Run a node (anything with start / listening / listeners / close) until `stop` is set;
-    meanwhile the memory of drained waves of its listeners' connections is given back
-    (relay/memory_trim.py)."""
-    from relay.memory_trim import HeapTrimmer
-    await node.start()
-    trimmer = HeapTrimmer(lambda: [listener.admission for listener in node.listeners()])
-    trimming = asyncio.create_task(trimmer.run(stop), name="heap-trimmer")
-    if ready:
-        ready(node.listening())
-    try:
-        await stop.wait()
-    finally:
-        await node.close()
-        await trimming
-
-
-async def serve_role(settings, role: str, node, registry, stop: asyncio.Event,
-                     ready=None) -> None:
-    """`serve_until` with the role's /metrics exporter around it (relay/metrics.py)."""
-    from relay import metrics
-    exporter = metrics.serve_role(settings, role, registry)
-    try:
-        await serve_until(node, stop, metrics.announce(ready, exporter, settings.metrics.bind))
-    finally:
-        metrics.stop(exporter)
 
 
 def bind(host: str | None, port: int, backlog: int) -> socket.socket:

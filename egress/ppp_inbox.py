@@ -39,9 +39,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from delta_tables.schema import C
-from egress.envelope_cache import EnvelopeCache
-from egress.inbox_tail import read_protocol_rows
-from egress.pending import PendingEnvelope
+from .envelope_cache import EnvelopeCache
+from .inbox_tail import read_protocol_rows
+from .inbox_view import Sessions
+from .pending import PendingEnvelope
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 from engine.ppp.ids import PROTOCOL
 
@@ -100,7 +101,7 @@ class _Box:
         return ev
 
 
-class PppInbox:
+class PppInbox:   # an inbox_view.InboxView
     def __init__(self, inbox_path: Path, acks_path: Path, *, notify_window: float = 30.0,
                  cache_bytes: int = 256 << 20):
         self.inbox_path = Path(inbox_path)
@@ -109,7 +110,7 @@ class PppInbox:
         self.notify_window = notify_window
         self.known: dict[bytes, float] = {}     # event id -> expiry (unix s)
         self._boxes: dict[bytes, _Box] = {}
-        self._sessions: dict[bytes, set[Session]] = {}
+        self.sessions: Sessions[Session] = Sessions()     # by recipient pubkey
         self._notify_counts: dict[bytes, int] = {}
         self._timers: dict[bytes, asyncio.TimerHandle] = {}
         self.events_seen = 0
@@ -120,14 +121,10 @@ class PppInbox:
 
     # --- sessions ------------------------------------------------------------------------------
     def register(self, pubkey: bytes, session: Session) -> None:
-        self._sessions.setdefault(pubkey, set()).add(session)
+        self.sessions.register(pubkey, session)
 
     def unregister(self, pubkey: bytes, session: Session) -> None:
-        mine = self._sessions.get(pubkey)
-        if mine is not None:
-            mine.discard(session)
-            if not mine:
-                del self._sessions[pubkey]
+        self.sessions.unregister(pubkey, session)
 
     # --- duplicates ----------------------------------------------------------------------------
     def is_known(self, event_id: bytes) -> bool:
@@ -198,7 +195,7 @@ class PppInbox:
 
     # --- NOTIFY batching -----------------------------------------------------------------------
     def _queue_notify(self, pubkey: bytes, count: int) -> None:
-        if pubkey not in self._sessions:
+        if pubkey not in self.sessions:
             return
         self._notify_counts[pubkey] = self._notify_counts.get(pubkey, 0) + count
         if self.notify_window <= 0:
@@ -212,7 +209,7 @@ class PppInbox:
         count = self._notify_counts.pop(pubkey, 0)
         if count <= 0:
             return
-        for s in list(self._sessions.get(pubkey, ())):
+        for s in self.sessions.of(pubkey):
             s.notify(count)
             self.notifies_sent += 1
 

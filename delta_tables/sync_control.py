@@ -1,11 +1,12 @@
 """The cursor-sync control plane's owner: group membership, device acknowledgement progress
 and push registrations, in memory and durable in the `schema_sync` tables.
 
-Membership changes and push registrations are written first (one fsync'ed append) and
-applied after the commit returned, under one lock, so what a client was told survives a
-restart and two joins / revokes cannot interleave. Ack progress is applied to memory at once
-and written by a group-committed appender in the background: losing the newest progress in a
-crash only delays a DELETE until the device pulls again (the safe direction).
+A `ControlTables` (`control.py`): membership changes and push registrations are written first
+(one fsync'ed append) and applied after the commit returned, under its lock, so what a client
+was told survives a restart and two joins / revokes cannot interleave. Ack progress is applied
+to memory at once and written by a group-committed appender in the background: losing the
+newest progress in a crash only delays a DELETE until the device pulls again (the safe
+direction).
 
 Policy (who may do what) is the shell's; this module stores. It never logs an id or token.
 """
@@ -16,37 +17,34 @@ import asyncio
 import logging
 from datetime import datetime, timezone
 
-import pyarrow as pa
+from runtime.log_rate import LogRate
 
-from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
-from delta_tables.layout import Layout
-from delta_tables.schema_sync import (OP_CREATE, OP_JOIN, OP_REGISTER, OP_REVOKE,
-                                      OP_UNREGISTER, SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH,
-                                      S)
-from delta_tables.sync_state import SyncState, ensure_tables, load_state
-from relay.log_rate import LogRate
+from .control import ControlTables
+from .group_commit import DeltaAppendTarget, GroupCommitAppender
+from .layout import Layout
+from .schema_sync import (OP_CREATE, OP_JOIN, OP_REGISTER, OP_REVOKE, OP_UNREGISTER,
+                          SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH, SYNC_TABLES, S)
+from .sync_state import SyncState, load_state
 
 log = logging.getLogger("relay.ingress.sync")
 
 
-class SyncControl:
+class SyncControl(ControlTables):
+    tables = SYNC_TABLES
+
     def __init__(self, layout: Layout, *, fsync: bool = True):
-        self.layout = layout
-        self.fsync = fsync
+        super().__init__(layout, fsync=fsync)
         self.state = SyncState()
-        self._targets: dict[str, DeltaAppendTarget] = {}
         self._acks: GroupCommitAppender | None = None
-        self._lock = asyncio.Lock()
         self._last_at = 0
         self._pending_acks: set[asyncio.Task] = set()
         self.quiet = LogRate()      # a failing table fails every PULL's ack: one line per 10 s
 
     async def load(self) -> None:
-        paths = await asyncio.to_thread(ensure_tables, self.layout)
+        # members and push: one append per change; acks: group-committed in the background
+        paths = await self.open({name: tdef for name, tdef in SYNC_TABLES.items()
+                                 if name != SYNC_DEVICE_ACKS.name})
         self.state = await asyncio.to_thread(load_state, paths)
-        self._targets = {name: DeltaAppendTarget(paths[name], tdef, fsync=self.fsync)
-                         for name, tdef in ((SYNC_MEMBERS.name, SYNC_MEMBERS),
-                                            (SYNC_PUSH.name, SYNC_PUSH))}
         self._acks = GroupCommitAppender(
             DeltaAppendTarget(paths[SYNC_DEVICE_ACKS.name], SYNC_DEVICE_ACKS, fsync=self.fsync))
         await self._acks.start()
@@ -60,15 +58,10 @@ class SyncControl:
             await self._acks.close()
 
     def _at(self) -> datetime:
-        """Strictly increasing row times (the fold orders by them)."""
-        now = int(datetime.now(timezone.utc).timestamp() * 1_000_000)
-        self._last_at = max(now, self._last_at + 1)
+        """Strictly increasing row times (the fold orders by them); unlike the other control
+        planes' `next_at`, not carried on from the rows loaded (the fold keeps no `at`)."""
+        self._last_at = max(self.clock(), self._last_at + 1)
         return datetime.fromtimestamp(self._last_at / 1_000_000, timezone.utc)
-
-    async def _write(self, table: str, row: dict) -> None:
-        target = self._targets[table]
-        t = pa.Table.from_pylist([row], schema=target.schema)
-        await asyncio.to_thread(target.commit, t)
 
     # --- membership ----------------------------------------------------------------------------
     async def admit(self, group: bytes, device: bytes, admitter: bytes | None, *,
@@ -76,7 +69,7 @@ class SyncControl:
         """Make `device` a member: "member" (already), "created" (first device of a new group),
         "joined", or "refused" (revoked here, or the group exists and no live admitter).
         `open_group`: 0k-sync semantics, anyone not revoked joins an existing group."""
-        async with self._lock:
+        async with self.lock:
             st = self.state
             if st.is_revoked(group, device):
                 return "refused"
@@ -88,20 +81,20 @@ class SyncControl:
                 op = OP_JOIN
             else:
                 op = OP_CREATE
-            await self._write(SYNC_MEMBERS.name, {
+            await self.write(SYNC_MEMBERS.name, [{
                 S.GROUP_ID: group, S.DEVICE_ID: device, S.OP: op,
-                S.ADMITTER: admitter if op == OP_JOIN else None, S.AT: self._at()})
+                S.ADMITTER: admitter if op == OP_JOIN else None, S.AT: self._at()}])
             st.member_row(op, group, device)
             return "created" if op == OP_CREATE else "joined"
 
     async def revoke(self, group: bytes, device: bytes, by: bytes) -> bool:
         """False if `device` is not a member (nothing written)."""
-        async with self._lock:
+        async with self.lock:
             if not self.state.is_member(group, device):
                 return False
-            await self._write(SYNC_MEMBERS.name, {
+            await self.write(SYNC_MEMBERS.name, [{
                 S.GROUP_ID: group, S.DEVICE_ID: device, S.OP: OP_REVOKE, S.ADMITTER: by,
-                S.AT: self._at()})
+                S.AT: self._at()}])
             self.state.member_row(OP_REVOKE, group, device)
             return True
 
@@ -134,10 +127,10 @@ class SyncControl:
     async def push_registration(self, group: bytes, device: bytes, platform: str, token: bytes,
                                 register: bool) -> None:
         op = OP_REGISTER if register else OP_UNREGISTER
-        async with self._lock:
-            await self._write(SYNC_PUSH.name, {
+        async with self.lock:
+            await self.write(SYNC_PUSH.name, [{
                 S.GROUP_ID: group, S.DEVICE_ID: device, S.OP: op, S.PLATFORM: platform,
-                S.TOKEN: token, S.AT: self._at()})
+                S.TOKEN: token, S.AT: self._at()}])
             self.state.push_row(op, group, device, platform, token)
 
     def __repr__(self) -> str:

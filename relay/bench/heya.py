@@ -1,6 +1,6 @@
 """Heya benchmarks for `relay bench`: `heya_sends_per_s` and `heya_send_to_have_ms`.
 
-`run(settings, quick, spark=None) -> dict`, called by `relay/bench.py` with its settings
+`run(settings, quick, spark=None) -> dict`, called by `run.py` with its settings
 (ports 0, fsync as configured) and, for the latency part, its SparkSession.
 
 1. `heya_sends_per_s`: an `IngressNode` in this process (the Heya listener, TLS 1.3, landing
@@ -31,6 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .harness import measure_appender, p50_p99, rounded
+
 BODY_SIZE = 600
 TOKENS = 64
 CONNECTIONS_PER_CLIENT = 16
@@ -41,12 +43,8 @@ END = 9_999_999_999
 WARMUP_MESSAGES = 20
 
 
-def _p(values, q: float) -> float | None:
-    return float(np.percentile(np.asarray(values, dtype=float), q)) if values else None
 
 
-def _r(x, nd: int = 1):
-    return None if x is None else round(float(x), nd)
 
 
 def client_cert(directory: str, name: str) -> tuple[str, str]:
@@ -150,7 +148,7 @@ async def _send_worker(queue, go, port, cert, tokens, duration, connections, win
 
 async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
     from delta_tables.layout import Layout
-    from ingress.heya_control import mint_inbox_tokens
+    from delta_tables.heya_control import mint_inbox_tokens
     from ingress.service import IngressNode
     node = IngressNode(settings)    # fsync as configured: RECV = durable
     await node.start()
@@ -173,12 +171,7 @@ async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
             msg = await asyncio.to_thread(queue.get, True, 120)
             if not msg.get("ok", True):
                 raise RuntimeError(f"load generator failed: {msg.get('error')}")
-        ap = node.appender
-        go.set()
-        await asyncio.sleep(warm)
-        r0, c0, cpu0, t0 = ap.rows_committed, ap.commits, time.process_time(), time.perf_counter()
-        await asyncio.sleep(duration - warm)
-        r1, c1, cpu1, t1 = ap.rows_committed, ap.commits, time.process_time(), time.perf_counter()
+        w = await measure_appender(node.appender, go, warm, duration)
         results = [await asyncio.to_thread(queue.get, True, 120) for _ in range(clients)]
         for r in results:
             if not r.get("ok"):
@@ -186,17 +179,16 @@ async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
         mw.close()
         buckets = np.sum([r["buckets"] for r in results], axis=0)
         per_s = [int(buckets[i:i + 10].sum()) for i in range(warm * 10, duration * 10 - 9, 10)]
-        window = t1 - t0
         return {
-            "sends_per_s": round((r1 - r0) / window),
+            "sends_per_s": round(w.rows / w.seconds),
             "sends_per_s_each_1s": per_s,
-            "measured_seconds": _r(window, 2), "warmup_seconds": warm,
+            "measured_seconds": rounded(w.seconds, 2), "warmup_seconds": warm,
             "client_processes": clients, "connections": clients * CONNECTIONS_PER_CLIENT,
             "window_per_connection": WINDOW, "body_bytes": BODY_SIZE, "send_tokens": TOKENS,
-            "group_commits_in_window": c1 - c0,
-            "rows_per_commit_mean": _r((r1 - r0) / max(1, c1 - c0), 1),
-            "relay_cpu_cores": _r((cpu1 - cpu0) / window, 2),
-            "client_cpu_cores": _r(sum(r["cpu_s"] for r in results) / duration, 2),
+            "group_commits_in_window": w.commits,
+            "rows_per_commit_mean": rounded(w.rows / max(1, w.commits), 1),
+            "relay_cpu_cores": rounded(w.cpu_seconds / w.seconds, 2),
+            "client_cpu_cores": rounded(sum(r["cpu_s"] for r in results) / duration, 2),
             "recv_total": int(sum(r["recv"] for r in results)),
         }
     finally:
@@ -211,7 +203,7 @@ async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
 
 async def _latency(settings, p: dict, workdir: str) -> dict:
     from delta_tables.layout import Layout
-    from ingress.heya_control import mint_inbox_tokens
+    from delta_tables.heya_control import mint_inbox_tokens
     from ingress.service import IngressNode
     node = IngressNode(settings)
     await node.start()
@@ -282,9 +274,9 @@ async def _latency(settings, p: dict, workdir: str) -> dict:
         # RECVs come back in SEND order on the one connection: i-th RECV <-> i-th SEND.
         order = sorted(x for v in sent.values() for x in v)
         recv_ms = [(r - s_) * 1000 for r, s_ in zip(recv_at, order)]
-        return {"p50": _r(_p(ms, 50)), "p99": _r(_p(ms, 99)), "max": _r(max(ms)),
-                "mean": _r(statistics.fmean(ms)), "messages": len(ms),
-                "send_to_recv_ms": {"p50": _r(_p(recv_ms, 50)), "p99": _r(_p(recv_ms, 99))},
+        return {**p50_p99(ms), "max": rounded(max(ms)),
+                "mean": rounded(statistics.fmean(ms)), "messages": len(ms),
+                "send_to_recv_ms": p50_p99(recv_ms),
                 "rate_per_s": p["rate"], "seconds": p["latency_seconds"],
                 "trigger_interval_ms": settings.stream.trigger_interval_ms,
                 "poll_interval_ms": settings.egress.poll_interval_ms}
@@ -314,8 +306,8 @@ def run(settings, quick: bool, spark=None) -> dict:
         try:
             out["heya_send_to_have_ms"] = asyncio.run(_latency(s2, p, workdir))
             batches = [b.seconds * 1000 for b in sink.history if b.rows_in]
-            out["heya_send_to_have_ms"]["stream_batch_ms"] = {
-                "p50": _r(_p(batches, 50)), "p99": _r(_p(batches, 99)), "batches": len(batches)}
+            out["heya_send_to_have_ms"]["stream_batch_ms"] = {**p50_p99(batches),
+                                                               "batches": len(batches)}
         finally:
             query.stop()
     return out

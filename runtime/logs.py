@@ -60,7 +60,7 @@ EVENTS: dict[str, str] = {
     "admission_refused": "a connection was refused a slot; closed (listener, stage, reason: "
                          "address_cap | stage_full | total_full | gone, suppressed)",
     "memory_trimmed": "a wave of connections drained: collected and malloc_trim'd "
-                      "(relay/memory_trim.py)",
+                      "(runtime/memory_trim.py)",
     "connection_evicted": "a connection lost its slot to a newcomer: its stage was full and "
                           "its address held the most there (listener, stage, suppressed)",
     "listener_paused": "a listener stopped accepting: descriptors near the process limit "

@@ -319,7 +319,7 @@ class SyncConf:
     stream_window_before_hello: int = 16384
     # The UDP socket's receive buffer (SO_RCVBUF; Linux caps it at net.core.rmem_max): what
     # arrives while one event-loop turn runs waits here. The endpoint drains it every turn
-    # (relay/udp_endpoint.py), so a flood of Initials no longer sits in it ahead of the
+    # (runtime/udp_endpoint.py), so a flood of Initials no longer sits in it ahead of the
     # sessions' packets (with asyncio's one datagram per turn, 4 MiB of queued Initials held
     # a session's PUSH 3.8 s; 512 KiB dropped its packets instead).
     receive_buffer_bytes: int = 4194304

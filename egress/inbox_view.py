@@ -1,0 +1,52 @@
+"""What a protocol's view of the inbox is: the interface `heya_inbox.py`, `ppp_inbox.py` and
+`sync_inbox.py` implement, and the session fan-out two of them share.
+
+A protocol whose clients read by sequence number or cursor (Heya, PPP, cursor-sync) keeps,
+in the process that hosts its listener, a view of its own rows of the inbox. It is fed like
+the egress hub (`pending.MailboxHub`): `bootstrap()` reads the protocol's rows once and
+returns the inbox version it read, then `inbox_tail.InboxTail(protocols={protocol})` follows
+the stream's commits and calls `add(protocol, mailbox, envelopes)` with each mailbox's new
+rows in cursor order. The connected sessions that want to hear of new rows register under a
+key (a Heya mailbox owner, a PPP recipient; cursor-sync keeps them with each group).
+
+The listener composing a view with the ingress half of its protocol is in `ingress/`
+(`ingress.COMPOSITION`).
+"""
+
+from __future__ import annotations
+
+from typing import Generic, Iterable, Protocol, TypeVar
+
+from .pending import PendingEnvelope
+
+S = TypeVar("S")
+
+
+class InboxView(Protocol):
+    async def bootstrap(self) -> int: ...
+    def add(self, protocol: str, mailbox: bytes,
+            envelopes: Iterable[PendingEnvelope]) -> None: ...
+
+
+class Sessions(Generic[S]):
+    """The connected sessions of each key, to fan news out to."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[bytes, set[S]] = {}
+
+    def register(self, key: bytes, session: S) -> None:
+        self._by_key.setdefault(key, set()).add(session)
+
+    def unregister(self, key: bytes, session: S) -> None:
+        mine = self._by_key.get(key)
+        if mine is not None:
+            mine.discard(session)
+            if not mine:
+                del self._by_key[key]
+
+    def of(self, key: bytes) -> set[S]:
+        """A copy: a session may unregister while it is told."""
+        return set(self._by_key.get(key, ()))
+
+    def __contains__(self, key: bytes) -> bool:
+        return key in self._by_key

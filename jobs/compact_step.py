@@ -1,0 +1,241 @@
+"""What every compaction step shares, and the one interface a protocol's step implements.
+
+`relay compact` (`jobs/compact.py`) runs the generic steps over the shared tables, then one
+`ProtocolStep` per protocol with tables of its own (`jobs/compact_heya.py`, `compact_ppp.py`,
+`compact_sync.py`). A step is a function
+
+    step(layout, report, target_size, retention_hours) -> str   # its progress detail
+
+that adds what it removed to the run's `CompactionReport` and leaves its tables small and
+their logs short (`maintain`). The steps build on the helpers here and on nothing of each
+other:
+
+* `retry`: a step opens its own fresh handles and is rerun when its commit loses a race to
+  a concurrent writer (delta-rs 1.6: a MERGE and an append racing it cannot both win), up to
+  `COMMIT_ATTEMPTS` times; then `LostRace`, and the step is skipped until the next run.
+* `merge`: the MERGE every step uses, joined on columns that name no mailbox or secret, so
+  none reaches the pruning predicate the Delta log records (`SAME_MAILBOX` checks protocol
+  and mailbox in the clauses instead).
+* `delete_unneeded` / `prune_control_tables`: a control table keeps only the rows its
+  protocol's state fold rests on.
+* `maintain`: OPTIMIZE, checkpoint, log cleanup and VACUUM of one table.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, TypeVar
+
+import pyarrow as pa
+from deltalake import DeltaTable
+from deltalake.exceptions import CommitFailedError
+
+from delta_tables.layout import Layout
+from delta_tables.query import sql
+from delta_tables.schema import C
+
+log = logging.getLogger("relay.compaction")
+
+Result = TypeVar("Result")
+
+# A step that loses a commit race is recomputed on fresh handles this many times in total.
+COMMIT_ATTEMPTS = 5
+RETRY_BACKOFF_SECONDS = 0.05
+# Full VACUUM also deletes files no log entry references (failed writes, removes whose
+# tombstones aged out of the checkpoints, which a lite VACUUM can no longer see). It judges
+# those by file age alone, so an in-flight append's file is fair game below this floor.
+FULL_VACUUM_MIN_HOURS = 1
+
+S, T = "s", "t"  # merge aliases: source, target
+SAME_MAILBOX = " AND ".join(f"{T}.{c} = {S}.{c}" for c in (C.PROTOCOL, C.MAILBOX))
+
+
+@dataclass
+class CompactionReport:
+    tombstoned_acked: int = 0     # envelopes nulled because they were acked (step 1)
+    expired_deleted: int = 0      # inbox rows deleted because they expired (step 2)
+    tombstones_kept: int = 0      # expired rows kept as their mailbox's max-cursor tombstone
+    acks_removed: int = 0
+    landing_dropped: int = 0      # landing generation directories removed
+    heya_inbox_deleted: int = 0   # Heya rows of revoked send tokens (DEAU, DALL)
+    heya_inbox_trimmed: int = 0   # Heya bodies removed by TRIM
+    heya_control_removed: int = 0  # Heya control rows no longer needed
+    ppp_control_removed: int = 0   # PPP control rows no longer needed (jobs/compact_ppp.py)
+    sync_control_removed: int = 0  # sync control rows no longer needed (jobs/compact_sync.py)
+    files_compacted: int = 0      # small files rewritten by OPTIMIZE
+    files_vacuumed: int = 0
+    bytes_before: int = 0         # everything under <data>/tables
+    bytes_after: int = 0
+    conflicts_retried: int = 0    # commit races lost and recomputed
+    skipped: list[str] = field(default_factory=list)  # steps that lost every attempt
+    seconds: float = 0.0
+
+    def format(self) -> str:
+        lines = [
+            f"acked envelopes tombstoned   {self.tombstoned_acked}",
+            f"expired rows deleted         {self.expired_deleted}",
+            f"max-cursor tombstones kept   {self.tombstones_kept}",
+            f"acks removed                 {self.acks_removed}",
+            f"landing generations dropped  {self.landing_dropped}",
+            f"heya rows deleted / trimmed  {self.heya_inbox_deleted} / "
+            f"{self.heya_inbox_trimmed} ({self.heya_control_removed} control rows)",
+            f"ppp / sync control removed   {self.ppp_control_removed} / "
+            f"{self.sync_control_removed}",
+            f"files compacted              {self.files_compacted}",
+            f"files vacuumed               {self.files_vacuumed}",
+            f"tables on disk               {human_bytes(self.bytes_before)} -> "
+            f"{human_bytes(self.bytes_after)}",
+            f"commit conflicts retried     {self.conflicts_retried}",
+        ]
+        if self.skipped:
+            lines.append(f"skipped (lost to writers)    {', '.join(self.skipped)}")
+        lines.append(f"took                         {self.seconds:.2f} s")
+        return "\n".join(lines)
+
+
+# The interface of a protocol's step: (layout, report, target_size, retention_hours) -> detail.
+ProtocolStep = Callable[[Layout, CompactionReport, int, int], str]
+
+
+class LostRace(Exception):
+    """A step lost its commit to concurrent writers on every attempt."""
+
+
+def retry(report: CompactionReport, attempt: Callable[[], Result]) -> Result:
+    """Run `attempt` (which opens its own fresh handles) until its commit wins."""
+    for n in range(COMMIT_ATTEMPTS):
+        try:
+            return attempt()
+        except CommitFailedError:
+            report.conflicts_retried += 1
+            log.debug("commit conflict, retrying", extra={
+                "event": "compaction_conflict", "attempt": n + 1, "of": COMMIT_ATTEMPTS})
+            time.sleep(RETRY_BACKOFF_SECONDS * (n + 1))
+    raise LostRace()
+
+
+def merge(target: DeltaTable, source: pa.Table, on: tuple[str, ...] = (C.SEQ,)):
+    """MERGE joined on `on` (seq, relay-wide unique, plus acked_at for acks).
+
+    With `streamed_exec=False` delta-rs derives a pruning predicate from the join columns'
+    min/max in the source, records it in the commit, and checks concurrent appends against
+    it: `seq >= a AND seq <= b` never matches the stream's appends (higher seqs) and names no
+    mailbox. Joining on the mailbox too would write two mailbox keys into every commit's
+    operationParameters, so the clauses check protocol and mailbox (`SAME_MAILBOX`)."""
+    keys = source.select(list(on)).group_by(list(on)).aggregate([])
+    if keys.num_rows != source.num_rows:
+        # One target row matched by two source rows would be rewritten twice.
+        raise RuntimeError(f"merge key {on} is not unique in {target.metadata().name}'s "
+                           "compaction source: refusing to merge")
+    match = " AND ".join(f"{T}.{c} = {S}.{c}" for c in on)
+    return target.merge(source, match, source_alias=S, target_alias=T, streamed_exec=False)
+
+
+def delete_unneeded(target: DeltaTable, rows: pa.Table, needed, identity: tuple[str, ...],
+                    at: str = "at") -> int:
+    """Delete the control-table rows among `rows` (their `at` and `identity` columns, read
+    from `target`'s snapshot) whose `at` is not in `needed`, the set a protocol's state fold
+    still rests on. The MERGE joins on the non-secret `at` only; the identity columns (tokens,
+    keys) are compared by name in the clause, never spelled into a predicate the Delta log
+    records. No commit when nothing is unneeded. Used by the Heya, PPP and sync steps."""
+    import pyarrow.compute as pc
+    keep = pc.is_in(pc.cast(rows.column(at), pa.int64()), pa.array(sorted(needed), pa.int64()))
+    source = rows.filter(pc.invert(keep)).select([at, *identity])
+    if source.num_rows == 0:
+        return 0
+    same = " AND ".join(f"{T}.{c} = {S}.{c}" for c in identity)
+    try:
+        m = merge(target, source, (at,))
+    except RuntimeError:   # two rows share an `at` (never written so): leave them
+        return 0
+    return int(m.when_matched_delete(same).execute()["num_target_rows_deleted"])
+
+
+def prune_control_tables(protocol: str, paths: Mapping[str, Path],
+                         identity: Mapping[str, tuple[str, ...]], at: str,
+                         needed_at: Callable[[], Mapping[str, set[int]]],
+                         report: CompactionReport, target_size: int,
+                         retention_hours: int) -> dict[str, int] | None:
+    """A protocol's append-only control tables (`paths`: table name -> path) keep only the
+    rows its state fold rests on, then are maintained. Tables are judged in `identity`'s
+    order (table name -> the columns that name what a row is about); per table the candidate
+    rows (`at` + identity, never a payload) are read first and `needed_at()` (the fold) after,
+    from snapshots at least as new, so a row appended meanwhile is never touched. A table
+    that loses every commit race is skipped (`report.skipped`: "<protocol>/<table>").
+    Returns rows removed per table, or None when the tables do not exist (never used here)."""
+    if not all((p / "_delta_log").exists() for p in paths.values()):
+        return None
+
+    def garbage(name: str) -> int:
+        dt = DeltaTable(str(paths[name]))
+        t = sql({"t": dt}, f"SELECT {', '.join((at, *identity[name]))} FROM t")
+        if t.num_rows == 0:
+            return 0
+        return delete_unneeded(dt, t, needed_at()[name], identity[name], at)
+
+    removed = {}
+    for name in identity:
+        try:
+            removed[name] = retry(report, lambda name=name: garbage(name))
+        except LostRace:
+            report.skipped.append(f"{protocol}/{name}")
+            removed[name] = 0
+    for path in paths.values():
+        maintain(path, target_size, retention_hours, report)
+    return removed
+
+
+def maintain(path: Path, target_size: int, retention_hours: int,
+             report: CompactionReport) -> str:
+    """OPTIMIZE (small files into `target_size`), checkpoint, log cleanup and VACUUM."""
+    metrics = retry(report, lambda: DeltaTable(str(path)).optimize.compact(
+        target_size=target_size))
+    compacted = int(metrics.get("numFilesRemoved", 0))
+    report.files_compacted += compacted
+
+    dt = DeltaTable(str(path))
+    if _last_checkpoint(path) != dt.version():  # an idle table keeps its checkpoint
+        dt.create_checkpoint()
+    dt.cleanup_metadata()
+
+    vacuumed = 0
+    if retention_hours < FULL_VACUUM_MIN_HOURS:
+        # Lite: only files the log says were removed, so it cannot hit an in-flight write.
+        vacuumed += _vacuum(dt, path, retention_hours, full=False)
+    vacuumed += _vacuum(dt, path, max(retention_hours, FULL_VACUUM_MIN_HOURS), full=True)
+    report.files_vacuumed += vacuumed
+    return f"{compacted} files compacted, checkpoint at v{dt.version()}, {vacuumed} vacuumed"
+
+
+def _vacuum(dt: DeltaTable, path: Path, hours: int, *, full: bool) -> int:
+    """VACUUM, counting only files that were on disk and are gone now. delta-rs 1.6 lite
+    VACUUM keeps returning (and committing VACUUM START/END for) removed files it already
+    deleted, for as long as their remove tombstones stay in the snapshot: a dry run first
+    keeps those phantom runs out of the counts and out of the log."""
+    planned = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False,
+                        full=full)
+    present = [f for f in (path / p for p in planned) if f.exists()]  # p may be absolute
+    if not present:
+        return 0
+    dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
+              full=full)
+    return sum(not f.exists() for f in present)
+
+
+def _last_checkpoint(path: Path) -> int | None:
+    try:
+        return json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+def human_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"

@@ -1,0 +1,256 @@
+"""`relay bench [--quick] [--out FILE]`: measure the relay on this machine, write JSON.
+
+Everything runs for real: Noise handshakes over loopback TCP, group-committed landing with
+fsync (as configured), Spark Structured Streaming into the inbox, egress delivering to XX
+receive sessions. Sections, in order (all in one run, so ratios compare like with like), each
+in the module of what it measures:
+
+1. `delta_append_ceiling_rows_per_s` (`tables.py`): raw delta-rs appends, no protocol.
+2. `landing_commit_ms` (`tables.py`): landing commit latency over many commits.
+3. `trueseal_acked_pushes_per_s` (`trueseal.py`): `IngressNode` in this process, load from
+   `spawn`ed client processes (`trueseal_client.py`).
+4. `stream_envelopes_per_s` (`tables.py`): the inbox stream over a pre-filled landing.
+5. `push_to_deliver_ms` (`trueseal.py`): `relay ingress` and `relay egress` as child
+   processes, the stream in this process, receive sessions timestamping each Deliver.
+6. `heya_sends_per_s`, `heya_send_to_have_ms` (`heya.py`).
+7. `ppp_acked_stores_per_s`, `ppp_store_to_notify_ms` (`ppp.py`).
+8. `sync_pushes_per_s`, `sync_push_to_notify_ms` (`sync.py`).
+
+Each module builds on `harness.py` alone; a protocol's module offers `run(settings, quick,
+spark=None) -> dict` (trueseal, the first measured, offers its two sections as they sit around
+the Spark start). This module runs them and writes the file. The CLI imports it only when
+`relay bench` runs: nothing of the benchmark is loaded by `relay up` or the relay's roles.
+The load generators run in separate processes started with `spawn` (delta-rs must not be
+forked). Child processes are stopped on exit, error and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+from runtime import config
+
+from . import heya, ppp, sync, tables, trueseal
+from .harness import (ENVELOPE_SIZE, machine, rounded, say, settings_for, stop_children,
+                      stop_spark)
+
+QUICK = {
+    "ceiling_commits": {1000: 60, 10000: 20},
+    "commit_target": 10_000, "commit_budget_s": 50,
+    "ingress_seconds": 8, "ingress_warmup_s": 1,
+    "stream_rows": 200_000, "stream_commit_rows": 20_000, "stream_batch_rows": 100_000,
+    "e2e_rate": 200, "e2e_seconds": 10, "e2e_receivers": 20,
+}
+
+
+FULL = {
+    "ceiling_commits": {1000: 300, 10000: 100},
+    "commit_target": 101_000, "commit_budget_s": 19 * 60,
+    "ingress_seconds": 30, "ingress_warmup_s": 2,
+    "stream_rows": 1_000_000, "stream_commit_rows": 20_000, "stream_batch_rows": 100_000,
+    "e2e_rate": 500, "e2e_seconds": 30, "e2e_receivers": 50,
+}
+
+
+def _summary(res: dict) -> str:
+    def g(*path):
+        x = res
+        for k in path:
+            try:
+                x = x[k]
+            except (KeyError, IndexError, TypeError):
+                return None
+        return x
+    busy = (f" [contended: load average {g('machine', 'loadavg_at_start', 0)} at start]"
+            if g("machine", "contended") else "")
+    lines = [f"relay bench ({res['mode']}) on {g('machine', 'cores')} cores{busy}"]
+    lines.append(f"  trueseal acked pushes/s : {res.get('trueseal_acked_pushes_per_s')} "
+                 f"(per_connection {g('trueseal', 'per_connection', 'acked_per_s')}, "
+                 f"pipelined {g('trueseal', 'pipelined', 'acked_per_s')}; fsync on; relay CPU "
+                 f"{g('trueseal', 'pipelined', 'relay_cpu_us_per_push')} us/push pipelined, "
+                 f"{g('trueseal', 'per_connection', 'relay_cpu_us_per_push')} us/connection)")
+    lc = res.get("landing_commit_ms") or {}
+    after = {k: v for k, v in lc.items() if k.startswith("p50_after_") and not k.endswith("note")
+             and v is not None}
+    lines.append(f"  landing commit p50 ms   : first 1k {lc.get('p50_first_1k')}, "
+                 + ", ".join(f"{k[4:]} {v}" for k, v in after.items())
+                 + f" ({lc.get('commits_measured')} commits)")
+    lines.append(f"  delta append ceiling    : {res.get('delta_append_ceiling_rows_per_s')} rows/s "
+                 f"(1k rows/commit {g('delta_append_ceiling', 'rows_1k', 'rows_per_s')}, "
+                 f"10k {g('delta_append_ceiling', 'rows_10k', 'rows_per_s')})")
+    lines.append(f"  stream envelopes/s      : {res.get('stream_envelopes_per_s')} "
+                 f"({g('stream', 'rows_in')} rows, {g('stream', 'batches')} batches, "
+                 f"per-batch median {g('stream', 'batch_rows_per_s_median')})")
+    pd = res.get("push_to_deliver_ms") or {}
+    lines.append(f"  push->deliver ms        : p50 {pd.get('p50')}, p99 {pd.get('p99')} "
+                 f"(n={pd.get('count')}, {pd.get('rate_per_s')}/s, trigger "
+                 f"{pd.get('trigger_interval_ms')} ms, poll "
+                 f"{pd.get('egress_poll_interval_ms')} ms)")
+    hh = res.get("heya_send_to_have_ms") or {}
+    lines.append(f"  heya sends/s            : {res.get('heya_sends_per_s')} "
+                 f"(fsync on; {g('heya', 'throughput', 'connections')} TLS connections); "
+                 f"send->HAVE ms p50 {hh.get('p50')}, p99 {hh.get('p99')}")
+    pn = res.get("ppp_store_to_notify_ms") or {}
+    lines.append(f"  ppp acked stores/s      : {res.get('ppp_acked_stores_per_s')} "
+                 f"(fsync on; {g('ppp', 'throughput', 'sockets')} WebSockets); store->NOTIFY "
+                 f"ms p50 {pn.get('p50')}, p99 {pn.get('p99')} (notify window "
+                 f"{pn.get('notify_window_ms')} ms)")
+    sn = res.get("sync_push_to_notify_ms") or {}
+    lines.append(f"  sync pushes/s           : {res.get('sync_pushes_per_s')} "
+                 f"(each PUSH_ACK waits for its inbox commit); push->NOTIFY ms "
+                 f"p50 {sn.get('p50')}, p99 {sn.get('p99')}")
+    lines.append(f"  ratios                  : trueseal/ceiling "
+                 f"{res.get('trueseal_vs_ceiling_ratio')}, "
+                 f"stream/ceiling {res.get('stream_vs_ceiling_ratio')}")
+    for name, err in (res.get("errors") or {}).items():
+        lines.append(f"  FAILED {name}: {err}")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    quick = bool(getattr(args, "quick", False))
+    p = QUICK if quick else FULL
+    out_path = Path(getattr(args, "out", None) or "bench-results.json")
+    if getattr(args, "data_dir", None):
+        root = Path(args.data_dir).resolve() / f"bench-{time.strftime('%Y%m%d-%H%M%S')}"
+        root.mkdir(parents=True)
+        keep = True
+    else:
+        root = Path(tempfile.mkdtemp(prefix="relay-bench-"))
+        keep = False
+
+    def on_term(*_):
+        raise KeyboardInterrupt
+    old_term = signal.signal(signal.SIGTERM, on_term)
+
+    started = time.time()
+    res: dict = {"mode": "quick" if quick else "full",
+                 "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "machine": machine(os.getloadavg()), "data_dir": str(root)}
+    base = settings_for(args, root / "unused")
+    res["settings_used"] = {
+        "fsync": True, "envelope_bytes": ENVELOPE_SIZE,
+        "ingress.max_rows_per_commit": base.ingress.max_rows_per_commit,
+        "ingress.commits_per_generation": base.ingress.commits_per_generation,
+        "ingress.refresh_handle_every": base.ingress.refresh_handle_every,
+        "stream.trigger_interval_ms": base.stream.trigger_interval_ms,
+        "stream.max_files_per_trigger": base.stream.max_files_per_trigger,
+        "stream.max_partitions": base.stream.max_partitions,
+        "stream.master": base.stream.master,
+        "egress.poll_interval_ms": base.egress.poll_interval_ms,
+        "trueseal.max_connections": base.trueseal.max_connections,
+        "sizes": {k: (v if not isinstance(v, dict) else {str(a): b for a, b in v.items()})
+                  for k, v in p.items()},
+        "conf_file": getattr(args, "conf", None) or (str(config.default_conf_file())
+                                                    if config.default_conf_file() else None),
+    }
+    if res["machine"]["contended"]:
+        say(f"note: load average {res['machine']['loadavg_at_start'][0]} on "
+             f"{res['machine']['cores']} cores at start: figures are contended")
+    errors: dict[str, str] = {}
+    spark = None
+    interrupted = False
+
+    def section(name: str, fn, *a):
+        say(f"{name} ...")
+        t = time.perf_counter()
+        try:
+            val = fn(*a)
+            say(f"{name} done in {time.perf_counter() - t:.1f} s")
+            return val
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+            stop_children()
+            return None
+
+    try:
+        res["delta_append_ceiling"] = section("delta append ceiling", tables.bench_ceiling, root, p)
+        res["landing_commit_ms"] = section("landing commit latency",
+                                           tables.bench_commit_latency, root, args, p)
+        res["trueseal"] = section("trueseal ingress", trueseal.bench_ingress, root, args, p)
+
+        def start_spark():
+            from jobs.spark_session import get_spark
+            t = time.perf_counter()
+            s = get_spark(base.stream.master, "relay-bench",
+                          extra={"spark.ui.showConsoleProgress": "false"})
+            s.sparkContext.setLogLevel("ERROR")
+            res["spark_start_seconds"] = rounded(time.perf_counter() - t, 1)
+            return s
+        spark = section("spark start", start_spark)
+        if spark is not None:
+            res["stream"] = section("stream throughput", tables.bench_stream, spark, root, args, p)
+            res["push_to_deliver_ms"] = section("push to deliver", trueseal.bench_e2e, spark,
+                                                root, args, p)
+        # heya.py: sends/s without Spark; send->HAVE needs the stream (spark).
+        res["heya"] = section("heya", heya.run, settings_for(args, root / "heya"), quick,
+                              spark)
+        # ppp.py: stores/s without Spark; store->NOTIFY needs the stream
+        res["ppp"] = section("ppp", ppp.run, settings_for(args, root / "ppp"), quick, spark)
+        # sync.py: PUSH_ACK waits for the inbox commit: needs the stream
+        res["sync"] = section("sync", sync.run, settings_for(args, root / "sync"), quick, spark)
+    except KeyboardInterrupt:
+        interrupted = True
+        say("interrupted; stopping child processes")
+    finally:
+        stop_children()
+        if spark is not None:
+            stop_spark(spark)
+        signal.signal(signal.SIGTERM, old_term)
+
+    ceiling = (res.get("delta_append_ceiling") or {}).get("rows_per_s")
+    ts = res.get("trueseal") or {}
+    st = res.get("stream") or {}
+    res["trueseal_acked_pushes_per_s"] = ts.get("acked_per_s")
+    if ts:
+        res["trueseal_headline_shape"] = ts.get("headline_shape")
+        res["trueseal_acked_pushes_per_s_by_shape"] = {
+            k: (ts.get(k) or {}).get("acked_per_s") for k in ("per_connection", "pipelined")}
+    res["stream_envelopes_per_s"] = st.get("envelopes_per_s")
+    res["heya_sends_per_s"] = (res.get("heya") or {}).get("heya_sends_per_s")
+    res["heya_send_to_have_ms"] = (res.get("heya") or {}).get("heya_send_to_have_ms")
+    res["ppp_acked_stores_per_s"] = (res.get("ppp") or {}).get("ppp_acked_stores_per_s")
+    res["ppp_store_to_notify_ms"] = (res.get("ppp") or {}).get("ppp_store_to_notify_ms")
+    res["sync_pushes_per_s"] = (res.get("sync") or {}).get("sync_pushes_per_s")
+    res["sync_push_to_notify_ms"] = (res.get("sync") or {}).get("sync_push_to_notify_ms")
+    res["delta_append_ceiling_rows_per_s"] = ceiling
+    if ceiling and ts.get("acked_per_s"):
+        res["trueseal_vs_ceiling_ratio"] = round(ts["acked_per_s"] / ceiling, 3)
+    if ceiling and st.get("envelopes_per_s"):
+        res["stream_vs_ceiling_ratio"] = round(st["envelopes_per_s"] / ceiling, 3)
+    if ts.get("per_connection") and ts.get("pipelined"):
+        res["per_connection_vs_pipelined_ratio"] = round(
+            ts["per_connection"]["acked_per_s"] / max(1, ts["pipelined"]["acked_per_s"]), 3)
+    res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    res["total_seconds"] = rounded(time.time() - started, 1)
+    if errors:
+        res["errors"] = errors
+    if interrupted:
+        res["interrupted"] = True
+    # Headline fields first, then the details.
+    head = ["mode", "trueseal_acked_pushes_per_s", "heya_sends_per_s", "heya_send_to_have_ms",
+            "ppp_acked_stores_per_s", "ppp_store_to_notify_ms",
+            "trueseal_headline_shape",
+            "trueseal_acked_pushes_per_s_by_shape", "push_to_deliver_ms", "stream_envelopes_per_s",
+            "landing_commit_ms", "delta_append_ceiling_rows_per_s", "trueseal_vs_ceiling_ratio",
+            "stream_vs_ceiling_ratio", "per_connection_vs_pipelined_ratio", "machine",
+            "settings_used"]
+    ordered = {k: res[k] for k in head if k in res}
+    ordered.update({k: v for k, v in res.items() if k not in ordered})
+    out_path.write_text(json.dumps(ordered, indent=2, default=str) + "\n")
+    print(_summary(ordered), flush=True)
+    print(f"bench: results in {out_path}", flush=True)
+    if not keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return 130 if interrupted else (1 if errors else 0)

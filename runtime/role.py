@@ -1,0 +1,39 @@
+"""A long-running role's serving loop: start a node, serve until told to stop, close it, with
+the role's /metrics exporter around it (`relay ingress` and `relay egress`).
+
+Apart from `listener.py` so that the two import in one direction: `metrics.py` reads the
+listeners' counters, and this module starts the exporter around the nodes that hold them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from . import metrics
+from .memory_trim import HeapTrimmer
+
+
+async def serve_until(node, stop: asyncio.Event, ready=None) -> None:
+    """Run a node (anything with start / listening / listeners / close) until `stop` is set;
+    meanwhile the memory of drained waves of its listeners' connections is given back
+    (runtime/memory_trim.py)."""
+    await node.start()
+    trimmer = HeapTrimmer(lambda: [listener.admission for listener in node.listeners()])
+    trimming = asyncio.create_task(trimmer.run(stop), name="heap-trimmer")
+    if ready:
+        ready(node.listening())
+    try:
+        await stop.wait()
+    finally:
+        await node.close()
+        await trimming
+
+
+async def run_role(settings, role: str, node, registry, stop: asyncio.Event,
+                     ready=None) -> None:
+    """`serve_until` with the role's /metrics exporter around it (runtime/metrics.py)."""
+    exporter = metrics.serve_role(settings, role, registry)
+    try:
+        await serve_until(node, stop, metrics.announce(ready, exporter, settings.metrics.bind))
+    finally:
+        metrics.stop(exporter)
