@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Callable
 
 import msgpack
@@ -31,7 +31,7 @@ from delta_tables.schema import C
 from egress.ppp_inbox import PppInbox
 from engine.ppp import protocol as P
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
-from engine.ppp.ids import PROTOCOL, event_id, sealed_event_id
+from engine.ppp.ids import PROTOCOL, sealed_event_id
 from engine.ppp.limits import (EVENT_ID_LEN, FETCH_PAGE_SIZE, MAX_ACK_IDS, MAX_BACKUP_SIZE,
                                MAX_CIPHERTEXT_SIZE, MAX_EVENT_TTL_SECS)
 from engine.ppp.session import with_request_id
