@@ -58,6 +58,15 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "relay_commit_latency_seconds": (
         "histogram", ("table",), "group commit latency: write, commit and fsync"),
     "relay_sessions_open": ("gauge", ("listener", "protocol"), "open client connections"),
+    "relay_connections_held": (
+        "gauge", ("listener", "stage"),
+        "connections holding an admission slot, by stage (handshake, unauth, auth)"),
+    "relay_connections_evicted_total": (
+        "counter", ("listener",), "connections that lost their slot to a newcomer"),
+    "relay_connections_refused_total": (
+        "counter", ("listener",), "connections refused a slot (address cap, stage or total full)"),
+    "relay_listener_pauses_total": (
+        "counter", ("listener",), "times a listener stopped accepting near the descriptor limit"),
     # egress
     "relay_egress_delivered_total": (
         "counter", ("protocol",), "envelopes handed to a receive session"),
@@ -165,11 +174,21 @@ def listeners_of(node) -> list[Listener]:
     return [v for v in vars(node).values() if isinstance(v, Listener)]
 
 
-def _sessions(listeners: list[Listener]) -> Metric:
+def _listener_families(listeners: list[Listener]) -> Iterator[Metric]:
+    """What every listener exports: its sessions, and its admission slots by stage."""
     fam = _family("gauge", "relay_sessions_open", ["listener", "protocol"])
+    held = _family("gauge", "relay_connections_held", ["listener", "stage"])
+    evicted = _family("counter", "relay_connections_evicted_total", ["listener"])
+    refused = _family("counter", "relay_connections_refused_total", ["listener"])
+    pauses = _family("counter", "relay_listener_pauses_total", ["listener"])
     for lst in listeners:
         fam.add_metric([lst.name, lst.protocol], lst.connections)
-    return fam
+        for stage, n in lst.admission.counts().items():
+            held.add_metric([lst.name, stage.name.lower()], n)
+        evicted.add_metric([lst.name], lst.admission.evictions)
+        refused.add_metric([lst.name], lst.admission.refusals)
+        pauses.add_metric([lst.name], lst.pauses)
+    yield from (fam, held, evicted, refused, pauses)
 
 
 # --- per role -----------------------------------------------------------------------------
@@ -193,7 +212,8 @@ def ingress_registry(node) -> CollectorRegistry:
             accepted.add_metric([p], n)
         for (p, r), n in sorted(per_reason.items()):
             rejected.add_metric([p, r], n)
-        yield from (accepted, rejected, _sessions(listeners))
+        yield from (accepted, rejected)
+        yield from _listener_families(listeners)
 
     reg.register(_Collect(collect))
     return reg
@@ -219,7 +239,8 @@ def egress_registry(node) -> CollectorRegistry:
             pending.add_metric([p], held.get(p, 0))
         lag = _family("gauge", "relay_egress_inbox_lag_versions")
         lag.add_metric([], node.tail.lag_versions)
-        yield from (delivered, acked, pending, lag, _sessions(listeners_of(node)))
+        yield from (delivered, acked, pending, lag)
+        yield from _listener_families(listeners_of(node))
 
     reg.register(_Collect(collect))
     return reg

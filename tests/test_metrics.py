@@ -11,6 +11,9 @@ def test_ingress_counters_follow_pushes(traffic):
     assert c["commit_rows_1"] == GOOD_1
     assert c["commit_hist_count_1"] == c["commits_1"] >= 1
     assert c["sessions_during"] == 1 and c["sessions_after"] == 0
+    # admission slots by stage: the push session is anonymous (UNAUTH after NK)
+    assert c["held_during"] == {"handshake": 0, "unauth": 1, "auth": 0}
+    assert c["held_after"] == {"handshake": 0, "unauth": 0, "auth": 0}
     assert c["accepted_2"] == GOOD_1 + GOOD_2 + RETRIES
     assert c["rejected_2"] == {"oversize": OVERSIZE, "short_body": SHORT}
     assert c["commit_rows_2"] == GOOD_1 + GOOD_2 + RETRIES
@@ -33,3 +36,4 @@ def test_egress_counters_follow_deliveries(traffic):
     assert c["delivered"] == c["acked"] == c["ack_commit_rows"] == c["want_a"]
     assert c["pending_1"] == GOOD_1 + GOOD_2 - c["want_a"]
     assert c["receive_sessions"] == 1
+    assert c["receive_held"] == {"handshake": 0, "unauth": 0, "auth": 1}   # after XX

@@ -110,6 +110,7 @@ async def _run(settings, spark, out: Traffic) -> None:
         assert [await s.recv_frame(timeout=30) for _ in first] == [ACK] * GOOD_1
         mid = await ascrape(ing)
         c["sessions_during"] = value(mid, "relay_sessions_open", listener="trueseal_push")
+        c["held_during"] = metrics.by_label(mid, "relay_connections_held", "stage")
         s.close()
         c["accepted_1"] = value(mid, "relay_ingress_accepted_total", protocol="trueseal")
         c["commit_rows_1"] = value(mid, "relay_commit_rows_total", table="landing")
@@ -147,6 +148,7 @@ async def _run(settings, spark, out: Traffic) -> None:
         c["rejected_2"] = metrics.by_label(after, "relay_ingress_rejected_total", "reason")
         c["commit_rows_2"] = value(after, "relay_commit_rows_total", table="landing")
         c["sessions_after"] = value(after, "relay_sessions_open", listener="trueseal_push")
+        c["held_after"] = metrics.by_label(after, "relay_connections_held", "stage")
 
         # the stream, with its own registry, over what landed
         from delta_tables.landing_lag import landing_lag
@@ -204,6 +206,7 @@ async def _run(settings, spark, out: Traffic) -> None:
             c["acked"] = value(e1, "relay_egress_acked_total", protocol="trueseal")
             c["pending_1"] = value(e1, "relay_egress_pending", protocol="trueseal")
             c["receive_sessions"] = value(e1, "relay_sessions_open", listener="trueseal_receive")
+            c["receive_held"] = metrics.by_label(e1, "relay_connections_held", "stage")
             c["ack_commit_rows"] = value(e1, "relay_commit_rows_total", table="acks")
             c["role"] = value(e1, "relay_process_info", role="egress")
             rc.close()
