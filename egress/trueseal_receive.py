@@ -214,16 +214,9 @@ class _ReceiveConnection:
                                                "suppressed": dropped})
 
     async def _flush(self) -> None:
-        data = self.core.data_to_send()   # nonce order; written before any other task runs
-        if data and not self.writer.is_closing():
-            self.writer.write(data)
-            try:
-                async with asyncio.timeout(self.server.conf.write_timeout_seconds):
-                    await self.writer.drain()
-            except TimeoutError:   # before OSError: it is one
-                self.server.write_stalled(self.core.close, self.writer.transport)
-            except (ConnectionError, OSError):
-                self.core.close()
+        # nonce order: the bytes are written before any other task runs
+        await self.server.send(self.writer, self.core.data_to_send(), self.core.close,
+                               self.server.conf.write_timeout_seconds)
 
     async def _read_loop(self) -> None:
         while self.core.state is State.OPEN:

@@ -252,16 +252,8 @@ class _PushConnection:
             self.writer.close()   # wakes the read loop, which then ends the connection
 
     async def _flush(self) -> None:
-        data = self.core.data_to_send()
-        if data and not self.writer.is_closing():
-            self.writer.write(data)
-            try:
-                async with asyncio.timeout(self.server.conf.write_timeout_seconds):
-                    await self.writer.drain()
-            except TimeoutError:   # before OSError: it is one
-                self.server.write_stalled(self.core.close, self.writer.transport)
-            except (ConnectionError, OSError):
-                self.core.close()
+        await self.server.send(self.writer, self.core.data_to_send(), self.core.close,
+                               self.server.conf.write_timeout_seconds)
 
 
 async def start_push_server(settings: Settings, appender: Appender, key: RelayKey, *,

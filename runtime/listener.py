@@ -199,7 +199,22 @@ class Listener:
                 "event": "admission_refused", "listener": self.name, "stage": name,
                 "reason": reason, "suppressed": dropped})
 
-    def write_stalled(self, close_core: Callable[[], None], transport) -> None:
+    async def send(self, writer, data: bytes, close_core: Callable[[], object],
+                   timeout: float) -> None:
+        """Write `data` and wait, at most `timeout`, until the client has taken it: one that
+        stops reading is closed (`write_stalled`), one whose connection broke `close_core`d."""
+        if not data or writer.is_closing():
+            return
+        writer.write(data)
+        try:
+            async with asyncio.timeout(timeout):
+                await writer.drain()
+        except TimeoutError:   # before OSError: it is one
+            self.write_stalled(close_core, writer.transport)
+        except (ConnectionError, OSError):
+            close_core()
+
+    def write_stalled(self, close_core: Callable[[], object], transport) -> None:
         """A client stopped reading what we owe it: it only ever closes itself."""
         self.rejected["write_timeout"] += 1
         if (dropped := self.quiet.allow(("timeout", "write"))) is not None:
