@@ -53,7 +53,9 @@ FORMATS = ("auto", "json", "text")
 EVENTS: dict[str, str] = {
     # listeners (ingress and egress shells)
     "listener_started": "a protocol listener is accepting (listener, port)",
-    "connection_refused": "past max_connections, a connection was closed at once (listener)",
+    "connection_refused": "past ppp.max_connections WebSockets, an upgrade was refused (HTTP "
+                          "403); admission refusals are admission_refused (listener, "
+                          "suppressed)",
     "handshake_timeout": "a client did not finish its Noise handshake in time (listener)",
     "session_timeout": "a trueseal client went silent past a deadline after its handshake; "
                        "closed (listener, waiting_for: idle | frame | write, suppressed)",

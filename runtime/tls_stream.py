@@ -20,9 +20,10 @@ the TLS engine (`bio_write`) and sends what the engine produces (`bio_read`).
 * Memory: a connection in its handshake holds its TLS engine state (made at its first byte)
   and no task; sockets are read into one `READ_CHUNK` buffer per server (asyncio's SSL keeps
   256 KiB per connection). How many handshakes there are is the listener's HANDSHAKE cap
-  (runtime/listener.py, engine/admission.py); each one's memory is returned when it ends. Decrypted bytes wait for the application up to `read_limit`, then
-  the socket is not read; writes are encrypted `WRITE_CHUNK` at a time, so the outgoing BIO
-  stays one record. Losing the transport frees the TLS engine.
+  (runtime/listener.py, engine/admission.py); each one's memory is returned when it ends.
+  Decrypted bytes wait for the application up to `read_limit`, then the socket is not read;
+  writes are encrypted `WRITE_CHUNK` at a time, so the outgoing BIO stays one record.
+  Losing the transport frees the TLS engine.
 * `close()` sends close_notify, then closes once the written bytes are out; `abort()` drops
   at once. The peer's EOF (close_notify or a bare FIN) reads as b"". A connection ends with
   its handler: one that returns without closing it is aborted.
