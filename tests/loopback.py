@@ -1,9 +1,11 @@
 """Raw TCP clients on loopback for the listener tests: a connection from a chosen source
-address of 127.0.0.0/8 (one of many clients), and whether the server closed it."""
+address of 127.0.0.0/8 (one of many clients), whether the server closed it, and waiting for
+the server's state to reach a condition."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 
 async def raw(port: int, src: str):
@@ -21,3 +23,11 @@ async def closed_by_server(reader, timeout: float) -> bool:
         return False
     except (ConnectionError, OSError):
         return True
+
+
+async def wait_until(cond, timeout: float = 5.0) -> None:
+    """Poll `cond()` every 10 ms until it holds; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)

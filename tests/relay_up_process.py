@@ -107,32 +107,30 @@ class RelayUp:
                 pass
             self.proc.wait()
 
-    def leftovers(self) -> list[int]:
-        """Processes still running with this relay's environment (the roles, the Spark JVM
-        and its Python workers all inherit RELAY_DATA_DIR)."""
-        mark = f"RELAY_DATA_DIR={self.data}".encode() + b"\0"
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as fh:
-                    if mark in fh.read():
-                        found.append(int(pid))
-            except OSError:
-                continue
-        return found
-
-    def role_environ(self, role: str) -> dict[str, str] | None:
-        """The environment of this relay's `relay.cli ... <role>` process, as it runs."""
+    def _own_processes(self):
+        """(pid, argv, environment) of every process running with this relay's environment
+        (the roles, the Spark JVM and its Python workers all inherit RELAY_DATA_DIR)."""
         mark = f"RELAY_DATA_DIR={self.data}"
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    args = fh.read().decode(errors="replace").split("\0")
                 with open(f"/proc/{pid}/environ", "rb") as fh:
                     env = fh.read().decode(errors="replace").split("\0")
+                if mark not in env:
+                    continue
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    args = fh.read().decode(errors="replace").split("\0")
             except OSError:
                 continue
-            if "relay.cli" in args and role in args and mark in env:
+            yield int(pid), args, env
+
+    def leftovers(self) -> list[int]:
+        """Processes still running with this relay's environment."""
+        return [pid for pid, _, _ in self._own_processes()]
+
+    def role_environ(self, role: str) -> dict[str, str] | None:
+        """The environment of this relay's `relay.cli ... <role>` process, as it runs."""
+        for _, args, env in self._own_processes():
+            if "relay.cli" in args and role in args:
                 return dict(e.split("=", 1) for e in env if "=" in e)
         return None
 

@@ -24,7 +24,7 @@ from heya_client import Cert, HeyaClient, client_context, recv_line, send_line
 from test_heya_shell import auth, mailbox, mint, node
 from test_trueseal_shells import (KEY, R1, make_settings, push_relay, receive_relay, run)
 from trueseal_client import ACK, NK, XX, AsyncClient, Client, keypair, push_frame
-from loopback import closed_by_server, raw
+from loopback import closed_by_server, raw, wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,13 +47,6 @@ async def push_once(port: int, src: str, body: bytes = b"legitimate") -> bytes |
         return await c.recv_frame(timeout=5)
     finally:
         c.close()
-
-
-async def wait_until(cond, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def close_all(conns) -> None:

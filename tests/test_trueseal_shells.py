@@ -14,6 +14,7 @@ from egress.pending import MailboxHub, PendingEnvelope
 from egress.trueseal_receive import start_receive_server
 from engine.trueseal.ids import event_id
 from ingress.trueseal_push import start_push_server
+from loopback import wait_until
 from runtime.config import Settings
 from runtime.keys import RelayKey
 from trueseal_client import (ACK, ERROR, HEARTBEAT, NK, XX, AsyncClient, deliver_ack_frame,
@@ -299,14 +300,6 @@ class receive_relay:
 def deliver_of(pt: bytes) -> tuple[int, bytes]:
     assert pt[0] == 0x02 and int.from_bytes(pt[1:5], "big") == len(pt) - 5
     return int.from_bytes(pt[5:13], "big"), pt[13:]
-
-
-async def wait_until(cond, timeout=5.0):
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while not cond():
-        assert loop.time() < end, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def test_receive_flushes_inbox_in_order_then_delivers_live_and_acks(tmp_path):
