@@ -245,13 +245,16 @@ class AdmittingServer(QuicServer):
 
     def _start_initials(self) -> None:
         self._initials_scheduled = False
+        if self._transport is None or self._transport.is_closing():
+            self._initials.clear()     # closed while they waited: nothing new is admitted
+            return
         for _ in range(min(INITIALS_PER_TURN, len(self._initials))):
             data, addr, header = self._initials.popleft()
             if header.destination_cid in self._protocols:   # a resent Initial, now known
                 super().datagram_received(data, addr)
             else:
                 self._new_connection(data, addr, header)
-        if self._initials and self._transport is not None:
+        if self._initials:
             self._initials_scheduled = True
             self._loop.call_soon(self._start_initials)
 
