@@ -1,8 +1,10 @@
-"""An ingress node: listeners for every protocol over one group-committed landing table.
+"""An ingress node: protocol listeners over one group-committed landing table.
 
-The Heya listener lives here too (when `heya.enabled`): a Heya connection both sends (SEND ->
-landing, through the same appender) and receives (HAVE / WANT read the inbox), and its
-control tables are owned by this process (ingress/heya.py)."""
+One node runs every listener (`relay ingress`) or one protocol's (`relay ingress --protocol
+P`, what `relay up` starts for each protocol by default: ingress.process_per_protocol). The
+Heya, PPP and cursor-sync listeners both send (-> landing, through the node's appender) and
+receive (they read the inbox), and their control tables are owned by the process that runs
+them: one process per protocol keeps a single owner."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import logging
 from delta_tables.group_commit import GroupCommitAppender, LandingTarget
 from delta_tables.layout import Layout
 from runtime import keys, metrics, open_files
-from runtime.config import Settings
+from runtime.config import INGRESS_PROTOCOLS, Settings, ingress_protocols, ingress_role
 from runtime.role import run_role
 
 from .heya import HeyaServer
@@ -24,61 +26,60 @@ log = logging.getLogger("relay.ingress")
 
 
 class IngressNode:
-    def __init__(self, settings: Settings, *, fsync: bool = True):
+    def __init__(self, settings: Settings, *, fsync: bool = True, protocol: str | None = None):
+        """Every listener, or only `protocol`'s. A process of one protocol is a node of its
+        own (`<node_id>-<protocol>`, its own landing tables: one writer per table) and the
+        owner of that protocol's control tables."""
+        if protocol is not None and protocol not in INGRESS_PROTOCOLS:
+            raise ValueError(f"unknown protocol {protocol!r}: one of "
+                             f"{', '.join(INGRESS_PROTOCOLS)}")
         self.settings = settings
         self.layout = Layout(settings.data_dir)
         conf = settings.ingress
-        self.target = LandingTarget(self.layout, conf.node_id,
+        self.node_id = conf.node_id if protocol is None else f"{conf.node_id}-{protocol}"
+        self.target = LandingTarget(self.layout, self.node_id,
                                     commits_per_generation=conf.commits_per_generation,
                                     refresh_every=conf.refresh_handle_every, fsync=fsync)
         self.appender = GroupCommitAppender(self.target, max_rows=conf.max_rows_per_commit)
+        wanted = set(ingress_protocols(settings) if protocol is None else [protocol])
         self.key = keys.load_or_create(settings.data_dir)
-        self.trueseal = PushServer(settings, self.appender, self.key)
+        self.trueseal = (PushServer(settings, self.appender, self.key)
+                         if "trueseal" in wanted else None)
         self.heya = (HeyaServer(settings, self.appender, fsync=fsync)
-                     if settings.heya.enabled else None)
+                     if "heya" in wanted else None)
         self.sync = (SyncServer(settings, self.appender, fsync=fsync)
-                     if settings.sync.enabled else None)
+                     if "sync" in wanted else None)
         self.ppp = (PppServer(settings, self.appender, fsync=fsync)
-                    if settings.ppp.enabled else None)
+                    if "ppp" in wanted else None)
+
+    def _named(self) -> list[tuple[str, object]]:
+        return [(name, srv) for name, srv in (("trueseal_push", self.trueseal),
+                                              ("heya", self.heya), ("sync", self.sync),
+                                              ("ppp", self.ppp)) if srv is not None]
 
     async def start(self) -> None:
         await self.appender.start()
-        await self.trueseal.start()
-        if self.heya is not None:
-            await self.heya.start()
-        if self.sync is not None:
-            await self.sync.start()
-        if self.ppp is not None:
-            await self.ppp.start()
+        for _, srv in self._named():
+            await srv.start()
 
     def listeners(self) -> list:
-        return [srv for srv in (self.trueseal, self.heya, self.sync, self.ppp) if srv is not None]
+        return [srv for _, srv in self._named()]
 
     def listening(self) -> dict[str, str]:
-        out = {"trueseal_push": f"{self.settings.bind}:{self.trueseal.bound_port}"}
-        if self.heya is not None:
-            out["heya"] = f"{self.settings.bind}:{self.heya.bound_port}"
-        if self.sync is not None:
-            out["sync"] = f"{self.settings.bind}:{self.sync.bound_port}"
-        if self.ppp is not None:
-            out["ppp"] = f"{self.settings.bind}:{self.ppp.bound_port}"
-        return out
+        return {name: f"{self.settings.bind}:{srv.bound_port}" for name, srv in self._named()}
 
     async def close(self) -> None:
         """Stop accepting; pushes already being stored finish (and are acked) first."""
-        await self.trueseal.close()
-        if self.heya is not None:
-            await self.heya.close()
-        if self.sync is not None:
-            await self.sync.close()
-        if self.ppp is not None:
-            await self.ppp.close()
+        for _, srv in self._named():
+            await srv.close()
         await self.appender.close()
 
 
-async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:
+async def run(settings: Settings, stop: asyncio.Event, ready=None,
+              protocol: str | None = None) -> None:
     open_files.raise_limit()   # before any socket: the listeners' caps need the descriptors
-    node = IngressNode(settings)
-    await run_role(settings, "ingress", node, metrics.ingress_registry(node), stop, ready)
+    node = IngressNode(settings, protocol=protocol)
+    role = ingress_role(protocol)
+    await run_role(settings, role, node, metrics.ingress_registry(node, role), stop, ready)
     log.info("ingress stopped", extra={"event": "ingress_stopped",
                                        "rows": node.appender.rows_committed})

@@ -1,7 +1,7 @@
 """`relay` command line: one subcommand per process role, plus operator tools.
 
-    relay up          everything on one machine (ingress, egress, stream, compaction)
-    relay ingress     protocol listeners -> landing table of this node
+    relay up          everything on one machine (ingress per protocol, stream, egress, compaction)
+    relay ingress     protocol listeners -> landing table of this node (--protocol P: one)
     relay egress      inbox tail -> connected clients, acks
     relay stream      Spark Structured Streaming: landing -> inbox
     relay compact     purge delivered / expired envelopes, compact, checkpoint, vacuum
@@ -103,8 +103,9 @@ def _with_listener_allocator() -> None:
 def cmd_ingress(args) -> None:
     from ingress import service
     settings = _settings(args)
-    logs.setup("ingress")
-    _run_async(lambda stop: service.run(settings, stop, _ready("ingress")))
+    role = config.ingress_role(args.protocol)
+    logs.setup(role)
+    _run_async(lambda stop: service.run(settings, stop, _ready(role), protocol=args.protocol))
 
 
 def cmd_egress(args) -> None:
@@ -366,7 +367,11 @@ def main(argv: list[str] | None = None) -> None:
                              "else json); `relay up` passes it to every role")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="run everything embedded").set_defaults(func=cmd_up)
-    sub.add_parser("ingress", help="protocol listeners -> landing").set_defaults(func=cmd_ingress)
+    p = sub.add_parser("ingress", help="protocol listeners -> landing")
+    p.add_argument("--protocol", choices=config.INGRESS_PROTOCOLS,
+                   help="run this protocol's listener only, as node <node_id>-<protocol> "
+                        "(default: every enabled listener in this process)")
+    p.set_defaults(func=cmd_ingress)
     sub.add_parser("egress", help="inbox -> clients").set_defaults(func=cmd_egress)
     p = sub.add_parser("stream", help="landing -> inbox (Spark)")
     p.add_argument("--available-now", action="store_true",

@@ -22,7 +22,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import C
 
 from runtime import metrics
-from runtime.config import Settings
+from runtime.config import Settings, process_roles
 
 
 @dataclass
@@ -114,11 +114,14 @@ def role_status(settings: Settings, role: str, timeout: float = 1.0) -> RoleStat
         s = metrics.scrape(f"http://{endpoint}/metrics", timeout)
     except OSError:
         return RoleStatus(role, endpoint, "down")
-    if metrics.total(s, "relay_process_info", role=role,
-                     data_dir=str(settings.data_path)) != 1:
+    # ingress_port serves `relay ingress` with every listener, or trueseal push alone
+    same_port = ({"ingress", "ingress-trueseal"} if role in ("ingress", "ingress-trueseal")
+                 else {role})
+    if sum(metrics.total(s, "relay_process_info", role=r, data_dir=str(settings.data_path))
+           for r in same_port) != 1:
         return RoleStatus(role, endpoint, "other", {})   # another relay's process answers
     n: dict[str, object] = {}
-    if role == "ingress":
+    if role.startswith("ingress"):
         n["accepted"] = metrics.by_label(s, "relay_ingress_accepted_total", "protocol")
         n["rejected"] = metrics.by_label(s, "relay_ingress_rejected_total", "reason")
         n["commit_p50_s"] = metrics.histogram_quantile(s, "relay_commit_latency_seconds", 0.5)
@@ -141,7 +144,7 @@ def role_status(settings: Settings, role: str, timeout: float = 1.0) -> RoleStat
         n["runs"] = metrics.by_label(s, "relay_compaction_runs_total", "outcome")
         n["removed"] = metrics.by_label(s, "relay_compaction_removed_total", "kind")
         n["last_run_s"] = metrics.total(s, "relay_compaction_duration_seconds")
-    if role in ("ingress", "egress"):
+    if role.startswith("ingress") or role == "egress":
         n["sessions"] = metrics.total(s, "relay_sessions_open")
     return RoleStatus(role, endpoint, "up", n)
 
@@ -155,7 +158,7 @@ def collect(settings: Settings, now: datetime | None = None) -> Status:
         tables_bytes=_du(layout.tables), protocols=table_status(layout, now),
         landing_lag_versions=lag.versions, landing_lag_seconds=round(lag.seconds, 3),
         landing_tables=len(lag.tables),
-        roles=[role_status(settings, r) for r in metrics.ROLES])
+        roles=[role_status(settings, r) for r in process_roles(settings)])
 
 
 # --- printing ---------------------------------------------------------------------------------
@@ -191,8 +194,8 @@ def _ms(s: float | None) -> str:
 def _role_line(r: RoleStatus) -> str:
     n = r.numbers
     if r.state != "up":
-        return f"  {r.role:<8} {r.endpoint:<16} {r.state}"
-    if r.role == "ingress":
+        return f"  {r.role:<16} {r.endpoint:<16} {r.state}"
+    if r.role.startswith("ingress"):
         detail = (f"accepted {_kv(n['accepted'])} | rejected {_kv(n['rejected'])} | "
                   f"sessions {n['sessions']:g} | commit p50 {_ms(n['commit_p50_s'])} "
                   f"p99 {_ms(n['commit_p99_s'])}")
@@ -208,7 +211,7 @@ def _role_line(r: RoleStatus) -> str:
     else:
         detail = (f"runs {_kv(n['runs'])} | removed {_kv(n['removed'])} | "
                   f"last run {n['last_run_s']:.1f}s")
-    return f"  {r.role:<8} {r.endpoint:<16} up    {detail}"
+    return f"  {r.role:<16} {r.endpoint:<16} up    {detail}"
 
 
 def format_status(st: Status) -> str:
@@ -221,7 +224,7 @@ def format_status(st: Status) -> str:
         lines.append("  (no envelopes yet)")
     lines += ["", f"  landing lag  {st.landing_lag_versions} commits, "
                   f"{st.landing_lag_seconds:.1f} s  ({st.landing_tables} landing tables)", "",
-              "  role     metrics          state"]
+              "  role             metrics          state"]
     lines += [_role_line(r) for r in st.roles]
     return "\n".join(lines)
 

@@ -13,7 +13,11 @@ Stopping: SIGINT (Ctrl-C in a terminal signals the whole process group) or SIGTE
 `relay up`; its children ignore SIGINT (`RELAY_SUPERVISED`, relay/cli.py), so they are stopped
 by `relay up` alone, one SIGTERM each, in data-flow order: ingress first (it stops accepting
 and finishes the commits of pushes it is storing, so every acked envelope is in landing), then
-the stream, egress and compaction. Nothing acked is lost: what is in landing and not yet in
+the stream, egress and compaction.
+
+Ingress is one process per protocol by default (`ingress.process_per_protocol`): a flood on
+one listener, or a slow handshake, holds that process's event loop only, and the kernel
+spreads the protocols over the cores. Nothing acked is lost: what is in landing and not yet in
 the inbox is picked up by the next start. A child whose supervisor vanished (`kill -9` of
 `relay up`) stops by itself.
 
@@ -33,10 +37,8 @@ import threading
 import time
 
 from runtime import logs
-from runtime.config import Settings
+from runtime.config import Settings, process_roles
 
-ROLES = [("ingress", []), ("stream", []), ("egress", []), ("compact", ["--loop"])]
-STOP_ORDER = ["ingress", "stream", "egress", "compact"]
 STOP_TIMEOUT_SECONDS = 60.0
 SUPERVISED_ENV = "RELAY_SUPERVISED"   # set for children: the supervisor's pid
 
@@ -55,12 +57,18 @@ class Output:
             print(line, flush=True)
 
 
+def command(role: str) -> list[str]:
+    """The `relay` subcommand that runs a role: ingress-heya -> ingress --protocol heya."""
+    if role.startswith("ingress-"):
+        return ["ingress", "--protocol", role[len("ingress-"):]]
+    return [role, "--loop"] if role == "compact" else [role]
+
+
 class Child:
-    def __init__(self, role: str, extra: list[str], conf: str | None, data_dir: str,
-                 out: Output):
+    def __init__(self, role: str, conf: str | None, data_dir: str, out: Output):
         self.role = role
         self.argv = [sys.executable, "-m", "relay.cli"] + (["--conf", conf] if conf else []) + [
-            "--data-dir", data_dir, role] + extra
+            "--data-dir", data_dir] + command(role)
         self.out = out
         self.proc: subprocess.Popen | None = None
         self.restarts = 0
@@ -102,7 +110,9 @@ def run(settings: Settings, conf: str | None) -> int:
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
-    children = {role: Child(role, extra, conf, data_dir, out) for role, extra in ROLES}
+    # Data-flow order, which is also the stop order: every ingress first (it stops accepting
+    # and finishes the commits of pushes it is storing), then the stream, egress, compaction.
+    children = {role: Child(role, conf, data_dir, out) for role in process_roles(settings)}
     announced = threading.Event()
 
     def check_all_ready() -> None:
@@ -130,8 +140,8 @@ def run(settings: Settings, conf: str | None) -> int:
         stopping.wait(0.5)
     out.say("shutting_down", "shutting down")
     clean = True
-    for role in STOP_ORDER:
-        proc = children[role].proc
+    for role, child in children.items():
+        proc = child.proc
         if proc.poll() is None:   # a role waiting for its restart has nothing to stop
             proc.send_signal(signal.SIGTERM)
             try:

@@ -68,6 +68,10 @@ class TruesealConf:
 @dataclass
 class IngressConf:
     node_id: str = "node-0"
+    # `relay up` runs one ingress process per protocol (`relay ingress --protocol P`, node id
+    # `<node_id>-<P>`): an attack on one listener, or its CPU, cannot stall another's event
+    # loop, and the protocols spread over the cores. false: one process runs every listener.
+    process_per_protocol: bool = True
     # Group commit: flush as soon as the previous commit returned, with at most this many rows.
     max_rows_per_commit: int = 20000
     # Rotate to a new landing generation after this many commits: keeps the log short, so commit
@@ -123,13 +127,19 @@ class MetricsConf:
     # Prometheus `/metrics` of each long-running process, on its own port (0: not served).
     # Loopback by default whatever `bind` says: the endpoint is for the operator's scraper.
     bind: str = "127.0.0.1"
-    ingress_port: int = 9701
+    ingress_port: int = 9701        # `relay ingress` with every listener, or trueseal push alone
     egress_port: int = 9702
     stream_port: int = 9703
     compact_port: int = 9704
+    ingress_heya_port: int = 9705   # `relay ingress --protocol heya` (one process per protocol)
+    ingress_ppp_port: int = 9706
+    ingress_sync_port: int = 9707
 
     def port(self, role: str) -> int:
-        return getattr(self, f"{role}_port")
+        """`role` as the process names itself: ingress, ingress-heya, egress, ..."""
+        if role == "ingress-trueseal":
+            return self.ingress_port
+        return getattr(self, f"{role.replace('-', '_')}_port")
 
 
 @dataclass
@@ -376,6 +386,26 @@ class Settings:
             self.data_path / "checkpoints" / "inbox_stream")
 
 
+INGRESS_PROTOCOLS = ("trueseal", "heya", "ppp", "sync")   # `relay ingress --protocol P`
+
+
+def ingress_protocols(settings: Settings) -> list[str]:
+    """The protocols this relay's ingress serves: trueseal push always, the rest if enabled."""
+    return ["trueseal"] + [p for p in INGRESS_PROTOCOLS[1:] if getattr(settings, p).enabled]
+
+
+def ingress_role(protocol: str | None) -> str:
+    """How an ingress process names itself (logs, ready line, /metrics): ingress[-<P>]."""
+    return "ingress" if protocol is None else f"ingress-{protocol}"
+
+
+def process_roles(settings: Settings) -> list[str]:
+    """The long-running processes `relay up` starts, by role name, in data-flow order."""
+    ingress = ([ingress_role(p) for p in ingress_protocols(settings)]
+               if settings.ingress.process_per_protocol else ["ingress"])
+    return ingress + ["stream", "egress", "compact"]
+
+
 # Environment overrides named by the issues; each maps to a dotted settings path.
 ENV_OVERRIDES = {
     "RELAY_DATA_DIR": "data_dir",
@@ -392,6 +422,9 @@ ENV_OVERRIDES = {
     "RELAY_SYNC_PORT": "sync.port",
     "RELAY_METRICS_BIND": "metrics.bind",
     "RELAY_METRICS_PORT_INGRESS": "metrics.ingress_port",
+    "RELAY_METRICS_PORT_INGRESS_HEYA": "metrics.ingress_heya_port",
+    "RELAY_METRICS_PORT_INGRESS_PPP": "metrics.ingress_ppp_port",
+    "RELAY_METRICS_PORT_INGRESS_SYNC": "metrics.ingress_sync_port",
     "RELAY_METRICS_PORT_EGRESS": "metrics.egress_port",
     "RELAY_METRICS_PORT_STREAM": "metrics.stream_port",
     "RELAY_METRICS_PORT_COMPACT": "metrics.compact_port",

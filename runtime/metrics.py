@@ -39,8 +39,6 @@ from .listener import Listener
 
 log = logging.getLogger("relay.metrics")
 
-ROLES = ("ingress", "egress", "stream", "compact")
-
 # name (as exposed) -> (type, labels, help). The single list of what the relay exports.
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "relay_process_info": ("gauge", ("role", "data_dir"),
@@ -193,9 +191,10 @@ def _listener_families(listeners: list[Listener]) -> Iterator[Metric]:
 
 # --- per role -----------------------------------------------------------------------------
 
-def ingress_registry(node) -> CollectorRegistry:
-    """`node`: ingress.service.IngressNode (its appender and listeners)."""
-    reg = new_registry("ingress", node.settings.data_dir)
+def ingress_registry(node, role: str = "ingress") -> CollectorRegistry:
+    """`node`: ingress.service.IngressNode (its appender and listeners); `role`: ingress, or
+    ingress-<protocol> for a process of one protocol."""
+    reg = new_registry(role, node.settings.data_dir)
     CommitMetrics(reg).watch(node.appender, "landing")
 
     def collect() -> Iterator[Metric]:

@@ -15,7 +15,12 @@ import threading
 import time
 from pathlib import Path
 
-ROLES = ("ingress", "egress", "stream", "compact")
+# `relay up`'s processes by default: one ingress per protocol (ingress.process_per_protocol)
+INGRESS_ROLES = ("ingress-trueseal", "ingress-heya", "ingress-ppp", "ingress-sync")
+ROLES = INGRESS_ROLES + ("stream", "egress", "compact")
+# the variable that sets a role's metrics port (ingress-trueseal uses ingress's: trueseal push)
+METRICS_PORT_VAR = {r: "RELAY_METRICS_PORT_" + ("INGRESS" if r == "ingress-trueseal" else
+                                                r.upper().replace("-", "_")) for r in ROLES}
 LISTENERS = ("TRUESEAL_PUSH", "TRUESEAL_RECEIVE", "HEYA", "PPP", "SYNC")
 
 
@@ -32,8 +37,8 @@ class RelayUp:
         self.metrics_ports = {role: free_port() for role in ROLES}
         self.env = dict(os.environ, RELAY_DATA_DIR=str(self.data), RELAY_LOG_FORMAT=log_format,
                         **{f"RELAY_{k}_PORT": str(v) for k, v in self.ports.items()},
-                        **{f"RELAY_METRICS_PORT_{r.upper()}": str(p)
-                           for r, p in self.metrics_ports.items()}, **env)
+                        **{METRICS_PORT_VAR[r]: str(p) for r, p in self.metrics_ports.items()},
+                        **env)
         self.env.pop("RELAY_SUPERVISED", None)
         self.proc: subprocess.Popen | None = None
         self.stdout: list[str] = []
@@ -127,11 +132,24 @@ class RelayUp:
         """Processes still running with this relay's environment."""
         return [pid for pid, _, _ in self._own_processes()]
 
+    def role_pid(self, role: str) -> int | None:
+        """The pid of this relay's process of `role` (ingress-heya: `ingress --protocol heya`)."""
+        found = self._role_process(role)
+        return found[0] if found else None
+
     def role_environ(self, role: str) -> dict[str, str] | None:
-        """The environment of this relay's `relay.cli ... <role>` process, as it runs."""
-        for _, args, env in self._own_processes():
-            if "relay.cli" in args and role in args:
-                return dict(e.split("=", 1) for e in env if "=" in e)
+        """The environment of this relay's process of `role`, as it runs."""
+        found = self._role_process(role)
+        return dict(e.split("=", 1) for e in found[1] if "=" in e) if found else None
+
+    def _role_process(self, role: str):
+        base, _, protocol = role.partition("-")
+        for pid, args, env in self._own_processes():
+            if "relay.cli" not in args or base not in args:
+                continue
+            given = args[args.index("--protocol") + 1] if "--protocol" in args else ""
+            if given == protocol:
+                return pid, env
         return None
 
     @property

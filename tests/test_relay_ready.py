@@ -20,7 +20,7 @@ from nacl.signing import SigningKey
 
 from heya_client import Cert, HeyaClient, recv_line, send_line
 from ppp_wire import Ws, giftwrap
-from relay_up_process import RelayUp
+from relay_up_process import INGRESS_ROLES, ROLES, RelayUp
 
 END = 2220385707
 # What "served at the normal latency" means here: a warm micro-batch plus the view's poll is
@@ -43,12 +43,12 @@ def test_messages_sent_at_ready_are_served_at_once_and_sigterm_stops_cleanly(rel
     relay.start()
     ready = relay.ready()
     roles = {e["role"] for e in relay.events if e["event"] == "role_ready"}
-    assert roles == {"ingress", "egress", "stream", "compact"}, relay.events
+    assert roles == set(ROLES), relay.events
     # The stream said ready only after a micro-batch committed (its checkpoint has one).
     assert (relay.data / "checkpoints" / "inbox_stream" / "commits" / "0").exists()
     assert ready["seconds"] > 0
     # The roles holding connections run on glibc's malloc (memory returned after a wave).
-    for role in ("ingress", "egress"):
+    for role in INGRESS_ROLES + ("egress",):
         assert relay.role_environ(role)["PYTHONMALLOC"] == "malloc"
 
     heya, ppp = asyncio.run(_at_ready(relay, tmp_path, inbox_token))
@@ -59,7 +59,7 @@ def test_messages_sent_at_ready_are_served_at_once_and_sigterm_stops_cleanly(rel
     code = relay.stop(signal.SIGTERM)
     assert code == 0
     stopped = [e["role"] for e in relay.events if e["event"] == "role_stopped"]
-    assert stopped == ["ingress", "stream", "egress", "compact"]
+    assert stopped == list(ROLES)
     assert all(e["code"] == 0 for e in relay.events if e["event"] == "role_stopped")
     assert "Traceback" not in relay.output
     assert "Py4J" not in relay.output and "EOFError" not in relay.output
@@ -138,7 +138,7 @@ def test_ctrl_c_to_the_process_group_stops_cleanly(relay):
     code = relay.stop(signal.SIGINT, group=True)
     assert code == 0, relay.output[-3000:]
     stopped = [e["role"] for e in relay.events if e["event"] == "role_stopped"]
-    assert stopped == ["ingress", "stream", "egress", "compact"]
+    assert stopped == list(ROLES)
     assert all(e["code"] == 0 for e in relay.events if e["event"] == "role_stopped")
     assert "Traceback" not in relay.output, relay.output[-3000:]
     assert "KeyboardInterrupt" not in relay.output

@@ -31,19 +31,23 @@ def test_relay_up_serves_and_stops_cleanly(tmp_path):
                           ("ppp", "PPP"), ("sync", "SYNC")):
             assert listening[name] == f"127.0.0.1:{relay.ports[var]}", name
         asyncio.run(_one_message(push, recv, relay_pub))
-        # `relay status` reads the tables and scrapes the four running processes
+        # `relay status` reads the tables and scrapes every running process
         st = json.loads(relay.cli("status", "--json"))
         roles = {r["role"]: r for r in st["roles"]}
         assert {r: roles[r]["state"] for r in relay.metrics_ports} == dict.fromkeys(
             relay.metrics_ports, "up")
-        assert roles["ingress"]["numbers"]["accepted"]["trueseal"] == 1
+        assert roles["ingress-trueseal"]["numbers"]["accepted"]["trueseal"] == 1
+        assert set(roles) == set(relay.metrics_ports)
+        # one ingress process per protocol, each a node with its own landing tables
+        assert (relay.data / "tables" / "landing" / "node-0-trueseal").is_dir()
         code = relay.stop(signal.SIGTERM)
     finally:
         relay.kill()
     assert code == 0
     assert any(e["event"] == "shutting_down" for e in relay.events)
     assert [e["role"] for e in relay.events if e["event"] == "role_stopped"] == [
-        "ingress", "stream", "egress", "compact"]
+        "ingress-trueseal", "ingress-heya", "ingress-ppp", "ingress-sync", "stream", "egress",
+        "compact"]
 
 
 async def _one_message(push, recv, relay_pub):

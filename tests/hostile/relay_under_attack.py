@@ -54,21 +54,10 @@ ONE_ADDRESS = ["127.0.0.2"]                              # the legitimate client
 MANY_ADDRESSES = [f"127.0.0.{i}" for i in range(2, 255)]
 LISTENER_PORT = {"trueseal_push": "TRUESEAL_PUSH", "trueseal_receive": "TRUESEAL_RECEIVE",
                  "heya": "HEYA", "ppp": "PPP", "sync": "SYNC"}
-LISTENER_ROLE = {"trueseal_receive": "egress"}           # the rest live in ingress
-
-
-def role_pid(data: Path, role: str) -> int | None:
-    """The pid of `relay.cli --data-dir <data> <role>` (a child of `relay up`)."""
-    want = [b"relay.cli", b"--data-dir", str(data).encode(), role.encode()]
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                args = fh.read().split(b"\0")
-        except OSError:
-            continue
-        if all(w in args for w in want):
-            return int(pid)
-    return None
+# the process each listener lives in: one ingress per protocol (ingress.process_per_protocol)
+LISTENER_ROLE = {"trueseal_receive": "egress", "trueseal_push": "ingress-trueseal",
+                 "heya": "ingress-heya", "ppp": "ingress-ppp", "sync": "ingress-sync"}
+LISTENER_ROLES = ("ingress-trueseal", "ingress-heya", "ingress-ppp", "ingress-sync", "egress")
 
 
 def rss_kib(pid: int) -> int:
@@ -181,8 +170,8 @@ class RelayUnderAttack:
         rec = self.results.relay
         rec["baseline"] = self.baseline
         rec["log_lines_per_s_at_rest"] = round(self.log_rate_at_rest, 2)
-        rec["rss_start_mib"] = {r: round(rss_kib(role_pid(self.relay.data, r)) / 1024, 1)
-                                for r in ("ingress", "egress")}
+        rec["rss_start_mib"] = {r: round(rss_kib(self.relay.role_pid(r)) / 1024, 1)
+                                for r in LISTENER_ROLES}
         self.results.save()
         broken = [p for p in PROTOCOLS if self.baseline[p]["n"] < 2]
         if broken:
@@ -211,8 +200,8 @@ class RelayUnderAttack:
         """Run one attack; its figures and the rules it broke (empty: passed)."""
         spread = "one_address" if len(addresses) == 1 else f"{len(addresses)}_addresses"
         recovered = self._recovered()
-        role = LISTENER_ROLE.get(listener, "ingress")
-        pid = role_pid(self.relay.data, role)
+        role = LISTENER_ROLE[listener]
+        pid = self.relay.role_pid(role)
         if pid is None or self.relay.proc.poll() is not None:
             figures = {"listener": listener, "stage": stage, "addresses": spread,
                        "broken": ["the relay is not running"], "passed": False}
@@ -267,7 +256,7 @@ class RelayUnderAttack:
             time.sleep(0.25)
         time.sleep(SETTLE_SECONDS)
         sessions_after = sessions_open(metrics_port, listener)
-        alive = self.relay.proc.poll() is None and role_pid(self.relay.data, role) == pid
+        alive = self.relay.proc.poll() is None and self.relay.role_pid(role) == pid
         rss1 = rss_kib(pid) if alive else 0
         lines = len(self.relay.stderr) - lines0
         t_end = time.time()
