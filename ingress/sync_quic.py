@@ -44,7 +44,6 @@ import os
 import re
 import secrets
 import time
-from collections import deque
 from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
@@ -67,6 +66,7 @@ from delta_tables.sync_control import SyncControl
 from egress.inbox_tail import InboxTail
 from egress.sync_inbox import SyncInbox, encode_meta
 from engine.admission import Cap, Limits, Stage, Ticket, address_key
+from engine.fair_queue import FairQueue
 from engine.sync import ALPN, PROTOCOL, identity, limits
 from engine.sync import messages as m
 from engine.sync.framing import FrameError, FrameReader, frame
@@ -218,7 +218,10 @@ class AdmittingServer(QuicServer):
         super().__init__(configuration=configuration, create_protocol=listener._protocol,
                          retry=True)
         self.listener = listener
-        self._initials: deque = deque(maxlen=listener.conf.initial_queue)
+        # round-robin by source address (engine/fair_queue.py): a flood's Initials do not
+        # queue ahead of another address's
+        self._initials: FairQueue = FairQueue(listener.conf.initial_queue,
+                                              listener.conf.initial_queue_per_address)
         self._initials_scheduled = False
 
     def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:
@@ -232,10 +235,10 @@ class AdmittingServer(QuicServer):
                 or header.destination_cid in self._protocols):
             super().datagram_received(data, addr)   # a known connection, version negotiation
             return
-        # A new connection waits its turn: sessions' packets first (runtime/udp_endpoint.py).
-        if len(self._initials) == self._initials.maxlen:
-            self.listener.rejected["initial_queue_full"] += 1   # the oldest: likely resent
-        self._initials.append((data, addr, header))
+        # A new connection waits its turn: sessions' packets first (runtime/udp_endpoint.py),
+        # then one address at a time.
+        if self._initials.push(address_key(str(addr[0])), (data, addr, header)) is not None:
+            self.listener.rejected["initial_queue_full"] += 1   # an oldest: likely resent
 
     def batch_done(self) -> None:
         """The endpoint read what it had: start up to `INITIALS_PER_TURN` new connections,
@@ -249,7 +252,7 @@ class AdmittingServer(QuicServer):
             self._initials.clear()     # closed while they waited: nothing new is admitted
             return
         for _ in range(min(INITIALS_PER_TURN, len(self._initials))):
-            data, addr, header = self._initials.popleft()
+            data, addr, header = self._initials.pop()
             if header.destination_cid in self._protocols:   # a resent Initial, now known
                 super().datagram_received(data, addr)
             else:

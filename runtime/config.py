@@ -334,8 +334,11 @@ class SyncConf:
     # a session's PUSH 3.8 s; 512 KiB dropped its packets instead).
     receive_buffer_bytes: int = 4194304
     # New connections' Initials read but not yet started (~1 ms of CPU each, 8 per turn,
-    # after the sessions' packets): past it the oldest is dropped (its client resends).
+    # after the sessions' packets), served one source address at a time in turn; full: the
+    # oldest of the address queueing most is dropped (its client resends). Per address: a
+    # real client opens one connection (a NAT of many, a few at a time).
     initial_queue: int = 512
+    initial_queue_per_address: int = 16
     connections_per_minute: int = 10         # per device id; past it, close code 1
     messages_per_minute: int = 100           # per device, PUSH + PULL (burst = the count)
     control_requests_per_minute: int = 60    # per device, our extension requests (burst = it)

@@ -19,7 +19,7 @@ import weakref
 import pytest
 from aioquic.quic.packet import QuicPacketType
 
-from engine.admission import Stage
+from engine.admission import Stage, address_key
 from sync_client import (Device, SilentInitial, SyncClient, device_session, frame, group_id,
                          hello, join, packet_type, pull, push)
 import loopback
@@ -165,6 +165,7 @@ def test_a_flood_of_initials_waits_behind_the_sessions_packets(settings):
     read behind 400 new connections' Initials is answered while most of them still wait
     (at most `initial_queue`, the oldest dropped), instead of after all of them."""
     settings.sync.initial_queue = 64
+    settings.sync.initial_queue_per_address = 64
 
     async def go():
         async with relay(settings, stream=False) as (port, node, _):
@@ -179,6 +180,38 @@ def test_a_flood_of_initials_waits_behind_the_sessions_packets(settings):
             assert len(srv._server._initials) > 0                    # still waiting
             assert srv.rejected["initial_queue_full"] >= 400 - 64 - 3 * 8   # 8 started a turn
             await wait_until(lambda: not srv._server._initials)    # then all started
+            for f in flood:
+                f.close()
+            await c.close()
+
+    asyncio.run(go())
+
+
+def test_a_new_client_starts_ahead_of_another_address_flood_of_initials(settings):
+    """New connections start one source address at a time in turn (engine/fair_queue.py): a
+    client's handshake is not queued behind the Initials a flood from another address sent
+    first; and one address queues at most `initial_queue_per_address`."""
+    settings.sync.initial_queue_per_address = 300
+
+    async def go():
+        async with relay(settings, stream=False) as (port, node, _):
+            srv = node.sync
+            flood = [SilentInitial(port, "127.0.0.2", send=False) for _ in range(400)]
+            for f in flood:
+                f.send()
+            await wait_until(lambda: len(srv._server._initials) > 0)
+            session = asyncio.create_task(device_session(port, Device(), group_id(b"fair")))
+            # every loop turn: the flood's Initials still queued when the client's connection
+            # was started (admitted: in handshake from 127.0.0.1)
+            while srv.admission.count_of(address_key("127.0.0.1"), HANDSHAKE) == 0:
+                assert not session.done()
+                await asyncio.sleep(0)
+            waiting_when_started = len(srv._server._initials)
+            c, welcome = await session
+            assert welcome[0] == "Welcome"
+            assert waiting_when_started >= 100, waiting_when_started   # started ahead of them
+            assert srv.rejected["initial_queue_full"] >= 400 - 300 - 8 * 8
+            await wait_until(lambda: not srv._server._initials)
             for f in flood:
                 f.close()
             await c.close()
