@@ -9,8 +9,9 @@ Rules (issue 19, "How it is proven"), per scenario:
   protocol's baseline median measured before any attack. Round trips during the ramp are
   reported but not judged: the attacker then runs on the same two cores as the relay (its CPU
   seconds are in the figures), which a real attacker does not;
-* memory: the listener's process (ingress; egress for trueseal receive) ends within 10% of its
-  RSS before the attack;
+* memory: the listener's process (its own ingress-<protocol>; egress for trueseal receive) is
+  back within 10% of its RSS before the attack within `RETURN_SECONDS` of letting go of the
+  attacker's connections (the wait is in the figures);
 * logs: the relay's stderr gains at most `LOG_LINES_PER_SECOND` lines per second of attack
   over its rate at rest;
 * and the relay is still up (no role restarted).
@@ -48,6 +49,10 @@ LATENCY_MARGIN = 1.0          # issue 19: "within 1 s of its normal latency"
 MEMORY_MARGIN = 0.10          # issue 19: "within 10% of its level before"
 LOG_LINES_PER_SECOND = 5.0    # issue 19: "at most a few lines per second of attack"
 SETTLE_SECONDS = 1.5          # after the relay let go of the attacker's sockets: read memory
+# ... and while it is above the margin, read it again for up to this long: the heap trimmer
+# (runtime/memory_trim.py) looks once a second and a full collection of a wave of 8,000
+# WebSockets takes seconds; what is given back by then counts, and how long it took is kept.
+RETURN_SECONDS = 10.0
 BASELINE_ROUNDS = 5
 
 ONE_ADDRESS = ["127.0.0.2"]                              # the legitimate clients use 127.0.0.1
@@ -258,6 +263,12 @@ class RelayUnderAttack:
         sessions_after = sessions_open(metrics_port, listener)
         alive = self.relay.proc.poll() is None and self.relay.role_pid(role) == pid
         rss1 = rss_kib(pid) if alive else 0
+        returned_at = time.monotonic()
+        while alive and rss1 > rss0 * (1 + MEMORY_MARGIN) and \
+                time.monotonic() - returned_at < RETURN_SECONDS:
+            time.sleep(0.5)
+            rss1 = rss_kib(pid)
+        memory_return_s = round(time.monotonic() - returned_at, 1)
         lines = len(self.relay.stderr) - lines0
         t_end = time.time()
 
@@ -280,6 +291,7 @@ class RelayUnderAttack:
             "relay_sessions_peak": peak_sessions,   # relay_sessions_open, at most
             "rss_before_mib": round(rss0 / 1024, 1), "rss_peak_mib": round(peak_rss / 1024, 1),
             "rss_after_mib": round(rss1 / 1024, 1),
+            "rss_after_waited_s": memory_return_s,   # beyond SETTLE_SECONDS, at most RETURN_SECONDS
             # (peak - before) / held: meaningless for a handful, so only from 100 held
             "memory_per_connection_kib": round((peak_rss - rss0) / held, 1)
             if held >= 100 else None,
