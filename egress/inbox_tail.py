@@ -25,6 +25,7 @@ from delta_tables.group_commit import GroupCommitAppender
 from delta_tables.landing_lag import latest_version
 from delta_tables.layout import equals
 from delta_tables.schema import C, INBOX
+from runtime.inbox_signal import InboxSignal, signal_dir
 
 from .pending import MailboxHub, PendingEnvelope
 
@@ -76,6 +77,7 @@ class InboxTail:
         self.exclude = exclude
         self.version = -1
         self.lag_versions = 0
+        self.woken = 0        # polls started by the stream's signal, not the interval
 
     def _wanted(self, t: pa.Table) -> pa.Table:
         if self.protocols is not None:
@@ -151,34 +153,61 @@ class InboxTail:
             self.hub.add(p, m, envs)
         return t.num_rows
 
-    async def run(self, interval: float, stop: asyncio.Event) -> None:
-        """Poll until `stop`. A view never stays behind the inbox: a poll that keeps failing
+    async def follow(self, settings, stop: asyncio.Event, name: str) -> None:
+        """`run` as a process runs it: woken by the stream's inbox commits
+        (runtime/inbox_signal.py, when `egress.inbox_signal`), polling every
+        `egress.poll_interval_ms` besides."""
+        wake = None
+        if settings.egress.inbox_signal:
+            wake = await InboxSignal.open(signal_dir(settings.data_dir), name)
+        try:
+            await self.run(settings.egress.poll_interval_ms / 1000, stop, wake)
+        finally:
+            if wake is not None:
+                wake.close()
+
+    async def run(self, interval: float, stop: asyncio.Event,
+                  wake: InboxSignal | None = None) -> None:
+        """Poll until `stop`: at once when `wake` says the stream committed, else every
+        `interval`. A view never stays behind the inbox: a poll that keeps failing
         (a file or log entry it cannot read) is followed, after `REBUILD_AFTER_FAILURES`
         tries, by a rebuild from the current snapshot, which no longer names what was
         unreadable; and the failures are logged once per `FAILURE_LOG_SECONDS`, not per poll."""
         failures = 0
         logged_at = float("-inf")
-        while not stop.is_set():
-            try:
-                if failures >= REBUILD_AFTER_FAILURES:
-                    log.warning("inbox tail kept failing, rebuilding",
-                                extra={"event": "egress_rebuild", "failures": failures})
-                    await self.bootstrap()
-                else:
-                    await self.poll_once()
-                failures = 0
-            except Exception as e:
-                failures += 1
-                now = time.monotonic()
-                if now - logged_at >= FAILURE_LOG_SECONDS:
-                    logged_at = now
-                    log.warning("inbox tail poll failed", extra={
-                        "event": "egress_poll_failed", "failures": failures,
-                        "error": type(e).__name__})
-            try:
-                await asyncio.wait_for(stop.wait(), interval)
-            except asyncio.TimeoutError:
-                pass
+        stopping = None
+        if wake is not None:
+            stopping = asyncio.ensure_future(stop.wait())
+            stopping.add_done_callback(lambda _: wake.poke())
+        try:
+            while not stop.is_set():
+                try:
+                    if failures >= REBUILD_AFTER_FAILURES:
+                        log.warning("inbox tail kept failing, rebuilding",
+                                    extra={"event": "egress_rebuild", "failures": failures})
+                        await self.bootstrap()
+                    else:
+                        await self.poll_once()
+                    failures = 0
+                except Exception as e:
+                    failures += 1
+                    now = time.monotonic()
+                    if now - logged_at >= FAILURE_LOG_SECONDS:
+                        logged_at = now
+                        log.warning("inbox tail poll failed", extra={
+                            "event": "egress_poll_failed", "failures": failures,
+                            "error": type(e).__name__})
+                if wake is not None:
+                    if await wake.wait(interval):
+                        self.woken += 1
+                    continue
+                try:
+                    await asyncio.wait_for(stop.wait(), interval)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            if stopping is not None:
+                stopping.cancel()
 
     # -- the hub's loader: page in an overflowing mailbox -------------------------------------
     def _load(self, protocol: str, mailbox: bytes, after: int, limit: int) -> list[PendingEnvelope]:

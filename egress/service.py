@@ -44,7 +44,7 @@ class EgressNode:
         await self.acks.start()
         await self.tail.bootstrap()
         self._tail_task = asyncio.create_task(
-            self.tail.run(self.settings.egress.poll_interval_ms / 1000, self._stop))
+            self.tail.follow(self.settings, self._stop, "egress"))
         await self.trueseal.start()
 
     def listeners(self) -> list:

@@ -183,7 +183,7 @@ class HeyaServer(Listener):
         self.tail.version = await self.inbox.bootstrap()
         self._stop = asyncio.Event()
         self._tail_task = asyncio.create_task(
-            self.tail.run(self.settings.egress.poll_interval_ms / 1000, self._stop),
+            self.tail.follow(self.settings, self._stop, "heya"),
             name="heya-inbox-tail")
         await super().start()
 

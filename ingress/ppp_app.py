@@ -220,8 +220,8 @@ class PppServer(Listener):
         self.tail.version = await self.inbox.bootstrap()
         self._stop = asyncio.Event()
         self._tasks = [
-            asyncio.create_task(self.tail.run(self.settings.egress.poll_interval_ms / 1000,
-                                              self._stop), name="ppp-inbox-tail"),
+            asyncio.create_task(self.tail.follow(self.settings, self._stop, "ppp"),
+                                name="ppp-inbox-tail"),
             asyncio.create_task(self._sweep_loop(), name="ppp-sweep")]
         # Logging: uvicorn configures none (log_config=None: our root handler, runtime/logs.py)
         # and its loggers stay at WARNING: its INFO records are per connection and carry the

@@ -383,7 +383,7 @@ class SyncServer(Listener):
         await self.acks.start()
         self.tail.version = await self.inbox.bootstrap()
         self._tail_task = asyncio.create_task(
-            self.tail.run(self.settings.egress.poll_interval_ms / 1000, self._stop),
+            self.tail.follow(self.settings, self._stop, "sync"),
             name="sync-inbox-tail")
         conf = self.conf
         # max_stream_data: a client stream's window before HELLO (BoundedStreams); max_data

@@ -33,6 +33,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 from delta_tables.group_commit import COMMIT_ATTEMPTS, fsync_version
+from runtime.inbox_signal import InboxSignalSender, signal_dir
 from delta_tables.landing_source import SOURCE_NAME, batch_files, read_files
 from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX, LANDING_SOURCE, PADDING_AUDIT, REJECTS, TableDef
@@ -133,6 +134,9 @@ class InboxSink:
         self.state = load_state(layout.inbox)
         self.history: list[BatchStats] = []
         self.on_batch = None  # optional callback(BatchStats) for metrics
+        # optional callback(batch_id) right after the inbox commit: wakes the listeners
+        # (runtime/inbox_signal.py); it must not raise or block
+        self.on_inbox_commit = None
 
     @property
     def app_id(self) -> str:
@@ -208,7 +212,9 @@ class InboxSink:
             result = transform(table, self.state, self.rules, batch_id, batch_ts)
             self._write(REJECTS, result.rejects, batch_id)
             self._write(PADDING_AUDIT, result.audit, batch_id)
-            self._write(INBOX, result.inbox, batch_id)
+            if (self._write(INBOX, result.inbox, batch_id) and result.inbox.num_rows
+                    and self.on_inbox_commit):
+                self.on_inbox_commit(batch_id)
             self.state.apply(result)
             self.state.evict(int(batch_ts.timestamp() * 1_000_000))
             stats.accepted = result.inbox.num_rows
@@ -257,6 +263,8 @@ def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
                      start_versions=start_versions,
                      driver_read_max_bytes=settings.stream.driver_read_max_bytes)
     sink.on_batch = on_batch
+    if settings.egress.inbox_signal:
+        sink.on_inbox_commit = InboxSignalSender(signal_dir(settings.data_dir)).notify
     writer = (landing_stream(spark, layout, settings.stream, start_versions).writeStream
               .queryName(QUERY_NAME)
               .foreachBatch(sink)

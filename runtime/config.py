@@ -107,7 +107,11 @@ class EgressConf:
     # Per mailbox, at most this many envelopes are held in memory; the rest stay in Delta and
     # are paged in as the held ones are acked.
     max_pending_per_mailbox: int = 1000
-    poll_interval_ms: int = 50
+    # The stream tells every process that follows the inbox of each commit over loopback UDP
+    # (runtime/inbox_signal.py); they also poll the inbox log this often, for a signal that
+    # was lost or a stream on another host (false: polling only: set the interval to ~50).
+    inbox_signal: bool = True
+    poll_interval_ms: int = 1000
     ack_max_rows_per_commit: int = 20000
 
 

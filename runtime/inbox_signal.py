@@ -1,0 +1,154 @@
+"""The stream tells the listeners of an inbox commit at once, over loopback UDP.
+
+Every process that follows the inbox (egress, and the ingress of Heya, PPP and cursor-sync)
+used to find the stream's commits by polling the Delta log every 50 ms: on average 25 ms
+added to every delivery, and a log read 20 times a second per process when nothing happens.
+Now each of them binds a UDP socket on 127.0.0.1 and registers it as a small file
+`<data_dir>/run/inbox-signal/<pid>-<name>` holding the port; after each inbox commit the
+stream sends every registered socket one datagram. The datagram carries only the micro-batch
+id, and it is a wake-up, not data: the listener then reads the Delta log as before, which
+stays the only source of truth, and still polls now and then (`egress.poll_interval_ms`) in
+case a datagram was lost or the stream runs on another host.
+
+The sender never blocks or raises into the stream: a registration whose process is gone is
+removed, a send that fails is counted. The directory is re-listed only when it changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import struct
+from pathlib import Path
+
+log = logging.getLogger("relay.inbox_signal")
+
+_PAYLOAD = struct.Struct(">Q")   # the micro-batch id that committed
+HOST = "127.0.0.1"
+
+
+def signal_dir(data_dir: str | os.PathLike) -> Path:
+    return Path(data_dir).resolve() / "run" / "inbox-signal"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class InboxSignalSender:
+    """The stream's side: `notify(batch_id)` after each inbox commit."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+        self._listed_mtime: int | None = None
+        self._targets: list[tuple[Path, int]] = []
+        self.sent = 0
+        self.failed = 0
+
+    def _refresh(self) -> None:
+        try:
+            mtime = os.stat(self.directory).st_mtime_ns
+        except FileNotFoundError:
+            self._targets, self._listed_mtime = [], None
+            return
+        if mtime == self._listed_mtime:
+            return
+        self._listed_mtime = mtime
+        targets = []
+        for entry in self.directory.iterdir():
+            pid, _, _ = entry.name.partition("-")
+            try:
+                if not pid.isdigit() or entry.name.endswith(".tmp"):
+                    continue
+                if not _alive(int(pid)):
+                    entry.unlink(missing_ok=True)   # a process that died without closing
+                    continue
+                targets.append((entry, int(entry.read_text())))
+            except (OSError, ValueError):
+                continue
+        self._targets = targets
+
+    def notify(self, batch_id: int) -> None:
+        try:
+            self._refresh()
+        except Exception:   # never into the stream: the listeners' polls still find it
+            self.failed += 1
+            return
+        payload = _PAYLOAD.pack(batch_id & (2 ** 64 - 1))
+        for _, port in self._targets:
+            try:
+                self._sock.sendto(payload, (HOST, port))
+                self.sent += 1
+            except OSError:
+                self.failed += 1
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+class _Datagrams(asyncio.DatagramProtocol):
+    def __init__(self, event: asyncio.Event):
+        self.event = event
+        self.received = 0
+
+    def datagram_received(self, data: bytes, addr) -> None:
+        self.received += 1
+        self.event.set()
+
+
+class InboxSignal:
+    """A listener's side: `await wait(timeout)` is True when the stream committed since the
+    last wait (many commits during one poll make one wake-up), False on timeout."""
+
+    def __init__(self, directory: Path, name: str):
+        self.directory = Path(directory)
+        self.path = self.directory / f"{os.getpid()}-{name}"
+        self._event = asyncio.Event()
+        self._transport: asyncio.DatagramTransport | None = None
+        self._protocol: _Datagrams | None = None
+
+    @classmethod
+    async def open(cls, directory: Path, name: str) -> "InboxSignal":
+        sig = cls(directory, name)
+        loop = asyncio.get_running_loop()
+        sig._transport, sig._protocol = await loop.create_datagram_endpoint(
+            lambda: _Datagrams(sig._event), local_addr=(HOST, 0))
+        port = sig._transport.get_extra_info("sockname")[1]
+        sig.directory.mkdir(parents=True, exist_ok=True)
+        tmp = sig.path.with_name(sig.path.name + ".tmp")
+        tmp.write_text(str(port))
+        os.replace(tmp, sig.path)      # the sender never reads a half-written port
+        return sig
+
+    @property
+    def received(self) -> int:
+        return self._protocol.received if self._protocol else 0
+
+    def poke(self) -> None:
+        """End the current `wait` now (the follower is told to stop)."""
+        self._event.set()
+
+    async def wait(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._event.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self._event.clear()
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+        if self._transport is not None:
+            self._transport.close()
+            self._transport = None
