@@ -48,7 +48,7 @@ def test_a_drained_wave_is_due_once_and_steady_churn_never():
 
 def test_the_trimmer_runs_until_stopped_and_trims_after_a_wave():
     adm = _admission()
-    trimmer = HeapTrimmer(lambda: [adm], wave=256, check_every=0.01)
+    trimmer = HeapTrimmer(lambda: [adm], wave=256, check_every=0.01, again_after=0.2)
 
     async def main():
         stop = asyncio.Event()
@@ -63,6 +63,10 @@ def test_the_trimmer_runs_until_stopped_and_trims_after_a_wave():
                 break
             await asyncio.sleep(0.01)
         assert trimmer.trims == 1
+        await asyncio.sleep(0.4)
+        assert trimmer.trims == 2                # once more after the wave, then no more
+        await asyncio.sleep(0.3)
+        assert trimmer.trims == 2
         stop.set()
         await asyncio.wait_for(task, 1)
 
