@@ -6,9 +6,11 @@
 
 Exactly once: every table write of batch N carries `Transaction(app_id, N)` in the same
 commit as its data, and a table whose marker is already >= N is skipped, so a batch replayed
-after a crash at any point writes nothing twice. The order is rejects, padding_audit, inbox;
+after a crash at any point writes nothing twice. The order is rejects, inbox, padding_audit:
 the transform is deterministic (it sees the batch timestamp from Spark's offset log, not the
-wall clock), so a replay recomputes exactly what was partly written. `app_id` embeds the
+wall clock), so a replay before the inbox commit recomputes exactly what was partly written;
+a replay after it finds the audit's rows in the inbox rows of that batch. The inbox commits
+before the audit so the listeners are told (and deliver) one commit sooner. `app_id` embeds the
 checkpoint's query id: a new checkpoint is a new stream and never skips on old markers.
 
 The per-mailbox cursors and the dedup index live in the driver as a cache of the inbox table
@@ -26,19 +28,21 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from deltalake.exceptions import CommitFailedError
 
 from delta_tables.group_commit import COMMIT_ATTEMPTS, fsync_version
-from runtime.inbox_signal import InboxSignalSender, signal_dir
 from delta_tables.landing_source import SOURCE_NAME, batch_files, read_files
 from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX, LANDING_SOURCE, PADDING_AUDIT, REJECTS, TableDef
+from runtime.inbox_signal import InboxSignalSender, signal_dir
 
-from .inbox_transform import InboxState, StreamRules, transform
+from .inbox_transform import InboxState, StreamRules, order_rows, padding_audit, transform
 
 log = logging.getLogger("relay.stream")
 BATCH_TS = "__batch_ts"
@@ -196,6 +200,31 @@ class InboxSink:
         ts = table.column(BATCH_TS)[0].as_py() if table.num_rows else datetime.now(timezone.utc)
         return table.drop_columns([BATCH_TS]), ts
 
+    def _finish_audit(self, batch_df, batch_id: int) -> None:
+        """A replay of a batch whose inbox commit is done: its padding_audit commit (written
+        after the inbox's) may not be. The audit is a function of the batch's accepted rows
+        and timestamp: the accepted rows are, in the transform's order, the first landing
+        row of each event id the inbox holds for that batch (read from landing, not the inbox,
+        whose envelopes may be tombstones by now)."""
+        audit_done = self._table(PADDING_AUDIT).transaction_version(self.app_id)
+        if audit_done is not None and audit_done >= batch_id:
+            return
+        table, batch_ts = self._read_batch(batch_df, batch_id)
+        committed = set(self._table(INBOX).to_pyarrow_dataset().to_table(
+            columns=[C.EVENT_ID], filter=ds.field(C.BATCH_ID) == batch_id).column(C.EVENT_ID)
+            .to_pylist())
+        ordered, keep = order_rows(table), []
+        for i, event_id in enumerate(ordered.column(C.EVENT_ID).to_pylist()):
+            if event_id in committed:
+                committed.discard(event_id)
+                keep.append(i)
+        accepted = ordered.take(pa.array(keep, pa.int64()))
+        size = pc.binary_length(accepted.column(C.ENVELOPE)).to_numpy(
+            zero_copy_only=False).astype(np.int64)
+        self._write(PADDING_AUDIT, padding_audit(accepted, size, self.rules, batch_id,
+                                                 int(batch_ts.timestamp() * 1_000_000)),
+                    batch_id)
+
     def __call__(self, batch_df, batch_id: int) -> None:
         t0 = time.perf_counter()
         stats = BatchStats(batch_id)
@@ -203,6 +232,7 @@ class InboxSink:
         inbox_done = self._table(INBOX).transaction_version(self.app_id)
         if inbox_done is not None and inbox_done >= batch_id:
             stats.skipped_replay = True
+            self._finish_audit(batch_df, batch_id)
             log.info("batch already committed", extra={"event": "stream_batch_replay_skipped",
                                                        "batch_id": batch_id})
             return
@@ -211,10 +241,10 @@ class InboxSink:
         if table.num_rows:
             result = transform(table, self.state, self.rules, batch_id, batch_ts)
             self._write(REJECTS, result.rejects, batch_id)
-            self._write(PADDING_AUDIT, result.audit, batch_id)
             if (self._write(INBOX, result.inbox, batch_id) and result.inbox.num_rows
                     and self.on_inbox_commit):
                 self.on_inbox_commit(batch_id)
+            self._write(PADDING_AUDIT, result.audit, batch_id)   # after: off the critical path
             self.state.apply(result)
             self.state.evict(int(batch_ts.timestamp() * 1_000_000))
             stats.accepted = result.inbox.num_rows

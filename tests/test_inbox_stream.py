@@ -11,7 +11,8 @@ import pyarrow.compute as pc
 import pytest
 from deltalake import DeltaTable
 
-from delta_tables.schema import C, INBOX
+from delta_tables.layout import Layout
+from delta_tables.schema import C, INBOX, PADDING_AUDIT
 from jobs.inbox_stream import InboxSink, start_inbox_stream
 from jobs.inbox_transform import StreamRules
 
@@ -109,8 +110,21 @@ def test_spark_replay_of_a_committed_batch_writes_nothing(spark, settings, layou
     assert_gap_free(read(layout.inbox))
 
 
+def _frozen_batch(spark, layout):
+    """The landed rows as a foreachBatch DataFrame (no offsets in the checkpoint: the sink
+    reads it through Spark), its batch timestamp frozen, as Spark's offset log does."""
+    from pyspark.sql import functions as F
+    df = spark.read.format("parquet").load(
+        [str(p) for p in Path(layout.landing_root).rglob("*.parquet")])
+    df = df.withColumn(C.LANDING_TABLE, F.lit("node-t/g000001")) \
+           .withColumn(C.LANDING_VERSION, F.lit(1).cast("long")) \
+           .withColumn("__batch_ts", F.current_timestamp())
+    df = df.select(*(INBOX.names[:7]), C.LANDING_TABLE, C.LANDING_VERSION, "__batch_ts")
+    return spark.createDataFrame(df.toArrow())
+
+
 class CrashBeforeInbox(InboxSink):
-    """Fault injection: the process dies after rejects and padding_audit committed."""
+    """Fault injection: the process dies after rejects committed, before the inbox."""
 
     def _write(self, tdef, data, batch_id):
         if tdef is INBOX:
@@ -125,14 +139,7 @@ def test_replay_after_partial_commit_is_exactly_once(spark, settings, layout, tm
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     (checkpoint / "metadata").write_text('{"id":"test-query"}')
-    df = spark.read.format("parquet").load(
-        [str(p) for p in Path(layout.landing_root).rglob("*.parquet")])
-    from pyspark.sql import functions as F
-    df = df.withColumn(C.LANDING_TABLE, F.lit("node-t/g000001")) \
-           .withColumn(C.LANDING_VERSION, F.lit(1).cast("long")) \
-           .withColumn("__batch_ts", F.current_timestamp())
-    df = df.select(*(INBOX.names[:7]), C.LANDING_TABLE, C.LANDING_VERSION, "__batch_ts")
-    df = spark.createDataFrame(df.toArrow())     # freeze the batch timestamp, as Spark's log does
+    df = _frozen_batch(spark, layout)
     rules = StreamRules.from_conf(settings.stream, {"trueseal": 65482})
     with pytest.raises(SystemExit):
         CrashBeforeInbox(layout, rules, checkpoint, fsync=False)(df, 7)
@@ -143,6 +150,44 @@ def test_replay_after_partial_commit_is_exactly_once(spark, settings, layout, tm
     inbox = read(layout.inbox)
     assert inbox.num_rows == 20
     assert_gap_free(inbox)
+
+
+class CrashAfterInbox(InboxSink):
+    """Fault injection: the process dies after the inbox committed, before padding_audit."""
+
+    def _write(self, tdef, data, batch_id):
+        if tdef is PADDING_AUDIT:
+            raise SystemExit("crash")
+        return super()._write(tdef, data, batch_id)
+
+
+def test_replay_after_the_inbox_commit_finishes_the_audit_exactly_once(spark, settings, layout,
+                                                                        tmp_path):
+    """The inbox commits before padding_audit (listeners are told sooner): a crash between
+    the two leaves the audit to the replay, which rebuilds it from the batch's landing rows
+    that the inbox accepted, the same rows as an uninterrupted batch audits."""
+    rows = [landing_row(MB[1], envelope(i, size=300 + (i % 3) * 100)) for i in range(20)]
+    rows.append(dict(rows[0], envelope=envelope(99, size=1000)))   # same event id: a duplicate
+    land(layout, rows)
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text('{"id":"test-query"}')
+    df = _frozen_batch(spark, layout)
+    rules = StreamRules.from_conf(settings.stream, {"trueseal": 65482})
+    with pytest.raises(SystemExit):
+        CrashAfterInbox(layout, rules, checkpoint, fsync=False)(df, 7)
+    assert read(layout.inbox).num_rows == 20 and read(layout.padding_audit).num_rows == 0
+    InboxSink(layout, rules, checkpoint, fsync=False)(df, 7)    # restart replays batch 7
+    InboxSink(layout, rules, checkpoint, fsync=False)(df, 7)    # and once more
+    assert read(layout.inbox).num_rows == 20 and read(layout.rejects).num_rows == 1
+    audit = read(layout.padding_audit).sort_by([(C.PAYLOAD_SIZE, "ascending")])
+    # what an uninterrupted batch writes, into a fresh data directory
+    other = Layout(tmp_path / "other")
+    other.ensure_shared_tables()
+    InboxSink(other, rules, checkpoint, fsync=False)(df, 7)
+    expected = read(other.padding_audit).sort_by([(C.PAYLOAD_SIZE, "ascending")])
+    assert audit.num_rows == expected.num_rows == 3          # sizes 300, 400, 500
+    assert audit.to_pylist() == expected.to_pylist()        # the same batch timestamp too
 
 
 @pytest.mark.cluster
