@@ -15,6 +15,12 @@ in the module of what it measures:
 6. `heya_sends_per_s`, `heya_send_to_have_ms` (`heya.py`).
 7. `ppp_acked_stores_per_s`, `ppp_store_to_notify_ms` (`ppp.py`).
 8. `sync_pushes_per_s`, `sync_push_to_notify_ms` (`sync.py`).
+9. `spark_floor` (`jobs/batch_profile.py`): a small micro-batch of the relay's stream against
+   Spark's own floor, the same source and trigger with a no-op sink, over the same trickle.
+
+Every figure with a target (`TARGETS`, the issue's) gets `targets[name]`: the target, the
+measured value and `short_by` (how many times better it must get; <= 1: met). Each section
+records the machine's load average before and after it (`load`).
 
 Each module builds on `harness.py` alone; a protocol's module offers `run(settings, quick,
 spark=None) -> dict` (trueseal, the first measured, offers its two sections as they sit around
@@ -42,12 +48,46 @@ from . import heya, ppp, sync, tables, trueseal
 from .harness import (ENVELOPE_SIZE, machine, rounded, say, settings_for, stop_children,
                       stop_spark)
 
+# issue 13's targets: (figure path, target, "min" = at least / "max" = at most)
+TARGETS = {
+    "trueseal_pipelined_per_s": (("trueseal", "pipelined", "acked_per_s"), 20_000, "min"),
+    "trueseal_per_connection_per_s": (("trueseal", "per_connection", "acked_per_s"), 3_000,
+                                      "min"),
+    "push_to_deliver_p50_ms": (("push_to_deliver_ms", "p50"), 250, "max"),
+    "push_to_deliver_p99_ms": (("push_to_deliver_ms", "p99"), 600, "max"),
+    "stream_envelopes_per_s": (("stream_envelopes_per_s",), 100_000, "min"),
+    "stream_vs_ceiling_ratio": (("stream_vs_ceiling_ratio",), 0.4, "min"),
+    "heya_sends_per_s": (("heya_sends_per_s",), 15_000, "min"),
+    "heya_send_to_have_p50_ms": (("heya_send_to_have_ms", "p50"), 250, "max"),
+    "ppp_acked_stores_per_s": (("ppp_acked_stores_per_s",), 15_000, "min"),
+    "ppp_store_to_notify_p50_ms": (("ppp_store_to_notify_ms", "p50"), 200, "max"),
+    "sync_pushes_per_s": (("sync_pushes_per_s",), 5_000, "min"),
+}
+
+
+def targets(res: dict) -> dict:
+    """Each target beside what was measured; `short_by` > 1 says how far off it is."""
+    out = {}
+    for name, (path, target, kind) in TARGETS.items():
+        value = res
+        for k in path:
+            value = value.get(k) if isinstance(value, dict) else None
+        short = None
+        if isinstance(value, (int, float)) and value > 0:
+            short = round(target / value if kind == "min" else value / target, 2)
+        out[name] = {"target": target, "kind": "at least" if kind == "min" else "at most",
+                     "measured": value, "short_by": short, "met": short is not None
+                     and short <= 1}
+    return out
+
+
 QUICK = {
     "ceiling_commits": {1000: 60, 10000: 20},
     "commit_target": 10_000, "commit_budget_s": 50,
     "ingress_seconds": 8, "ingress_warmup_s": 1,
     "stream_rows": 200_000, "stream_commit_rows": 20_000, "stream_batch_rows": 100_000,
     "e2e_rate": 200, "e2e_seconds": 10, "e2e_receivers": 20,
+    "floor_seconds": 15,
 }
 
 
@@ -57,6 +97,7 @@ FULL = {
     "ingress_seconds": 30, "ingress_warmup_s": 2,
     "stream_rows": 1_000_000, "stream_commit_rows": 20_000, "stream_batch_rows": 100_000,
     "e2e_rate": 500, "e2e_seconds": 30, "e2e_receivers": 50,
+    "floor_seconds": 40,
 }
 
 
@@ -110,6 +151,15 @@ def _summary(res: dict) -> str:
     lines.append(f"  ratios                  : trueseal/ceiling "
                  f"{res.get('trueseal_vs_ceiling_ratio')}, "
                  f"stream/ceiling {res.get('stream_vs_ceiling_ratio')}")
+    sf = res.get("spark_floor") or {}
+    lines.append(f"  small micro-batch ms p50: ours {g('spark_floor', 'relay', 'triggerExecution_ms_p50')}"
+                 f" (our sink {g('spark_floor', 'relay', 'sink_ms_p50')}), Spark's floor "
+                 f"{g('spark_floor', 'floor', 'triggerExecution_ms_p50')}: "
+                 f"x{sf.get('relay_over_floor')}")
+    missed = {k: v["short_by"] for k, v in (res.get("targets") or {}).items()
+              if v["short_by"] and v["short_by"] > 1}
+    lines.append("  targets missed (x short): " + (", ".join(
+        f"{k} {v}" for k, v in missed.items()) or "none"))
     for name, err in (res.get("errors") or {}).items():
         lines.append(f"  FAILED {name}: {err}")
     return "\n".join(lines)
@@ -159,12 +209,17 @@ def main(args) -> int:
     spark = None
     interrupted = False
 
+    load: dict[str, list] = {}
+    res["load"] = load
+
     def section(name: str, fn, *a):
         say(f"{name} ...")
         t = time.perf_counter()
+        before = round(os.getloadavg()[0], 2)
         try:
             val = fn(*a)
             say(f"{name} done in {time.perf_counter() - t:.1f} s")
+            load[name] = [before, round(os.getloadavg()[0], 2)]   # 1-min load: before, after
             return val
         except KeyboardInterrupt:
             raise
@@ -200,6 +255,10 @@ def main(args) -> int:
         res["ppp"] = section("ppp", ppp.run, settings_for(args, root / "ppp"), quick, spark)
         # sync.py: PUSH_ACK waits for the inbox commit: needs the stream
         res["sync"] = section("sync", sync.run, settings_for(args, root / "sync"), quick, spark)
+        if spark is not None:
+            from jobs import batch_profile
+            res["spark_floor"] = section("spark floor", batch_profile.measure, spark,
+                                         p["floor_seconds"])
     except KeyboardInterrupt:
         interrupted = True
         say("interrupted; stopping child processes")
@@ -232,6 +291,7 @@ def main(args) -> int:
     if ts.get("per_connection") and ts.get("pipelined"):
         res["per_connection_vs_pipelined_ratio"] = round(
             ts["per_connection"]["acked_per_s"] / max(1, ts["pipelined"]["acked_per_s"]), 3)
+    res["targets"] = targets(res)
     res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     res["total_seconds"] = rounded(time.time() - started, 1)
     if errors:
@@ -244,8 +304,8 @@ def main(args) -> int:
             "trueseal_headline_shape",
             "trueseal_acked_pushes_per_s_by_shape", "push_to_deliver_ms", "stream_envelopes_per_s",
             "landing_commit_ms", "delta_append_ceiling_rows_per_s", "trueseal_vs_ceiling_ratio",
-            "stream_vs_ceiling_ratio", "per_connection_vs_pipelined_ratio", "machine",
-            "settings_used"]
+            "stream_vs_ceiling_ratio", "per_connection_vs_pipelined_ratio", "targets",
+            "spark_floor", "machine", "load", "settings_used"]
     ordered = {k: res[k] for k in head if k in res}
     ordered.update({k: v for k, v in res.items() if k not in ordered})
     out_path.write_text(json.dumps(ordered, indent=2, default=str) + "\n")
