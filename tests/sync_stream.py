@@ -19,6 +19,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import C, LANDING, LANDING_SOURCE
 from jobs.inbox_stream import BATCH_TS, InboxSink
 from jobs.inbox_transform import StreamRules
+from runtime.inbox_signal import InboxSignalSender, signal_dir
 
 
 class _Batch:
@@ -38,6 +39,8 @@ class SinkDriver:
         (checkpoint / "metadata").write_text(json.dumps({"id": "sync-test"}))
         self.sink = InboxSink(self.layout, StreamRules.from_conf(settings.stream), checkpoint,
                               settings.stream.app_id, fsync=False)
+        # as the relay's stream does: the listeners' tails are woken after each inbox commit
+        self.sink.on_inbox_commit = InboxSignalSender(signal_dir(settings.data_dir)).notify
         self.seen: dict[str, int] = {}
         self.batch = 0
         self.paused = False
