@@ -123,42 +123,46 @@ def _frozen_batch(spark, layout):
     return spark.createDataFrame(df.toArrow())
 
 
-class CrashBeforeInbox(InboxSink):
-    """Fault injection: the process dies after rejects committed, before the inbox."""
+class CrashAt(InboxSink):
+    """Fault injection: the process dies as it is about to commit `table`."""
+
+    table = INBOX
 
     def _write(self, tdef, data, batch_id):
-        if tdef is INBOX:
+        if tdef is self.table:
             raise SystemExit("crash")
         return super()._write(tdef, data, batch_id)
 
 
-def test_replay_after_partial_commit_is_exactly_once(spark, settings, layout, tmp_path):
-    rows = [landing_row(MB[1], envelope(i)) for i in range(20)]
-    rows.append(dict(rows[0]))  # one duplicate so that rejects is written
+def _crash_then_replay(spark, settings, layout, tmp_path, rows, table, before_replay):
+    """Batch 7 of `rows` crashes at `table`; `before_replay()` checks what it left; then a
+    restart replays it twice. Returns (rules, checkpoint, batch) for more checks."""
     land(layout, rows)
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     (checkpoint / "metadata").write_text('{"id":"test-query"}')
     df = _frozen_batch(spark, layout)
     rules = StreamRules.from_conf(settings.stream, {"trueseal": 65482})
+    crash = type("Crash", (CrashAt,), {"table": table})
     with pytest.raises(SystemExit):
-        CrashBeforeInbox(layout, rules, checkpoint, fsync=False)(df, 7)
-    assert read(layout.rejects).num_rows == 1 and read(layout.inbox).num_rows == 0
+        crash(layout, rules, checkpoint, fsync=False)(df, 7)
+    before_replay()
     InboxSink(layout, rules, checkpoint, fsync=False)(df, 7)    # restart replays batch 7
     InboxSink(layout, rules, checkpoint, fsync=False)(df, 7)    # and once more
+    return rules, checkpoint, df
+
+
+def test_replay_after_partial_commit_is_exactly_once(spark, settings, layout, tmp_path):
+    rows = [landing_row(MB[1], envelope(i)) for i in range(20)]
+    rows.append(dict(rows[0]))  # one duplicate so that rejects is written
+
+    def left():
+        assert read(layout.rejects).num_rows == 1 and read(layout.inbox).num_rows == 0
+    _crash_then_replay(spark, settings, layout, tmp_path, rows, INBOX, left)
     assert read(layout.rejects).num_rows == 1
     inbox = read(layout.inbox)
     assert inbox.num_rows == 20
     assert_gap_free(inbox)
-
-
-class CrashAfterInbox(InboxSink):
-    """Fault injection: the process dies after the inbox committed, before padding_audit."""
-
-    def _write(self, tdef, data, batch_id):
-        if tdef is PADDING_AUDIT:
-            raise SystemExit("crash")
-        return super()._write(tdef, data, batch_id)
 
 
 def test_replay_after_the_inbox_commit_finishes_the_audit_exactly_once(spark, settings, layout,
@@ -168,17 +172,11 @@ def test_replay_after_the_inbox_commit_finishes_the_audit_exactly_once(spark, se
     that the inbox accepted, the same rows as an uninterrupted batch audits."""
     rows = [landing_row(MB[1], envelope(i, size=300 + (i % 3) * 100)) for i in range(20)]
     rows.append(dict(rows[0], envelope=envelope(99, size=1000)))   # same event id: a duplicate
-    land(layout, rows)
-    checkpoint = tmp_path / "ckpt"
-    checkpoint.mkdir()
-    (checkpoint / "metadata").write_text('{"id":"test-query"}')
-    df = _frozen_batch(spark, layout)
-    rules = StreamRules.from_conf(settings.stream, {"trueseal": 65482})
-    with pytest.raises(SystemExit):
-        CrashAfterInbox(layout, rules, checkpoint, fsync=False)(df, 7)
-    assert read(layout.inbox).num_rows == 20 and read(layout.padding_audit).num_rows == 0
-    InboxSink(layout, rules, checkpoint, fsync=False)(df, 7)    # restart replays batch 7
-    InboxSink(layout, rules, checkpoint, fsync=False)(df, 7)    # and once more
+
+    def left():
+        assert read(layout.inbox).num_rows == 20 and read(layout.padding_audit).num_rows == 0
+    rules, checkpoint, df = _crash_then_replay(spark, settings, layout, tmp_path, rows,
+                                               PADDING_AUDIT, left)
     assert read(layout.inbox).num_rows == 20 and read(layout.rejects).num_rows == 1
     audit = read(layout.padding_audit).sort_by([(C.PAYLOAD_SIZE, "ascending")])
     # what an uninterrupted batch writes, into a fresh data directory
