@@ -137,6 +137,10 @@ logging.getLogger("quic").addFilter(_QuicLines())
 
 # --- QUIC transport: admission before state, Retry under load, bounded streams --------------
 
+# The most a closed connection lingers in its closing or draining state (BoundedStreams): three
+# PTOs of a 300 ms mobile round trip fit.
+CLOSE_PERIOD_MAX_SECONDS = 1.5
+
 # A request stream's window once HELLO is accepted: one largest frame with its length prefix,
 # and a little room to spare (bytes past the request are read no further).
 STREAM_WINDOW_SLACK = 1024
@@ -175,6 +179,15 @@ class BoundedStreams(QuicConnection):
                                              max_streams)
         self._local_max_streams_uni = Limit(QuicFrameType.MAX_STREAMS_UNI, "max_streams_uni", 0)
 
+    def _close_begin(self, is_initiator: bool, now: float) -> None:
+        """The closing or draining period (RFC 9000 §10.2: 3 PTO) is capped at
+        `CLOSE_PERIOD_MAX_SECONDS`. The PTO follows the RTT this connection measured, and a
+        handshake measured while the relay was busy can make it seconds: after a flood, the
+        hostile-load suite saw 2,000 closed connections keep their whole state (~60 KiB each)
+        for up to 11 s. A packet that comes later for a forgotten connection id is dropped."""
+        super()._close_begin(is_initiator, now)
+        self._close_at = min(self._close_at, now + CLOSE_PERIOD_MAX_SECONDS)
+
     def accepted_hello(self, stream_window: int, max_streams: int) -> None:
         """HELLO was accepted: one largest frame per stream, and `max_streams` of them open
         at once (aioquic announces the new limit in its next MAX_STREAMS frame)."""
@@ -212,7 +225,9 @@ class AdmittingServer(QuicServer):
     its token (aioquic's: the client's address and port, 30 s) must come back before anything
     is kept, so a spoofed-source flood creates no state. Then the listener's `Admission` must
     grant it a HANDSHAKE slot, or the Initial is dropped unanswered (the client resends until
-    its connect timeout, 30 s for 0k-sync). Everything else is aioquic's."""
+    its connect timeout, 30 s for 0k-sync); before that, its address must be within
+    `handshakes_per_address_per_second`, so one address cannot spend the relay's CPU on
+    handshakes the others then wait behind. Everything else is aioquic's."""
 
     def __init__(self, listener: "SyncServer", configuration: QuicConfiguration):
         super().__init__(configuration=configuration, create_protocol=listener._protocol,
@@ -287,6 +302,9 @@ class AdmittingServer(QuicServer):
             return
         else:
             original, retry_source = header.destination_cid, None
+        if not lst.handshake_rate.take(address_key(str(addr[0])), now):
+            lst._refused(Stage.HANDSHAKE, "rate")   # dropped: the client resends
+            return
         ticket = lst._admit(addr)
         if ticket is None:
             return
@@ -362,6 +380,7 @@ class SyncServer(Listener):
         self.device_limit = KeyedBuckets(conf.messages_per_minute, 60.0)
         self.control_limit = KeyedBuckets(conf.control_requests_per_minute, 60.0)
         self.connect_limit = KeyedBuckets(conf.connections_per_minute, 60.0)
+        self.handshake_rate = KeyedBuckets(conf.handshakes_per_address_per_second, 1.0)
         self.conns: set[SyncConnection] = set()
         self.inflight: dict[bytes, int] = {}      # group -> payload bytes being stored
         self.last_seen: dict[tuple[bytes, bytes], int] = {}

@@ -343,6 +343,12 @@ class SyncConf:
     # real client opens one connection (a NAT of many, a few at a time).
     initial_queue: int = 512
     initial_queue_per_address: int = 16
+    # New connections (full QUIC handshakes, ~8 ms of CPU each with auth and HELLO) one source
+    # address may start per second (a burst of this many, then this many a second); past it
+    # an Initial is dropped unanswered and the client resends. A 0k-sync device opens at most
+    # 10 a minute; this leaves room for a NAT of hundreds of devices, while a flood from one
+    # address, which completed ~95 handshakes a second, costs a fifth of that.
+    handshakes_per_address_per_second: int = 20
     connections_per_minute: int = 10         # per device id; past it, close code 1
     messages_per_minute: int = 100           # per device, PUSH + PULL (burst = the count)
     control_requests_per_minute: int = 60    # per device, our extension requests (burst = it)

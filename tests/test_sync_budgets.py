@@ -291,6 +291,54 @@ def test_one_address_holding_handshakes_must_validate_its_new_ones(settings):
     asyncio.run(go())
 
 
+def test_one_address_starts_at_most_its_rate_of_handshakes_and_another_is_untouched(settings):
+    """`handshakes_per_address_per_second`: a burst of new connections from one address
+    starts that many handshakes; the rest are dropped unanswered (their clients resend),
+    counted, and cost no connection state; another address starts its own at once."""
+    no_retry(settings)
+    settings.sync.handshakes_per_address_per_second = 5
+
+    async def go():
+        async with relay(settings, stream=False) as (port, node, _):
+            srv = node.sync
+            burst = [SilentInitial(port, "127.0.0.2") for _ in range(12)]
+            await wait_until(lambda: srv.rejected["handshake_rate"] >= 6)
+            await asyncio.sleep(0.3)
+            assert srv.admission.count_of("127.0.0.2", HANDSHAKE) in (5, 6)   # + 1 refilled
+            answered = sum(1 for b in burst if b.received())
+            assert answered == srv.admission.count_of("127.0.0.2", HANDSHAKE)
+            c, welcome = await device_session(port, Device(), group_id(b"rate"),
+                                              local_host="127.0.0.3")
+            assert welcome[0] == "Welcome"
+            await c.close()
+            for b in burst:
+                b.close()
+
+    asyncio.run(go())
+
+
+def test_a_closed_connection_is_forgotten_within_the_close_period_cap(settings):
+    """A connection the client closes is dropped after at most `CLOSE_PERIOD_MAX_SECONDS`
+    of draining (RFC 9000 §10.2 asks 3 PTO; a PTO measured while the relay was busy made it
+    seconds), so a wave of closed connections does not keep its state."""
+    from ingress.sync_quic import CLOSE_PERIOD_MAX_SECONDS
+
+    async def go():
+        async with relay(settings, stream=False) as (port, node, _):
+            srv = node.sync
+            c = await SyncClient.connect(port, local_host="127.0.0.2")
+            await wait_until(lambda: srv.admission.count(UNAUTH) == 1)
+            (proto,) = set(srv._server._protocols.values())
+            # as if its handshake had been measured under load: a PTO of seconds
+            proto._quic._loss._rtt_smoothed = proto._quic._loss._rtt_latest = 3.0
+            started = time.monotonic()
+            await c.close()
+            await wait_until(lambda: not srv._server._protocols)
+            assert time.monotonic() - started < CLOSE_PERIOD_MAX_SECONDS + 0.5
+
+    asyncio.run(go())
+
+
 # --- budgets per address and in total --------------------------------------------------------
 
 def test_one_address_at_its_cap_cannot_stop_another(settings):
