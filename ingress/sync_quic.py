@@ -212,6 +212,11 @@ class BoundedStreams(QuicConnection):
             stream.max_stream_data_local_sent = stream.max_stream_data_local
 
 
+# An address holding at most this many connections (any stage) has its new connections
+# started before those of addresses holding more (engine/fair_queue.py's light lane): a
+# device opens one at a time, a flooding address holds many.
+LIGHT_HOLDS = 1
+
 # New connections started per event-loop turn (~1 ms of CPU each); the sessions' packets read
 # in the same turn go first.
 INITIALS_PER_TURN = 8
@@ -251,8 +256,11 @@ class AdmittingServer(QuicServer):
             super().datagram_received(data, addr)   # a known connection, version negotiation
             return
         # A new connection waits its turn: sessions' packets first (runtime/udp_endpoint.py),
-        # then one address at a time.
-        if self._initials.push(address_key(str(addr[0])), (data, addr, header)) is not None:
+        # then addresses holding at most LIGHT_HOLDS connections, then one address at a time.
+        key = address_key(str(addr[0]))
+        adm = self.listener.admission
+        light = sum(adm.count_of(key, stage) for stage in Stage) <= LIGHT_HOLDS
+        if self._initials.push(key, (data, addr, header), light=light) is not None:
             self.listener.rejected["initial_queue_full"] += 1   # an oldest: likely resent
 
     def batch_done(self) -> None:

@@ -60,3 +60,39 @@ def test_clear_and_bounds():
     assert len(q) == 0
     with pytest.raises(ValueError):
         FairQueue(capacity=0, per_key=1)
+
+
+def test_a_light_key_is_served_before_every_queued_heavy_one():
+    """A key holding next to nothing (light) goes ahead of 200 flooding keys, each with
+    items queued; the heavy keys keep their round-robin after it."""
+    q = FairQueue(capacity=1000, per_key=4)
+    for k in range(200):
+        q.push(f"h{k}", f"h{k}-0")
+    q.push("client", "c0", light=True)
+    assert q.pop() == "c0"
+    assert [q.pop() for _ in range(3)] == ["h0-0", "h1-0", "h2-0"]
+
+
+def test_a_key_stays_in_its_lane_until_its_queue_empties():
+    q = FairQueue(capacity=10, per_key=10)
+    q.push("a", "a1", light=True)
+    q.push("a", "a2")                  # still light: it is queued there
+    q.push("b", "b1")
+    q.push("b", "b2", light=True)      # still heavy
+    assert [q.pop() for _ in range(4)] == ["a1", "a2", "b1", "b2"]
+
+
+def test_a_full_queue_drops_from_either_lane_the_longest():
+    q = FairQueue(capacity=3, per_key=3)
+    q.push("x", "x1", light=True)
+    q.push("x", "x2")
+    q.push("y", "y1")
+    assert q.push("z", "z1") == "x1"
+    assert [q.pop() for _ in range(3)] == ["x2", "y1", "z1"]
+
+
+def test_the_only_key_at_capacity_keeps_its_newest():
+    q = FairQueue(capacity=1, per_key=5)
+    q.push("a", 1)
+    assert q.push("a", 2) == 1
+    assert len(q) == 1 and q.pop() == 2

@@ -219,6 +219,44 @@ def test_a_new_client_starts_ahead_of_another_address_flood_of_initials(settings
     asyncio.run(go())
 
 
+def test_a_client_holding_nothing_starts_ahead_of_many_addresses_holding_several(settings):
+    """Round-robin alone gives a client one turn in as many as there are flooding addresses;
+    an address holding at most one connection is served first (the light lane of
+    engine/fair_queue.py), so 100 addresses that each hold handshakes and keep Initials
+    queued do not make a device's connection wait behind one of each of theirs."""
+    no_retry(settings)
+    s = settings.sync
+    s.handshakes_per_address_per_second = 1000
+    s.max_handshakes = 2000
+
+    async def go():
+        async with relay(settings, stream=False) as (port, node, _):
+            srv = node.sync
+            hosts = [f"127.0.1.{10 + i}" for i in range(100)]
+            held = [SilentInitial(port, h) for h in hosts for _ in range(2)]
+            await wait_until(lambda: srv.admission.count(HANDSHAKE) == 200)
+            flood = [SilentInitial(port, h, send=False) for h in hosts for _ in range(3)]
+            for f in flood:
+                f.send()
+            await wait_until(lambda: len(srv._server._initials) > 250)
+            client = SilentInitial(port, "127.0.0.1", send=False)   # a device's first Initial
+            started_before = srv.admission.count(HANDSHAKE)
+            client.send()
+            while srv.admission.count_of(address_key("127.0.0.1"), HANDSHAKE) == 0:
+                await asyncio.sleep(0)
+            started_ahead = srv.admission.count(HANDSHAKE) - 1 - started_before
+            # round-robin: ~100 (one of each address); the light lane: a turn's worth
+            assert started_ahead <= 16, started_ahead
+            c, welcome = await device_session(port, Device(), group_id(b"light"))
+            assert welcome[0] == "Welcome"
+            await c.close()
+            client.close()
+            for f in held + flood:
+                f.close()
+
+    asyncio.run(go())
+
+
 # --- address validation -----------------------------------------------------------------------
 
 def test_under_load_a_new_client_gets_a_retry_and_still_connects(settings):

@@ -62,6 +62,8 @@ LISTENER_PORT = {"trueseal_push": "TRUESEAL_PUSH", "trueseal_receive": "TRUESEAL
 # the process each listener lives in: one ingress per protocol (ingress.process_per_protocol)
 LISTENER_ROLE = {"trueseal_receive": "egress", "trueseal_push": "ingress-trueseal",
                  "heya": "ingress-heya", "ppp": "ingress-ppp", "sync": "ingress-sync"}
+# the `protocol` label of a listener's counters
+LISTENER_PROTOCOL = {"trueseal_push": "trueseal", "trueseal_receive": "trueseal"}
 LISTENER_ROLES = ("ingress-trueseal", "ingress-heya", "ingress-ppp", "ingress-sync", "egress")
 
 
@@ -81,13 +83,32 @@ def descriptors(pid: int) -> int:
         return 0
 
 
-def sessions_open(metrics_port: int, listener: str) -> int | None:
-    """The listener's `relay_sessions_open` gauge from its process's /metrics."""
+def _metrics(metrics_port: int) -> str | None:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
                                     timeout=1.0) as resp:
-            text = resp.read().decode()
+            return resp.read().decode()
     except OSError:
+        return None
+
+
+def refusals(metrics_port: int, protocol: str) -> dict[str, int]:
+    """The listener's `relay_ingress_rejected_total` by reason (refusals, evictions,
+    timeouts), so a scenario's figures say what the relay did to the attack."""
+    out: dict[str, int] = {}
+    for line in (_metrics(metrics_port) or "").splitlines():
+        if line.startswith("relay_ingress_rejected_total{") and \
+                f'protocol="{protocol}"' in line:
+            labels, value = line.rsplit(" ", 1)
+            reason = labels.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = int(float(value))
+    return out
+
+
+def sessions_open(metrics_port: int, listener: str) -> int | None:
+    """The listener's `relay_sessions_open` gauge from its process's /metrics."""
+    text = _metrics(metrics_port)
+    if text is None:
         return None
     for line in text.splitlines():
         if line.startswith("relay_sessions_open{") and f'listener="{listener}"' in line:
@@ -216,6 +237,8 @@ class RelayUnderAttack:
         rss0, socks0 = rss_kib(pid), descriptors(pid)
         metrics_port = self.relay.metrics_ports[role]
         sessions0 = sessions_open(metrics_port, listener) or 0
+        protocol = LISTENER_PROTOCOL.get(listener, listener)
+        refused0 = refusals(metrics_port, protocol)
         cpu0 = cpu_seconds(pid)
         lines0 = len(self.relay.stderr)
         spec = {"listener": listener, "stage": stage, "host": "127.0.0.1",
@@ -261,6 +284,9 @@ class RelayUnderAttack:
             time.sleep(0.25)
         time.sleep(SETTLE_SECONDS)
         sessions_after = sessions_open(metrics_port, listener)
+        refused = {k: v - refused0.get(k, 0)
+                   for k, v in refusals(metrics_port, protocol).items()
+                   if v - refused0.get(k, 0)}
         alive = self.relay.proc.poll() is None and self.relay.role_pid(role) == pid
         rss1 = rss_kib(pid) if alive else 0
         returned_at = time.monotonic()
@@ -296,6 +322,7 @@ class RelayUnderAttack:
             "memory_per_connection_kib": round((peak_rss - rss0) / held, 1)
             if held >= 100 else None,
             "relay_sessions_after": sessions_after,
+            "relay_refused": refused,     # relay_ingress_rejected_total during the scenario
             "log_lines": lines,
             "log_lines_per_s": round(lines / max(1.0, t_done - t_start), 2),
             "relay_alive": alive,
