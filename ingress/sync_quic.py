@@ -232,11 +232,7 @@ class AdmittingServer(QuicServer):
     grant it a HANDSHAKE slot, or the Initial is dropped unanswered (the client resends until
     its connect timeout, 30 s for 0k-sync); before that, its address must be within
     `handshakes_per_address_per_second`, so one address cannot spend the relay's CPU on
-    handshakes the others then wait behind. New connections start at most
-    `handshakes_per_second` in all: past it they wait in the queue (light addresses first),
-    so a flood from many addresses cannot saturate the event loop with handshakes in
-    progress, which made every session's packets wait (turns of 200-460 ms, a device's
-    round trip 3-5 s). Everything else is aioquic's."""
+    handshakes the others then wait behind. Everything else is aioquic's."""
 
     def __init__(self, listener: "SyncServer", configuration: QuicConfiguration):
         super().__init__(configuration=configuration, create_protocol=listener._protocol,
@@ -278,13 +274,7 @@ class AdmittingServer(QuicServer):
         if self._transport is None or self._transport.is_closing():
             self._initials.clear()     # closed while they waited: nothing new is admitted
             return
-        rate = self.listener.handshake_budget
         for _ in range(min(INITIALS_PER_TURN, len(self._initials))):
-            if rate is not None and not rate.ready(self._loop.time()):
-                # the relay's handshakes a second are spent: the rest wait (light ones first)
-                self._initials_scheduled = True
-                self._loop.call_later(rate.interval, self._start_initials)
-                return
             data, addr, header = self._initials.pop()
             if header.destination_cid in self._protocols:   # a resent Initial, now known
                 super().datagram_received(data, addr)
@@ -323,8 +313,6 @@ class AdmittingServer(QuicServer):
         if not lst.handshake_rate.take(address_key(str(addr[0])), now):
             lst._refused(Stage.HANDSHAKE, "rate")   # dropped: the client resends
             return
-        if lst.handshake_budget is not None:
-            lst.handshake_budget.take(now)
         ticket = lst._admit(addr)
         if ticket is None:
             return
@@ -401,10 +389,6 @@ class SyncServer(Listener):
         self.control_limit = KeyedBuckets(conf.control_requests_per_minute, 60.0)
         self.connect_limit = KeyedBuckets(conf.connections_per_minute, 60.0)
         self.handshake_rate = KeyedBuckets(conf.handshakes_per_address_per_second, 1.0)
-        # the relay's own budget of new handshakes a second (0: none); on the monotonic
-        # clock, which is the event loop's
-        self.handshake_budget = (TokenBucket(conf.handshakes_per_second, 1.0, now)
-                                 if conf.handshakes_per_second else None)
         self.conns: set[SyncConnection] = set()
         self.inflight: dict[bytes, int] = {}      # group -> payload bytes being stored
         self.last_seen: dict[tuple[bytes, bytes], int] = {}

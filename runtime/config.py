@@ -349,12 +349,6 @@ class SyncConf:
     # 10 a minute; this leaves room for a NAT of hundreds of devices, while a flood from one
     # address, which completed ~95 handshakes a second, costs a fifth of that.
     handshakes_per_address_per_second: int = 20
-    # New connections the relay starts a second in all (0: no cap; a burst of this many).
-    # ~8 ms of CPU each with auth and HELLO: 60 a second is about half of one core, so the
-    # event loop keeps time for sessions' packets; past it Initials wait in `initial_queue`
-    # (addresses holding at most one connection first) or are dropped and resent. 10,000
-    # devices reconnecting at once take about three minutes.
-    handshakes_per_second: int = 60
     connections_per_minute: int = 10         # per device id; past it, close code 1
     messages_per_minute: int = 100           # per device, PUSH + PULL (burst = the count)
     control_requests_per_minute: int = 60    # per device, our extension requests (burst = it)

@@ -355,41 +355,6 @@ def test_one_address_starts_at_most_its_rate_of_handshakes_and_another_is_untouc
     asyncio.run(go())
 
 
-def test_the_relay_starts_at_most_its_handshakes_a_second_light_addresses_first(settings):
-    """`handshakes_per_second`: a flood of new connections from addresses that already hold
-    several starts at that rate; the rest wait in the queue instead of filling the event
-    loop with handshakes in progress. A device's connection (its address holds nothing) is
-    started ahead of them."""
-    from engine.sync.token_bucket import TokenBucket
-    no_retry(settings)
-    s = settings.sync
-    s.max_handshakes = 2000
-
-    async def go():
-        async with relay(settings, stream=False) as (port, node, _):
-            srv = node.sync
-            hosts = [f"127.0.1.{10 + i}" for i in range(60)]
-            held = [SilentInitial(port, h) for h in hosts for _ in range(2)]
-            await wait_until(lambda: srv.admission.count(HANDSHAKE) == 120)
-            # from now on 10 a second, the bucket empty
-            srv.handshake_budget = TokenBucket(10, 1.0, time.monotonic())
-            srv.handshake_budget.tokens = 0.0
-            t0 = time.monotonic()
-            flood = [SilentInitial(port, h) for h in hosts for _ in range(2)]
-            await asyncio.sleep(1.0)
-            started = srv.admission.count(HANDSHAKE) - 120
-            assert 5 <= started <= 10 * (time.monotonic() - t0) + 2, started
-            assert len(srv._server._initials) >= 100          # the rest wait their turn
-            c, welcome = await device_session(port, Device(), group_id(b"budget"))
-            assert welcome[0] == "Welcome"
-            assert len(srv._server._initials) >= 90           # started ahead of them
-            await c.close()
-            for f in held + flood:
-                f.close()
-
-    asyncio.run(go())
-
-
 def test_a_closed_connection_is_forgotten_within_the_close_period_cap(settings):
     """A connection the client closes is dropped after at most `CLOSE_PERIOD_MAX_SECONDS`
     of draining (RFC 9000 §10.2 asks 3 PTO; a PTO measured while the relay was busy made it

@@ -29,11 +29,6 @@ class TokenBucket:
             return True
         return False
 
-    def ready(self, now: float) -> bool:
-        """A cell is there to spend (nothing is spent)."""
-        self._refill(now)
-        return self.tokens >= 1.0
-
     def full(self, now: float) -> bool:
         self._refill(now)
         return self.tokens >= self.burst
