@@ -1,4 +1,5 @@
-"""`relay bench [--quick] [--out FILE]`: measure the relay on this machine, write JSON.
+"""`relay bench [--quick] [--rounds N] [--out FILE]`: measure the relay on this machine, write
+JSON.
 
 Everything runs for real: Noise handshakes over loopback TCP, group-committed landing with
 fsync (as configured), Spark Structured Streaming into the inbox, egress delivering to XX
@@ -17,6 +18,11 @@ in the module of what it measures:
 8. `sync_pushes_per_s`, `sync_push_to_notify_ms` (`sync.py`).
 9. `spark_floor` (`jobs/batch_profile.py`): a small micro-batch of the relay's stream against
    Spark's own floor, the same source and trigger with a no-op sink, over the same trickle.
+
+Every section runs `rounds` times (3 unless `--rounds` says otherwise), the sections in this
+order in every round, and each figure is the median over the rounds (`rounds.py`; `rounds` in
+the file lists each round's headline figures, `section_seconds` what each section took). Spark
+starts once, in the first round.
 
 Every figure with a target (`TARGETS`, the issue's) gets `targets[name]`: the target, the
 measured value and `short_by` (how many times better it must get; <= 1: met). Each section
@@ -39,12 +45,14 @@ import signal
 import tempfile
 import time
 import traceback
+from functools import partial
 from datetime import datetime, timezone
 from pathlib import Path
 
 from runtime import config
 
 from . import heya, ppp, sync, tables, trueseal
+from .rounds import median_of
 from .harness import (ENVELOPE_SIZE, machine, rounded, say, settings_for, stop_children,
                       stop_spark)
 
@@ -81,17 +89,46 @@ def targets(res: dict) -> dict:
     return out
 
 
+def headline(res: dict) -> None:
+    """A round's headline figures and ratios, from its sections' results (in place)."""
+    ceiling = (res.get("delta_append_ceiling") or {}).get("rows_per_s")
+    ts = res.get("trueseal") or {}
+    st = res.get("stream") or {}
+    res["trueseal_acked_pushes_per_s"] = ts.get("acked_per_s")
+    if ts:
+        res["trueseal_headline_shape"] = ts.get("headline_shape")
+        res["trueseal_acked_pushes_per_s_by_shape"] = {
+            k: (ts.get(k) or {}).get("acked_per_s") for k in ("per_connection", "pipelined")}
+    res["stream_envelopes_per_s"] = st.get("envelopes_per_s")
+    res["heya_sends_per_s"] = (res.get("heya") or {}).get("heya_sends_per_s")
+    res["heya_send_to_have_ms"] = (res.get("heya") or {}).get("heya_send_to_have_ms")
+    res["ppp_acked_stores_per_s"] = (res.get("ppp") or {}).get("ppp_acked_stores_per_s")
+    res["ppp_store_to_notify_ms"] = (res.get("ppp") or {}).get("ppp_store_to_notify_ms")
+    res["sync_pushes_per_s"] = (res.get("sync") or {}).get("sync_pushes_per_s")
+    res["sync_push_to_notify_ms"] = (res.get("sync") or {}).get("sync_push_to_notify_ms")
+    res["delta_append_ceiling_rows_per_s"] = ceiling
+    if ceiling and ts.get("acked_per_s"):
+        res["trueseal_vs_ceiling_ratio"] = round(ts["acked_per_s"] / ceiling, 3)
+    if ceiling and st.get("envelopes_per_s"):
+        res["stream_vs_ceiling_ratio"] = round(st["envelopes_per_s"] / ceiling, 3)
+    if ts.get("per_connection") and ts.get("pipelined"):
+        res["per_connection_vs_pipelined_ratio"] = round(
+            ts["per_connection"]["acked_per_s"] / max(1, ts["pipelined"]["acked_per_s"]), 3)
+
+
 QUICK = {
+    "rounds": 3,
     "ceiling_commits": {1000: 60, 10000: 20},
-    "commit_target": 10_000, "commit_budget_s": 50,
+    "commit_target": 4_000, "commit_budget_s": 20,
     "ingress_seconds": 8, "ingress_warmup_s": 1,
     "stream_rows": 200_000, "stream_commit_rows": 20_000, "stream_batch_rows": 100_000,
     "e2e_rate": 200, "e2e_seconds": 10, "e2e_receivers": 20,
-    "floor_seconds": 15,
+    "floor_seconds": 10,
 }
 
 
 FULL = {
+    "rounds": 3,
     "ceiling_commits": {1000: 300, 10000: 100},
     "commit_target": 101_000, "commit_budget_s": 19 * 60,
     "ingress_seconds": 30, "ingress_warmup_s": 2,
@@ -112,7 +149,8 @@ def _summary(res: dict) -> str:
         return x
     busy = (f" [contended: load average {g('machine', 'loadavg_at_start', 0)} at start]"
             if g("machine", "contended") else "")
-    lines = [f"relay bench ({res['mode']}) on {g('machine', 'cores')} cores{busy}"]
+    lines = [f"relay bench ({res['mode']}) on {g('machine', 'cores')} cores{busy}: "
+             f"medians of {res.get('rounds_run')} rounds"]
     lines.append(f"  trueseal acked pushes/s : {res.get('trueseal_acked_pushes_per_s')} "
                  f"(per_connection {g('trueseal', 'per_connection', 'acked_per_s')}, "
                  f"pipelined {g('trueseal', 'pipelined', 'acked_per_s')}; fsync on; relay CPU "
@@ -209,32 +247,31 @@ def main(args) -> int:
     spark = None
     interrupted = False
 
-    load: dict[str, list] = {}
-    res["load"] = load
+    loads: dict[int, dict] = {}          # round -> section -> 1-min load before, after
+    seconds: dict[str, list] = {}        # section -> its duration in each round
 
-    def section(name: str, fn, *a):
+    def section(n: int, load: dict, name: str, fn, *a):
         say(f"{name} ...")
         t = time.perf_counter()
         before = round(os.getloadavg()[0], 2)
         try:
             val = fn(*a)
-            say(f"{name} done in {time.perf_counter() - t:.1f} s")
-            load[name] = [before, round(os.getloadavg()[0], 2)]   # 1-min load: before, after
+            took = time.perf_counter() - t
+            say(f"{name} done in {took:.1f} s")
+            load[name] = [before, round(os.getloadavg()[0], 2)]
+            seconds.setdefault(name, []).append(round(took, 1))
             return val
         except KeyboardInterrupt:
             raise
         except Exception as exc:
-            errors[name] = f"{type(exc).__name__}: {exc}"
+            errors[f"{name} (round {n})"] = f"{type(exc).__name__}: {exc}"
             traceback.print_exc()
             stop_children()
             return None
 
+    rounds = max(1, int(getattr(args, "rounds", None) or p["rounds"]))
+    per_round: list[dict] = []
     try:
-        res["delta_append_ceiling"] = section("delta append ceiling", tables.bench_ceiling, root, p)
-        res["landing_commit_ms"] = section("landing commit latency",
-                                           tables.bench_commit_latency, root, args, p)
-        res["trueseal"] = section("trueseal ingress", trueseal.bench_ingress, root, args, p)
-
         def start_spark():
             from jobs.spark_session import get_spark
             t = time.perf_counter()
@@ -243,22 +280,40 @@ def main(args) -> int:
             s.sparkContext.setLogLevel("ERROR")
             res["spark_start_seconds"] = rounded(time.perf_counter() - t, 1)
             return s
-        spark = section("spark start", start_spark)
-        if spark is not None:
-            res["stream"] = section("stream throughput", tables.bench_stream, spark, root, args, p)
-            res["push_to_deliver_ms"] = section("push to deliver", trueseal.bench_e2e, spark,
-                                                root, args, p)
-        # heya.py: sends/s without Spark; send->HAVE needs the stream (spark).
-        res["heya"] = section("heya", heya.run, settings_for(args, root / "heya"), quick,
+        for n in range(1, rounds + 1):
+            say(f"round {n} of {rounds}")
+            one: dict = {}
+            per_round.append(one)
+            loads[n] = one["load"] = {}
+            sec = partial(section, n, one["load"])
+            work = root / f"round-{n}"
+            work.mkdir()
+            one["delta_append_ceiling"] = sec("delta append ceiling", tables.bench_ceiling,
+                                              work, p)
+            one["landing_commit_ms"] = sec("landing commit latency",
+                                           tables.bench_commit_latency, work, args, p)
+            one["trueseal"] = sec("trueseal ingress", trueseal.bench_ingress, work, args, p)
+            if spark is None and n == 1:
+                spark = sec("spark start", start_spark)
+            if spark is not None:
+                one["stream"] = sec("stream throughput", tables.bench_stream, spark, work,
+                                    args, p)
+                one["push_to_deliver_ms"] = sec("push to deliver", trueseal.bench_e2e, spark,
+                                                work, args, p)
+            # heya.py: sends/s without Spark; send->HAVE needs the stream (spark).
+            one["heya"] = sec("heya", heya.run, settings_for(args, work / "heya"), quick,
                               spark)
-        # ppp.py: stores/s without Spark; store->NOTIFY needs the stream
-        res["ppp"] = section("ppp", ppp.run, settings_for(args, root / "ppp"), quick, spark)
-        # sync.py: PUSH_ACK waits for the inbox commit: needs the stream
-        res["sync"] = section("sync", sync.run, settings_for(args, root / "sync"), quick, spark)
-        if spark is not None:
-            from jobs import batch_profile
-            res["spark_floor"] = section("spark floor", batch_profile.measure, spark,
+            # ppp.py: stores/s without Spark; store->NOTIFY needs the stream
+            one["ppp"] = sec("ppp", ppp.run, settings_for(args, work / "ppp"), quick, spark)
+            # sync.py: PUSH_ACK waits for the inbox commit: needs the stream
+            one["sync"] = sec("sync", sync.run, settings_for(args, work / "sync"), quick,
+                              spark)
+            if spark is not None:
+                from jobs import batch_profile
+                one["spark_floor"] = sec("spark floor", batch_profile.measure, spark,
                                          p["floor_seconds"])
+            headline(one)
+            one["targets"] = targets(one)
     except KeyboardInterrupt:
         interrupted = True
         say("interrupted; stopping child processes")
@@ -268,29 +323,18 @@ def main(args) -> int:
             stop_spark(spark)
         signal.signal(signal.SIGTERM, old_term)
 
-    ceiling = (res.get("delta_append_ceiling") or {}).get("rows_per_s")
-    ts = res.get("trueseal") or {}
-    st = res.get("stream") or {}
-    res["trueseal_acked_pushes_per_s"] = ts.get("acked_per_s")
-    if ts:
-        res["trueseal_headline_shape"] = ts.get("headline_shape")
-        res["trueseal_acked_pushes_per_s_by_shape"] = {
-            k: (ts.get(k) or {}).get("acked_per_s") for k in ("per_connection", "pipelined")}
-    res["stream_envelopes_per_s"] = st.get("envelopes_per_s")
-    res["heya_sends_per_s"] = (res.get("heya") or {}).get("heya_sends_per_s")
-    res["heya_send_to_have_ms"] = (res.get("heya") or {}).get("heya_send_to_have_ms")
-    res["ppp_acked_stores_per_s"] = (res.get("ppp") or {}).get("ppp_acked_stores_per_s")
-    res["ppp_store_to_notify_ms"] = (res.get("ppp") or {}).get("ppp_store_to_notify_ms")
-    res["sync_pushes_per_s"] = (res.get("sync") or {}).get("sync_pushes_per_s")
-    res["sync_push_to_notify_ms"] = (res.get("sync") or {}).get("sync_push_to_notify_ms")
-    res["delta_append_ceiling_rows_per_s"] = ceiling
-    if ceiling and ts.get("acked_per_s"):
-        res["trueseal_vs_ceiling_ratio"] = round(ts["acked_per_s"] / ceiling, 3)
-    if ceiling and st.get("envelopes_per_s"):
-        res["stream_vs_ceiling_ratio"] = round(st["envelopes_per_s"] / ceiling, 3)
-    if ts.get("per_connection") and ts.get("pipelined"):
-        res["per_connection_vs_pipelined_ratio"] = round(
-            ts["per_connection"]["acked_per_s"] / max(1, ts["pipelined"]["acked_per_s"]), 3)
+    # every figure is the median over the rounds (relay/bench/rounds.py); each round's
+    # headline figures stay beside it, so the spread is visible
+    res.update(median_of(per_round) or {})
+    res["rounds"] = [{name: t["measured"] for name, t in one.get("targets", {}).items()}
+                     | {"delta_append_ceiling_rows_per_s":
+                        one.get("delta_append_ceiling_rows_per_s"),
+                        "spark_relay_over_floor": (one.get("spark_floor") or {}).get(
+                            "relay_over_floor")}
+                     for one in per_round]
+    res["rounds_run"] = len(per_round)
+    res["load"] = {f"round {n}": v for n, v in loads.items()}
+    res["section_seconds"] = seconds
     res["targets"] = targets(res)
     res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     res["total_seconds"] = rounded(time.time() - started, 1)
@@ -305,7 +349,8 @@ def main(args) -> int:
             "trueseal_acked_pushes_per_s_by_shape", "push_to_deliver_ms", "stream_envelopes_per_s",
             "landing_commit_ms", "delta_append_ceiling_rows_per_s", "trueseal_vs_ceiling_ratio",
             "stream_vs_ceiling_ratio", "per_connection_vs_pipelined_ratio", "targets",
-            "spark_floor", "machine", "load", "settings_used"]
+            "rounds_run", "rounds", "spark_floor", "machine", "load", "section_seconds",
+            "settings_used"]
     ordered = {k: res[k] for k in head if k in res}
     ordered.update({k: v for k, v in res.items() if k not in ordered})
     out_path.write_text(json.dumps(ordered, indent=2, default=str) + "\n")
