@@ -217,6 +217,10 @@ class Admission:
     def count_of(self, address: str, stage: Stage) -> int:
         return self._books[stage].holds(address)
 
+    def held_by(self, address: str) -> int:
+        """Connections `address` holds in all stages together."""
+        return sum(book.holds(address) for book in self._books.values())
+
     def counts(self) -> dict[Stage, int]:
         return {stage: book.count for stage, book in self._books.items()}
 

@@ -7,10 +7,12 @@ which costs a TLS handshake's CPU to start. Served one key at a time in turn, a 
 waits for at most one item of each other key.
 
 Two lanes: an item pushed with `light=True` (its key holds next to nothing yet: the listener
-says, from its admission counts) is served before every other. Round-robin alone gave a real
-client one turn in 254 while 253 flooding addresses each kept Initials queued: its two
-handshakes (each twice through the queue with a Retry) took 3-5 s. A key stays in the lane it
-entered until its queue empties.
+says, from its admission counts) is served before every other. This helps a real client
+against addresses that each hold several connections: round-robin alone let every one of them
+take a turn before it. It does not help against many addresses that each hold at most one
+(the hostile suite's 253-address flood): they share the light lane with the real client, which
+still waits about one turn per flooding address. A key stays in the lane it entered until its
+queue empties.
 
 Full (`capacity` items in all, or `per_key` of one key): the oldest item of the longest
 queue is dropped, so the key that floods loses its own items first. Pure: no I/O, no clock.
@@ -42,8 +44,12 @@ class FairQueue(Generic[T]):
     def push(self, key: Hashable, item: T, *, light: bool = False) -> T | None:
         """Queue `item` under `key` (`light`: in the lane served first, if `key` is not
         queued yet); returns the item dropped to make room, if one was."""
-        lane = self._light if key in self._light else self._queues if key in self._queues \
-            else self._light if light else self._queues
+        if key in self._light:
+            lane = self._light
+        elif key in self._queues:
+            lane = self._queues
+        else:
+            lane = self._light if light else self._queues
         q = lane.get(key)
         dropped = None
         if q is not None and len(q) >= self.per_key:

@@ -258,8 +258,7 @@ class AdmittingServer(QuicServer):
         # A new connection waits its turn: sessions' packets first (runtime/udp_endpoint.py),
         # then addresses holding at most LIGHT_HOLDS connections, then one address at a time.
         key = address_key(str(addr[0]))
-        adm = self.listener.admission
-        light = sum(adm.count_of(key, stage) for stage in Stage) <= LIGHT_HOLDS
+        light = self.listener.admission.held_by(key) <= LIGHT_HOLDS
         if self._initials.push(key, (data, addr, header), light=light) is not None:
             self.listener.rejected["initial_queue_full"] += 1   # an oldest: likely resent
 
@@ -286,6 +285,7 @@ class AdmittingServer(QuicServer):
 
     def _new_connection(self, data: bytes, addr: NetworkAddress, header) -> None:
         lst, now = self.listener, self._loop.time()
+        key = address_key(str(addr[0]))
         if header.token:
             try:
                 original = self._retry.validate_token(
@@ -298,7 +298,7 @@ class AdmittingServer(QuicServer):
                     destination_cid=header.source_cid), addr)
                 return
             retry_source = header.destination_cid
-        elif lst.needs_retry(address_key(str(addr[0]))):
+        elif lst.needs_retry(key):
             source = os.urandom(self._configuration.connection_id_length)
             lst.retries += 1
             self._transport.sendto(encode_quic_retry(
@@ -310,7 +310,7 @@ class AdmittingServer(QuicServer):
             return
         else:
             original, retry_source = header.destination_cid, None
-        if not lst.handshake_rate.take(address_key(str(addr[0])), now):
+        if not lst.handshake_rate.take(key, now):
             lst._refused(Stage.HANDSHAKE, "rate")   # dropped: the client resends
             return
         ticket = lst._admit(addr)

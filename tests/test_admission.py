@@ -205,6 +205,8 @@ def test_counts_and_victims_match_a_brute_force_model():
             assert all(n <= lim.cap(stage).per_address for n in held.values())
             for addr, n in held.items():
                 assert adm.count_of(addr, stage) == n
+        for addr in {t.address for t in live}:
+            assert adm.held_by(addr) == sum(t.address == addr for t in live)
 
 
 def _holders(tickets, stage) -> dict:

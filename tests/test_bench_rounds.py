@@ -1,6 +1,6 @@
 """The bench's medians over rounds (relay/bench/rounds.py)."""
 
-from relay.bench.rounds import median_of, spread
+from relay.bench.rounds import median_of
 
 
 def test_numbers_take_the_median_and_keep_ints_whole():
@@ -18,7 +18,3 @@ def test_nested_dicts_take_each_figures_median_over_the_rounds_that_have_it():
     assert median_of(rounds) == {"p": {"p50": 20, "p99": 80}, "mode": "quick", "ok": True,
                                  "x": [2, 6], "late": 5}
 
-
-def test_spread_lists_the_rounds_beside_their_median():
-    assert spread([4, 9, 5]) == {"rounds": [4, 9, 5], "median": 5}
-    assert spread([None, "a"]) is None

@@ -43,10 +43,3 @@ def median_of(values: list[Any]) -> Any:
         return [median_of([v[i] for v in present]) for i in range(len(first))]
     return first
 
-
-def spread(values: list[Any]) -> dict | None:
-    """One figure's rounds beside its median: {"rounds": [...], "median": m}."""
-    nums = [v for v in values if _number(v)]
-    if not nums:
-        return None
-    return {"rounds": values, "median": median_of(nums)}
