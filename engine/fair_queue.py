@@ -6,13 +6,13 @@ address: a plain FIFO put a real client's Initial behind every Initial a flood h
 which costs a TLS handshake's CPU to start. Served one key at a time in turn, a new key
 waits for at most one item of each other key.
 
-Two lanes: an item pushed with `light=True` (its key holds next to nothing yet: the listener
-says, from its admission counts) is served before every other. This helps a real client
-against addresses that each hold several connections: round-robin alone let every one of them
-take a turn before it. It does not help against many addresses that each hold at most one
-(the hostile suite's 253-address flood): they share the light lane with the real client, which
-still waits about one turn per flooding address. A key stays in the lane it entered until its
-queue empties.
+Lanes (`lanes`, default 2): an item pushed with `lane=0` is served before every item of
+lane 1, and so on; without `lane` it goes to the last. The listeners put a key in an earlier
+lane from what they know of it (runtime/handshake_gate.py: an address that authenticated
+lately, then one holding next to nothing). Round-robin alone let every flooding address take
+a turn before a real client. A lane does not help against many addresses that look like the
+client (each holding at most one connection, say): within a lane it still waits about one
+turn per key. A key stays in the lane it entered until its queue empties.
 
 Full (`capacity` items in all, or `per_key` of one key): the oldest item of the longest
 queue is dropped, so the key that floods loses its own items first. Pure: no I/O, no clock.
@@ -27,35 +27,31 @@ T = TypeVar("T")
 
 
 class FairQueue(Generic[T]):
-    def __init__(self, capacity: int, per_key: int):
-        if capacity < 1 or per_key < 1:
-            raise ValueError("capacity and per_key must be at least 1")
+    def __init__(self, capacity: int, per_key: int, lanes: int = 2):
+        if capacity < 1 or per_key < 1 or lanes < 1:
+            raise ValueError("capacity, per_key and lanes must be at least 1")
         self.capacity = capacity
         self.per_key = per_key
-        # per lane, in turn order: the first is served next
-        self._light: dict[Hashable, deque[T]] = {}
-        self._queues: dict[Hashable, deque[T]] = {}
+        # per lane, keys in turn order: the first is served next
+        self._lanes: list[dict[Hashable, deque[T]]] = [{} for _ in range(lanes)]
         self._len = 0
         self.dropped = 0
 
     def __len__(self) -> int:
         return self._len
 
-    def push(self, key: Hashable, item: T, *, light: bool = False) -> T | None:
-        """Queue `item` under `key` (`light`: in the lane served first, if `key` is not
-        queued yet); returns the item dropped to make room, if one was."""
-        if key in self._light:
-            lane = self._light
-        elif key in self._queues:
-            lane = self._queues
-        else:
-            lane = self._light if light else self._queues
-        q = lane.get(key)
+    def push(self, key: Hashable, item: T, *, lane: int | None = None) -> T | None:
+        """Queue `item` under `key` (in `lane`, 0 served first, if `key` is not queued yet;
+        default the last); returns the item dropped to make room, if one was."""
+        home = next((ln for ln in self._lanes if key in ln), None)
+        if home is None:
+            home = self._lanes[-1 if lane is None else lane]
+        q = home.get(key)
         dropped = None
         if q is not None and len(q) >= self.per_key:
             dropped = q.popleft()
         elif self._len >= self.capacity:
-            longest, of = max(((k, ln) for ln in (self._queues, self._light) for k in ln),
+            longest, of = max(((k, ln) for ln in self._lanes for k in ln),
                               key=lambda kl: len(kl[1][kl[0]]))
             dropped = of[longest].popleft()
             if not of[longest]:
@@ -63,17 +59,17 @@ class FairQueue(Generic[T]):
         if dropped is not None:
             self._len -= 1
             self.dropped += 1
-        if q is None or lane.get(key) is not q:    # new, or emptied by the drop just now
-            q = lane[key] = q if q is not None else deque()
+        if q is None or home.get(key) is not q:    # new, or emptied by the drop just now
+            q = home[key] = q if q is not None else deque()
         q.append(item)
         self._len += 1
         return dropped
 
     def pop(self) -> T:
-        """The oldest item of the key whose turn it is (light keys first); that key goes to
-        the back of its lane."""
-        lane = self._light or self._queues
-        if not lane:
+        """The oldest item of the key whose turn it is (earlier lanes first); that key goes
+        to the back of its lane."""
+        lane = next((ln for ln in self._lanes if ln), None)
+        if lane is None:
             raise IndexError("pop from an empty FairQueue")
         key = next(iter(lane))
         q = lane.pop(key)
@@ -84,6 +80,6 @@ class FairQueue(Generic[T]):
         return item
 
     def clear(self) -> None:
-        self._light.clear()
-        self._queues.clear()
+        for lane in self._lanes:
+            lane.clear()
         self._len = 0

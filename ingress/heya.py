@@ -156,7 +156,7 @@ class HeyaServer(Listener):
                                                                       writer.tag),
             handshake_timeout=self.conf.handshake_timeout_seconds,
             on_handshake_failed=self._handshake_failed,
-            on_lost=lambda stream: self.release(stream.tag))
+            on_lost=lambda stream: self.release(stream.tag), gate=self.gate)
         return tls_stream.TLSServer(self._accept_server(), self._tls)
 
     def _protocol_for(self, ticket: Ticket) -> tls_stream.TLSStream:
@@ -172,6 +172,8 @@ class HeyaServer(Listener):
                 log.info("heya TLS handshake timed out", extra={
                     "event": "handshake_timeout", "listener": self.name,
                     "suppressed": dropped})
+        elif kind == "busy":
+            self.rejected["handshake_queue_full"] += 1
         elif kind == "tls":
             log.debug("heya TLS handshake failed", extra={"event": "heya_closed",
                                                           "reason": "tls", "detail": detail})

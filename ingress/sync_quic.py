@@ -76,6 +76,7 @@ from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_DEVICE_REVOKED, CLOSE_
 from engine.sync.token_bucket import KeyedBuckets, TokenBucket
 from runtime.config import Settings
 from runtime import tls, udp_endpoint
+from runtime.handshake_gate import LANES
 from runtime.listener import Listener
 from runtime.log_rate import LogRate
 
@@ -212,11 +213,6 @@ class BoundedStreams(QuicConnection):
             stream.max_stream_data_local_sent = stream.max_stream_data_local
 
 
-# An address holding at most this many connections (any stage) has its new connections
-# started before those of addresses holding more (engine/fair_queue.py's light lane): a
-# device opens one at a time, a flooding address holds many.
-LIGHT_HOLDS = 1
-
 # New connections started per event-loop turn (~1 ms of CPU each); the sessions' packets read
 # in the same turn go first.
 INITIALS_PER_TURN = 8
@@ -239,9 +235,11 @@ class AdmittingServer(QuicServer):
                          retry=True)
         self.listener = listener
         # round-robin by source address (engine/fair_queue.py): a flood's Initials do not
-        # queue ahead of another address's
+        # queue ahead of another address's; in the lanes of the TCP listeners' handshake
+        # gate (Listener.handshake_lane): known addresses, then light ones, then the rest
         self._initials: FairQueue = FairQueue(listener.conf.initial_queue,
-                                              listener.conf.initial_queue_per_address)
+                                              listener.conf.initial_queue_per_address,
+                                              lanes=LANES)
         self._initials_scheduled = False
 
     def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:
@@ -256,10 +254,10 @@ class AdmittingServer(QuicServer):
             super().datagram_received(data, addr)   # a known connection, version negotiation
             return
         # A new connection waits its turn: sessions' packets first (runtime/udp_endpoint.py),
-        # then addresses holding at most LIGHT_HOLDS connections, then one address at a time.
+        # then by lane (known addresses, light ones, the rest), one address at a time.
         key = address_key(str(addr[0]))
-        light = self.listener.admission.held_by(key) <= LIGHT_HOLDS
-        if self._initials.push(key, (data, addr, header), light=light) is not None:
+        lane = self.listener.handshake_lane(key)
+        if self._initials.push(key, (data, addr, header), lane=lane) is not None:
             self.listener.rejected["initial_queue_full"] += 1   # an oldest: likely resent
 
     def batch_done(self) -> None:
@@ -366,6 +364,7 @@ def _nothing(*_args) -> None:
 class SyncServer(Listener):
     name = "sync"
     protocol = PROTOCOL
+    light_holds = 1     # a device opens one connection at a time; a flooding address many
 
     def __init__(self, settings: Settings, appender, *, fsync: bool = True):
         conf = settings.sync

@@ -138,7 +138,8 @@ class _PushConnection:
 
     async def run(self) -> None:
         core, conf = self.core, self.server.conf
-        self.deadline.at(self.loop.time() + conf.handshake_timeout_seconds, "handshake")
+        handshake_deadline = self.loop.time() + conf.handshake_timeout_seconds
+        self.deadline.at(handshake_deadline, "handshake")
         try:
             while core.state in (State.HANDSHAKE, State.OPEN):
                 if core.outstanding >= self.server.max_in_flight and self.stores:
@@ -147,6 +148,10 @@ class _PushConnection:
                 try:
                     data = await self.reader.read(READ_SIZE)
                 except (ConnectionError, OSError):
+                    core.close()
+                    break
+                if data and core.state is State.HANDSHAKE \
+                        and not await self._turn(handshake_deadline):
                     core.close()
                     break
                 if data:
@@ -174,6 +179,21 @@ class _PushConnection:
             if data and not self.writer.is_closing():
                 self.writer.write(data)
             self.writer.close()
+
+    async def _turn(self, deadline: float) -> bool:
+        """Wait for this address's turn at the handshake gate (runtime/handshake_gate.py),
+        within the handshake deadline (whose timer counts the timeout)."""
+        key = self.ticket.address if self.ticket is not None else None
+        try:
+            async with asyncio.timeout_at(deadline):
+                if await self.server.gate.turn(key):
+                    return True
+        except TimeoutError:
+            if not self.core.closed:
+                self._expired("handshake")
+            return False
+        self.server.rejected["handshake_queue_full"] += 1
+        return False
 
     def _arm(self) -> None:
         """The client's deadline for what it is doing now; none while replies are owed."""
@@ -242,6 +262,7 @@ class _PushConnection:
             self.core.fail(ev.push_id)
         else:
             self.server.accepted += 1
+            self.server.vouch(self.ticket)   # a real client: its handshakes go first a while
             self.core.accept(ev.push_id)
         self._handle_events()
         await self._flush()

@@ -20,6 +20,9 @@ bookkeeping:
   §1); the connections it evicts are closed. The shell calls `advance(ticket, stage)` as a
   connection reaches UNAUTH / AUTH and closes it if that returns False; the slot is released
   when the handler ends (a TLS listener also when a handshake fails: `release`).
+* **Handshakes in turns** (`runtime/handshake_gate.py`): the shells run each handshake step
+  through `self.gate`, known addresses first (`vouch`: one of its connections authenticated),
+  then light ones, then the rest round-robin, a few steps per loop turn.
 * **Deadlines**: `Deadline` (one timer per connection, moved as it changes stage) and
   `RecordClock` (where a client is inside a length-prefixed record, for a minimum byte rate)
   are the shells' tools.
@@ -41,6 +44,7 @@ from typing import Callable
 
 from engine.admission import Admission, Cap, Limits, Stage, Ticket, address_key
 from runtime import open_files
+from runtime.handshake_gate import LIGHT_HOLDS, HandshakeGate, Known
 from runtime.log_rate import LogRate
 
 log = logging.getLogger("relay.listener")
@@ -61,6 +65,7 @@ def open_limits(max_connections: int) -> Limits:
 class Listener:
     name = "listener"   # for logs and metrics: "trueseal_push", ...
     protocol = ""       # metrics label: the protocol this listener speaks
+    light_holds = LIGHT_HOLDS   # connections an address may hold and still be light
 
     def __init__(self, host: str, port: int, max_connections: int, *,
                  limits: Limits | None = None, backlog: int = BACKLOG,
@@ -81,6 +86,8 @@ class Listener:
         self.rejected: Counter[str] = Counter()
         self.pauses = 0         # times accepting stopped near the descriptor limit
         self.quiet = LogRate()
+        self.known = Known()
+        self.gate = HandshakeGate(self.handshake_lane)
         self._server = None
         self._handlers: set[asyncio.Task] = set()
         self._opening: set[asyncio.Task] = set()
@@ -109,6 +116,7 @@ class Listener:
         """Stop accepting, let the connections finish what they owe (`_drain`), then end them."""
         if self._server is not None:
             self._server.close()
+        self.gate.close()
         for task in list(self._opening):
             task.cancel()
         await self._drain()
@@ -166,8 +174,9 @@ class Listener:
         return decision.ticket
 
     def advance(self, ticket: Ticket | None, stage: Stage) -> bool:
-        """The connection reached `stage`. False: refused (its address at its cap there, or
-        the stage full and not to be evicted from); the shell closes the connection."""
+        """The connection reached `stage` (AUTH also vouches for its address). False: refused
+        (its address at its cap there, or the stage full and not to be evicted from); the
+        shell closes the connection."""
         if ticket is None:
             return True
         decision = self.admission.advance(ticket, stage, asyncio.get_running_loop().time())
@@ -175,7 +184,22 @@ class Listener:
         if decision.ticket is None:
             self._refused(stage, decision.refused)
             return False
+        if stage is Stage.AUTH:
+            self.vouch(ticket)
         return True
+
+    def vouch(self, ticket: Ticket | None) -> None:
+        """The connection proved its client (authenticated, or a push was stored): its
+        address's handshakes go first for a while (`handshake_lane`)."""
+        if ticket is not None:
+            self.known.add(ticket.address, asyncio.get_running_loop().time())
+
+    def handshake_lane(self, key: str) -> int:
+        """The gate's lane for an address's handshake steps (runtime/handshake_gate.py)."""
+        if (self.known.knows(key, asyncio.get_running_loop().time())
+                and self.admission.count_of(key, Stage.HANDSHAKE) <= self.light_holds):
+            return 0
+        return 1 if self.admission.held_by(key) <= self.light_holds else 2
 
     def release(self, ticket: Ticket | None) -> None:
         if ticket is not None:

@@ -9,9 +9,11 @@ the TLS engine (`bio_write`) and sends what the engine produces (`bio_read`).
 * `Acceptor` is the protocol factory, for a listener with its own accept loop
   (`runtime/listener.py`): `acceptor(tag)` is one connection's protocol for
   `loop.connect_accepted_socket` (or `loop.create_server`); the callback gets
-  `(stream, stream)` once the handshake is done. A handshake that fails, ends, or outlasts
-  its deadline is dropped and reported to `on_handshake_failed(kind, detail)` (kind
-  "timeout", "tls" with OpenSSL's reason, or "eof"); nothing is logged here (no tracebacks,
+  `(stream, stream)` once the handshake is done. With a `gate` (runtime/handshake_gate.py)
+  every handshake step waits its turn there, keyed by `tag.address`: the bytes wait in the
+  TLS engine's BIO meanwhile. A handshake that fails, ends, outlasts its deadline or is
+  dropped by a full gate is closed and reported to `on_handshake_failed(kind, detail)` (kind
+  "timeout", "tls" with OpenSSL's reason, "eof", or "busy"); nothing is logged here (no tracebacks,
   no addresses); `tag` stays on the stream (`stream.tag`, the listener's
   admission ticket), and `on_lost(stream)` hears of every connection that ends, in its
   handshake or after it.
@@ -89,13 +91,14 @@ class Acceptor:
                  handshake_timeout: float,
                  on_handshake_failed: Callable[[str, str], None] | None = None,
                  on_lost: Callable[["TLSStream"], None] | None = None,
-                 read_limit: int = READ_LIMIT):
+                 read_limit: int = READ_LIMIT, gate=None):
         self.context = context
         self.client_connected_cb = client_connected_cb
         self.handshake_timeout = handshake_timeout
         self.on_handshake_failed = on_handshake_failed
         self.on_lost = on_lost
         self.read_limit = read_limit
+        self.gate = gate               # runtime/handshake_gate.HandshakeGate, or None
         self.buffer = memoryview(bytearray(READ_CHUNK))
         self.handshaking: set[TLSStream] = set()
         self.closed = False
@@ -117,7 +120,8 @@ class TLSStream(asyncio.BufferedProtocol):
 
     __slots__ = ("_acceptor", "_loop", "_tcp", "_conn", "_timer", "_handshaken", "_reported",
                  "_peer_cert", "_buffer", "_eof", "_exc", "_reader", "_paused_reading",
-                 "_paused_writing", "_drainers", "_closing", "_lost", "_closed", "_task", "tag")
+                 "_paused_writing", "_drainers", "_closing", "_lost", "_closed", "_task", "_queued",
+                 "tag")
 
     def __init__(self, acceptor: Acceptor):
         self.tag = None                   # the listener's, e.g. its admission ticket
@@ -140,6 +144,7 @@ class TLSStream(asyncio.BufferedProtocol):
         self._lost = False
         self._closed: asyncio.Future | None = None
         self._task: asyncio.Task | None = None
+        self._queued = False              # a handshake step waits in the acceptor's gate
 
     # --- the application's side: StreamReader / StreamWriter names -------------------------------
     async def read(self, n: int = -1) -> bytes:
@@ -264,8 +269,12 @@ class TLSStream(asyncio.BufferedProtocol):
             return
         if self._handshaken:
             self._decrypt()
-        else:
+        elif self._acceptor.gate is None:
             self._handshake()
+        elif not self._queued:      # else the step queued already takes these bytes too
+            self._queued = True
+            self._acceptor.gate.submit(getattr(self.tag, "address", None),
+                                       self._gated_handshake, self._gate_dropped)
 
     def eof_received(self) -> bool:
         if not self._handshaken:
@@ -323,6 +332,20 @@ class TLSStream(asyncio.BufferedProtocol):
         self._task = self._loop.create_task(self._acceptor.client_connected_cb(self, self))
         self._task.add_done_callback(self._served)
 
+    def _gated_handshake(self) -> bool:
+        """The gate's turn: the handshake step on every byte received so far. False: the
+        connection is gone, the turn was free."""
+        self._queued = False
+        if self._lost or self._closing or self._handshaken or self._conn is None:
+            return False
+        self._handshake()
+        return True
+
+    def _gate_dropped(self) -> None:
+        self._queued = False
+        if not (self._lost or self._closing or self._handshaken):
+            self._handshake_failed("busy", "")
+
     def _handshake_timeout(self) -> None:
         self._timer = None
         self._handshake_failed("timeout", "")
@@ -333,7 +356,7 @@ class TLSStream(asyncio.BufferedProtocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if kind == "timeout":
+        if kind in ("timeout", "busy"):
             self.abort()
         elif not self._closing and self._tcp is not None:
             self._closing = True

@@ -68,23 +68,34 @@ def test_a_light_key_is_served_before_every_queued_heavy_one():
     q = FairQueue(capacity=1000, per_key=4)
     for k in range(200):
         q.push(f"h{k}", f"h{k}-0")
-    q.push("client", "c0", light=True)
+    q.push("client", "c0", lane=0)
     assert q.pop() == "c0"
     assert [q.pop() for _ in range(3)] == ["h0-0", "h1-0", "h2-0"]
 
 
+def test_three_lanes_are_served_in_order():
+    q = FairQueue(capacity=10, per_key=4, lanes=3)
+    q.push("flood", "f1")
+    q.push("light", "l1", lane=1)
+    q.push("known", "k1", lane=0)
+    q.push("flood", "f2", lane=0)      # already queued in the last lane: stays there
+    assert [q.pop() for _ in range(4)] == ["k1", "l1", "f1", "f2"]
+    with pytest.raises(IndexError):
+        q.pop()
+
+
 def test_a_key_stays_in_its_lane_until_its_queue_empties():
     q = FairQueue(capacity=10, per_key=10)
-    q.push("a", "a1", light=True)
+    q.push("a", "a1", lane=0)
     q.push("a", "a2")                  # still light: it is queued there
     q.push("b", "b1")
-    q.push("b", "b2", light=True)      # still heavy
+    q.push("b", "b2", lane=0)      # still heavy
     assert [q.pop() for _ in range(4)] == ["a1", "a2", "b1", "b2"]
 
 
 def test_a_full_queue_drops_from_either_lane_the_longest():
     q = FairQueue(capacity=3, per_key=3)
-    q.push("x", "x1", light=True)
+    q.push("x", "x1", lane=0)
     q.push("x", "x2")
     q.push("y", "y1")
     assert q.push("z", "z1") == "x1"

@@ -241,6 +241,47 @@ def test_a_device_gets_a_receive_session_past_a_flood_by_fair_share():
     run(main())
 
 
+async def queued_flood(port: int, srv, first_message: bytes, hosts: int = 100,
+                       each: int = 3) -> list:
+    """`hosts` x `each` connections from 127.0.1.x, each sending a handshake's first message
+    at once; returns once most of their steps wait in the listener's handshake gate."""
+    conns = [await raw(port, f"127.0.1.{10 + h}") for h in range(hosts) for _ in range(each)]
+    for _, writer in conns:
+        writer.write(first_message)
+    while len(srv.gate) < hosts * each * 2 // 3:
+        await asyncio.sleep(0)
+    return conns
+
+
+def test_a_known_device_handshakes_ahead_of_a_flood_of_queued_handshakes():
+    """Every handshake step waits its turn in the listener's gate (runtime/handshake_gate.py),
+    a few per loop turn: a device whose address authenticated before goes ahead of 300
+    handshakes queued by 100 other addresses, where round-robin would have it wait for one
+    of each (the hostile suite's ramp: 4-5 s round trips before the gate)."""
+    conf = make_settings(max_handshakes=1000, max_handshakes_per_address=64)
+    priv, _ = keypair()
+
+    async def main():
+        async with receive_relay(conf) as relay:
+            port, srv = relay.server.bound_port, relay.server
+            first = await trueseal(port, "127.0.0.1", XX, priv)   # authenticates: known
+            first.close()
+            srv.gate.steps_per_turn = 1
+            flood = await queued_flood(port, srv, Client(XX, KEY.public).hello())
+            before = srv.gate.run_steps
+            device = await trueseal(port, "127.0.0.1", XX, priv)  # msg 1 and msg 3: 2 steps
+            await wait_until(lambda: relay.hub.sessions_open() == 1)
+            ahead = srv.gate.run_steps - before - 2
+            # steps run meanwhile, one per loop turn its own connection takes; round-robin
+            # would have made each of its 2 steps wait for one of each of 100 addresses
+            assert ahead <= 60, ahead
+            assert len(srv.gate) > 100                # the flood still waits behind it
+            device.close()
+            close_all(flood)
+
+    run(main())
+
+
 def test_a_device_that_stops_reading_is_closed_at_the_write_deadline():
     conf = make_settings(write_timeout_seconds=0.5, heartbeat_idle_seconds=60.0,
                          heartbeat_timeout_seconds=60.0)
@@ -398,6 +439,34 @@ def test_heya_handshakes_are_bounded_by_the_handshake_cap(settings, tmp_path):
             c.close()
             close_all(conns)
             await wait_until(lambda: srv.admission.total == 0)
+
+    asyncio.run(go())
+
+
+def test_heya_a_known_mailbox_handshakes_ahead_of_a_flood_of_client_hellos(settings, tmp_path):
+    """The same gate on Heya's TLS handshakes: a mailbox certificate whose address
+    authenticated before completes TLS (two steps) ahead of 300 queued ClientHellos."""
+    async def go():
+        import ssl
+        hello = client_context(Cert(tmp_path, "flood")).wrap_bio(ssl.MemoryBIO(),
+                                                                   out := ssl.MemoryBIO())
+        with pytest.raises(ssl.SSLWantReadError):
+            hello.do_handshake()
+        client_hello = out.read()
+        async with node(settings, max_handshakes=1000, max_handshakes_per_address=64,
+                        handshake_timeout_seconds=30.0) as n:
+            port, srv = n.heya.bound_port, n.heya
+            cert, token = Cert(tmp_path, "mailbox"), mint(settings)[0]
+            (await mailbox(port, cert, token)).close()          # AUTH: its address is known
+            srv.gate.steps_per_turn = 1
+            flood = await queued_flood(port, srv, client_hello)
+            before = srv.gate.run_steps
+            c = await heya(port, "127.0.0.1", cert)               # TLS and the greeting
+            ahead = srv.gate.run_steps - before - 2
+            assert ahead <= 60, ahead             # round-robin: 200 or more
+            assert len(srv.gate) > 100
+            c.close()
+            close_all(flood)
 
     asyncio.run(go())
 
