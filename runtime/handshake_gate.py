@@ -25,6 +25,8 @@ most queued is dropped and its connection closed (`drop`): the flood loses its o
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import os
 from collections import OrderedDict
 from typing import Callable, Hashable
 
@@ -35,33 +37,40 @@ CAPACITY = 8192             # steps waiting, all addresses together
 PER_KEY = 64                # steps waiting of one address
 LANES = 3
 KNOWN_SECONDS = 600.0       # how long an address that authenticated stays known
-KNOWN_CAPACITY = 65536      # addresses remembered (~100 bytes each); the oldest forgotten
+KNOWN_CAPACITY = 65536      # addresses remembered (~150 bytes each); the oldest forgotten
 LIGHT_HOLDS = 2             # connections an address may hold and still be light (a client
                             # keeps a receive or mailbox session while it sends on another)
 
 
 class Known:
     """Addresses one of whose connections authenticated within `ttl` seconds: at most
-    `capacity` of them, the least recently seen forgotten first. Keys only (hashed address
-    keys, engine/admission.py's `address_key`), never logged."""
+    `capacity` of them, the least recently seen forgotten first. Held in memory only, and
+    as keyed hashes (BLAKE2b with a key made at start): the relay keeps no list of its
+    clients' addresses for ten minutes, only a way to recognise one it is shown again."""
 
     def __init__(self, ttl: float = KNOWN_SECONDS, capacity: int = KNOWN_CAPACITY):
         self.ttl = ttl
         self.capacity = capacity
-        self._seen: OrderedDict[Hashable, float] = OrderedDict()
+        self._key = os.urandom(32)
+        self._seen: OrderedDict[bytes, float] = OrderedDict()
+
+    def _digest(self, key: Hashable) -> bytes:
+        return hashlib.blake2b(str(key).encode(), key=self._key, digest_size=16).digest()
 
     def add(self, key: Hashable, now: float) -> None:
-        self._seen[key] = now
-        self._seen.move_to_end(key)
+        digest = self._digest(key)
+        self._seen[digest] = now
+        self._seen.move_to_end(digest)
         while len(self._seen) > self.capacity:
             self._seen.popitem(last=False)
 
     def knows(self, key: Hashable, now: float) -> bool:
-        seen = self._seen.get(key)
+        digest = self._digest(key)
+        seen = self._seen.get(digest)
         if seen is None:
             return False
         if now - seen > self.ttl:
-            del self._seen[key]
+            del self._seen[digest]
             return False
         return True
 

@@ -111,3 +111,12 @@ def test_known_addresses_expire_and_the_oldest_are_forgotten():
     known.add("c", 2.0)
     known.add("d", 3.0)                                           # over capacity: "b" goes
     assert not known.knows("b", 3.0) and known.knows("c", 3.0) and known.knows("d", 3.0)
+
+
+def test_known_addresses_are_held_as_keyed_hashes_not_as_addresses():
+    known, other = Known(), Known()
+    known.add("203.0.113.7", 0.0)
+    other.add("203.0.113.7", 0.0)
+    assert known.knows("203.0.113.7", 1.0) and not known.knows("203.0.113.8", 1.0)
+    assert "203.0.113.7" not in repr(known._seen)
+    assert list(known._seen) != list(other._seen)     # a key of its own per process
