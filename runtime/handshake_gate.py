@@ -9,7 +9,10 @@ suite's ramp (Heya idle handshakes, trueseal receive abandoned handshakes). Thro
 each step of a handshake waits in a `FairQueue` (engine/fair_queue.py) keyed by address and
 `STEPS_PER_TURN` of them run per event-loop turn, between everything else the loop has to do,
 so open sessions keep being served and a known client's handshake goes ahead of the flood.
-Idle, a step waits one loop turn (microseconds).
+The TCP listeners queue the opening of an accepted connection here too (its transport and
+protocol: runtime/listener.py), so accepting stays cheap and a flood's connections do not
+keep a known client's connect waiting in the kernel's listen queue. Idle, a step waits one
+loop turn (microseconds).
 
 Lanes (`Listener.handshake_lane`): 0, an address one of whose connections authenticated within
 `KNOWN_SECONDS` (`Known`) and that has at most `LIGHT_HOLDS` connections in their handshake;
@@ -32,7 +35,8 @@ from typing import Callable, Hashable
 
 from engine.fair_queue import FairQueue
 
-STEPS_PER_TURN = 4          # handshake steps run per event-loop turn (~1-2 ms each)
+STEPS_PER_TURN = 8          # steps run per event-loop turn (a handshake's ~1-2 ms,
+                            # an opening's ~0.2 ms)
 CAPACITY = 8192             # steps waiting, all addresses together
 PER_KEY = 64                # steps waiting of one address
 LANES = 3
