@@ -20,9 +20,10 @@ bookkeeping:
   §1); the connections it evicts are closed. The shell calls `advance(ticket, stage)` as a
   connection reaches UNAUTH / AUTH and closes it if that returns False; the slot is released
   when the handler ends (a TLS listener also when a handshake fails: `release`).
-* **Handshakes in turns** (`runtime/handshake_gate.py`): the shells run each handshake step
-  through `self.gate`, known addresses first (`vouch`: one of its connections authenticated),
-  then light ones, then the rest round-robin, a few steps per loop turn.
+* **Opening and handshakes in turns** (`runtime/handshake_gate.py`): an admitted socket
+  waits in `self.gate` for its transport and protocol, and the shells run each handshake
+  step through it too: known addresses first (`vouch`: one of its connections
+  authenticated), then light ones, then the rest round-robin, a few steps per loop turn.
 * **Deadlines**: `Deadline` (one timer per connection, moved as it changes stage) and
   `RecordClock` (where a client is inside a length-prefixed record, for a minimum byte rate)
   are the shells' tools.
