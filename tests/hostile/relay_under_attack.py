@@ -116,6 +116,36 @@ def sessions_open(metrics_port: int, listener: str) -> int | None:
     return None
 
 
+def loop_lag(metrics_port: int) -> dict[str, float]:
+    """The listener process's `relay_event_loop_lag_seconds` buckets (cumulative counts by
+    upper bound), to tell how late its event loop ran in each phase of a scenario."""
+    out: dict[str, float] = {}
+    for line in (_metrics(metrics_port) or "").splitlines():
+        if line.startswith("relay_event_loop_lag_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[le] = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("relay_gc_pause_seconds_sum{"):     # all generations
+            out["gc_s"] = out.get("gc_s", 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("relay_gc_pause_seconds_bucket{") and 'le="0.1"' in line:
+            out["gc_le_0.1"] = out.get("gc_le_0.1", 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("relay_gc_pause_seconds_count{"):
+            out["gc_n"] = out.get("gc_n", 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def lag_between(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """Loop-lag samples taken between two readings: how many, and how many later than
+    50 ms, 100 ms and 250 ms."""
+    def count(b: dict, le: str) -> float:
+        return b.get(le, 0.0)
+    n = count(after, "+Inf") - count(before, "+Inf")
+    gc_n = count(after, "gc_n") - count(before, "gc_n")
+    return {"n": int(n), **{f">{le}s": int(n - (count(after, le) - count(before, le)))
+                            for le in ("0.05", "0.1", "0.25")},
+            "gc_s": round(count(after, "gc_s") - count(before, "gc_s"), 3),
+            "gc_over_0.1s": int(gc_n - (count(after, "gc_le_0.1") - count(before, "gc_le_0.1")))}
+
+
 def cpu_seconds(pid: int | None) -> float:
     """user + system CPU of a process so far."""
     try:
@@ -240,6 +270,7 @@ class RelayUnderAttack:
         protocol = LISTENER_PROTOCOL.get(listener, listener)
         refused0 = refusals(metrics_port, protocol)
         cpu0 = cpu_seconds(pid)
+        lag0 = lag_ramped = loop_lag(metrics_port)
         lines0 = len(self.relay.stderr)
         spec = {"listener": listener, "stage": stage, "host": "127.0.0.1",
                 "port": self.relay.ports[LISTENER_PORT[listener]], "count": CONNECTIONS,
@@ -267,8 +298,10 @@ class RelayUnderAttack:
             peak_sessions = max(peak_sessions, sessions_open(metrics_port, listener) or 0)
             if cpu_ramped is None and "ramped" in events:
                 cpu_ramped = cpu_seconds(pid)
+                lag_ramped = loop_lag(metrics_port)
             time.sleep(0.5)
         cpu_done = cpu_seconds(pid)
+        lag_done = loop_lag(metrics_port)
         if proc.poll() is None:
             proc.kill()
         proc.wait()
@@ -326,6 +359,9 @@ class RelayUnderAttack:
             "log_lines": lines,
             "log_lines_per_s": round(lines / max(1.0, t_done - t_start), 2),
             "relay_alive": alive,
+            # the listener's event loop: samples every 50 ms and how many ran late, per phase
+            "loop_lag": {"ramp": lag_between(lag0, lag_ramped),
+                         "hold": lag_between(lag_ramped, lag_done)},
             # CPU seconds: the listener's process and the attacker, while opening and holding
             "cpu_s": {"relay_ramp": round((cpu_ramped or cpu_done) - cpu0, 2),
                       "relay_hold": round(cpu_done - (cpu_ramped or cpu_done), 2),
