@@ -11,21 +11,28 @@ import asyncio
 import gc
 
 from . import metrics
-from .memory_trim import HeapTrimmer
+from .loop_lag import GcPauses, LoopLag
+from .memory_trim import HeapTrimmer, take_over_collector
 
 
-async def serve_until(node, stop: asyncio.Event, ready=None) -> None:
+async def serve_until(node, stop: asyncio.Event, ready=None,
+                      lag: LoopLag | None = None) -> None:
     """Run a node (anything with start / listening / listeners / close) until `stop` is set;
     meanwhile the memory of drained waves of its listeners' connections is given back
-    (runtime/memory_trim.py)."""
+    (runtime/memory_trim.py) and the event loop's lateness is sampled (runtime/loop_lag.py;
+    into `lag`'s histogram, the role's /metrics, when given)."""
     await node.start()
     # What start-up built (modules, Arrow and Delta handles, the app) lives as long as the
     # process: out of the collector's sight, a full collection (the heap trimmer's, or one
     # the allocation of a wave of connections triggers) walks only what came after, not the
     # ~90,000 objects of the imports each time (~60 ms of a stalled event loop on 2 cores).
     gc.freeze()
+    # and full collections on the trimmer's schedule, not on every quarter of heap growth
+    # (a flood's connections grew it all the time: 0.4-0.75 s stops of the loop every 1.5-3 s)
+    give_back_collector = take_over_collector()
     trimmer = HeapTrimmer(lambda: [listener.admission for listener in node.listeners()])
     trimming = asyncio.create_task(trimmer.run(stop), name="heap-trimmer")
+    lagging = asyncio.create_task((lag or LoopLag()).run(stop), name="loop-lag")
     if ready:
         ready(node.listening())
     try:
@@ -33,13 +40,18 @@ async def serve_until(node, stop: asyncio.Event, ready=None) -> None:
     finally:
         await node.close()
         await trimming
+        lagging.cancel()
+        give_back_collector()
 
 
 async def run_role(settings, role: str, node, registry, stop: asyncio.Event,
                      ready=None) -> None:
     """`serve_until` with the role's /metrics exporter around it (runtime/metrics.py)."""
     exporter = metrics.serve_role(settings, role, registry)
+    pauses = GcPauses(registry)
     try:
-        await serve_until(node, stop, metrics.announce(ready, exporter, settings.metrics.bind))
+        await serve_until(node, stop, metrics.announce(ready, exporter, settings.metrics.bind),
+                          LoopLag(registry))
     finally:
+        pauses.stop()
         metrics.stop(exporter)

@@ -1,12 +1,13 @@
 """runtime/memory_trim.py: the heap is trimmed after a drained wave of connections, never under
-steady load."""
+steady load; full collections run on the trimmer's schedule, not CPython's."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
 
 from engine.admission import Admission, Cap, Limits
-from runtime.memory_trim import HeapTrimmer
+from runtime.memory_trim import HeapTrimmer, take_over_collector
 
 
 def _admission() -> Admission:
@@ -39,7 +40,8 @@ def test_a_drained_wave_is_due_once_and_steady_churn_never():
     assert not trimmer.due()                 # 700 of 1,300 still held: not drained
     for t in wave[600:]:
         other.release(t)
-    assert trimmer.due()                     # 300 of 1,300: drained
+    assert not trimmer.due()                 # 300 of 1,300, but 400 ended since: draining
+    assert trimmer.due()                     # calm at the next check: drained
     assert not trimmer.due()                 # and measured afresh: not twice
     for t in steady[:200]:
         adm.release(t)
@@ -71,3 +73,58 @@ def test_the_trimmer_runs_until_stopped_and_trims_after_a_wave():
         await asyncio.wait_for(task, 1)
 
     asyncio.run(main())
+
+
+def test_full_collections_are_left_to_the_schedule_and_given_back():
+    before = gc.get_threshold()
+    undo = take_over_collector()
+    try:
+        young, middle, full = gc.get_threshold()
+        assert (young, middle) == before[:2]     # young and middle collections as CPython's
+        assert full >= 1 << 30                   # CPython's own full ones: never in practice
+        gc.collect()
+        seen = []
+
+        def callback(phase, info):
+            if phase == "stop":
+                seen.append(info["generation"])
+        gc.callbacks.append(callback)
+        try:
+            junk = []
+            for _ in range(200_000):             # ~300 middle collections' worth of survivors
+                junk.append([junk and junk[-1]])
+        finally:
+            gc.callbacks.remove(callback)
+        assert seen and 2 not in seen            # CPython alone: several full ones here
+    finally:
+        undo()
+    assert gc.get_threshold() == before
+
+
+def test_a_full_collection_is_due_after_enough_connections_ended_or_time():
+    adm = _admission()
+    trimmer = HeapTrimmer(lambda: [adm], wave=256, full_after_ended=500, full_every=60.0)
+    import time
+    now = time.monotonic()
+    assert not trimmer.full_due(now)
+    for t in _open(adm, 499):
+        adm.release(t)
+    assert not trimmer.full_due(now)
+    adm.release(_open(adm, 1)[0])
+    assert trimmer.full_due(now)                 # 500 ended since the last one
+    trimmer.collect()
+    assert trimmer.full_collections == 1
+    assert not trimmer.full_due(time.monotonic())
+    assert trimmer.full_due(time.monotonic() + 60.0)   # and at least every minute
+    for t in _open(adm, 600):                    # a flood's drain: hundreds end a second
+        adm.release(t)
+    assert not trimmer.due() and trimmer.draining
+    assert not trimmer.full_due(time.monotonic())      # due, but not now
+    assert not trimmer.full_due(time.monotonic() + 60.0)
+    assert trimmer.full_due(time.monotonic() + 300.0)  # overdue: whatever the load
+    for t in _open(adm, 2000):
+        adm.release(t)
+    trimmer.due()
+    assert trimmer.full_due(time.monotonic())           # 5 x 500 ended: overdue too
+    trimmer.due()                                # a calm check
+    assert not trimmer.draining and trimmer.full_due(time.monotonic())
