@@ -159,19 +159,13 @@ class _ReceiveConnection:
             await self._flush()
         return self.core.state is State.OPEN
 
-    async def _turn(self, deadline: float) -> bool:
+    def _turn(self, deadline: float):
         """Wait for this address's turn at the handshake gate (runtime/handshake_gate.py),
         within the handshake deadline."""
-        key = self.ticket.address if self.ticket is not None else None
-        try:
-            async with asyncio.timeout_at(deadline):
-                if await self.server.gate.turn(key):
-                    return True
-        except TimeoutError:
-            self.server.rejected["handshake_timeout"] += 1
-            return False
-        self.server.rejected["handshake_queue_full"] += 1
-        return False
+        return self.server.handshake_turn(self.ticket, deadline, self._handshake_late)
+
+    def _handshake_late(self) -> None:
+        self.server.rejected["handshake_timeout"] += 1
 
     def _feed(self, data: bytes) -> None:
         now = self.loop.time()

@@ -180,20 +180,14 @@ class _PushConnection:
                 self.writer.write(data)
             self.writer.close()
 
-    async def _turn(self, deadline: float) -> bool:
+    def _turn(self, deadline: float):
         """Wait for this address's turn at the handshake gate (runtime/handshake_gate.py),
         within the handshake deadline (whose timer counts the timeout)."""
-        key = self.ticket.address if self.ticket is not None else None
-        try:
-            async with asyncio.timeout_at(deadline):
-                if await self.server.gate.turn(key):
-                    return True
-        except TimeoutError:
-            if not self.core.closed:
-                self._expired("handshake")
-            return False
-        self.server.rejected["handshake_queue_full"] += 1
-        return False
+        return self.server.handshake_turn(self.ticket, deadline, self._handshake_late)
+
+    def _handshake_late(self) -> None:
+        if not self.core.closed:
+            self._expired("handshake")
 
     def _arm(self) -> None:
         """The client's deadline for what it is doing now; none while replies are owed."""

@@ -223,6 +223,23 @@ class Listener:
             return 0
         return 1 if self.admission.held_by(key) <= self.light_holds else 2
 
+    async def handshake_turn(self, ticket: Ticket | None, deadline: float,
+                             on_timeout: Callable[[], object]) -> bool:
+        """A coroutine shell's wait for its connection's turn at the gate, within the
+        handshake `deadline` (loop time): True to run the step; False when the deadline
+        passed first (`on_timeout()`) or the gate dropped the step (`handshake_queue_full`),
+        and the shell closes the connection."""
+        key = ticket.address if ticket is not None else None
+        try:
+            async with asyncio.timeout_at(deadline):
+                if await self.gate.turn(key):
+                    return True
+        except TimeoutError:
+            on_timeout()
+            return False
+        self.rejected["handshake_queue_full"] += 1
+        return False
+
     def release(self, ticket: Ticket | None) -> None:
         if ticket is not None:
             self.admission.release(ticket)
