@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 
 from engine.admission import Admission, Cap, Limits
 from runtime.memory_trim import HeapTrimmer, take_over_collector
@@ -104,7 +105,6 @@ def test_full_collections_are_left_to_the_schedule_and_given_back():
 def test_a_full_collection_is_due_after_enough_connections_ended_or_time():
     adm = _admission()
     trimmer = HeapTrimmer(lambda: [adm], wave=256, full_after_ended=500, full_every=60.0)
-    import time
     now = time.monotonic()
     assert not trimmer.full_due(now)
     for t in _open(adm, 499):
