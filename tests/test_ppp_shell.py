@@ -349,9 +349,11 @@ def test_polling_transport_same_semantics_and_signatures_checked(settings):
             alice, bob = SigningKey.generate(), SigningKey.generate()
             ev, eid = giftwrap(pk(bob))
             body = pack({"event": ev})
-            s, r, _ = await ahttp(port, "POST", "/v1/events", body, signed(alice, body))
+            t0 = int(time.time())
+            s, r, _ = await ahttp(port, "POST", "/v1/events", body, signed(alice, body, ts=t0))
             assert s == 200 and unpack(r) == {"cmd": "STORED", "event_id": eid}
-            h = signed(alice, body, ts=int(time.time()) - 1)   # Ed25519 is deterministic
+            # Ed25519 is deterministic: another timestamp makes another, unreplayed signature
+            h = signed(alice, body, ts=t0 - 1)
             s, r, _ = await ahttp(port, "POST", "/v1/events", body, h)
             assert s == 409 and unpack(r)["reason"].startswith("duplicate event")
             assert (await ahttp(port, "POST", "/v1/events", body, h))[0] == 401     # replayed
