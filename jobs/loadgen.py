@@ -341,8 +341,8 @@ def generate_day(settings: Settings, *, day: str | None = None, hours: float = 2
 
     # -- ingress and the stream, burst by burst, on the simulated clock -----------------------
     conf = settings.ingress
-    target = LandingTarget(layout, conf.node_id, commits_per_generation=conf.commits_per_generation,
-                           refresh_every=conf.refresh_handle_every, fsync=False)
+    target = LandingTarget(layout, conf.node_id,
+                           commits_per_generation=conf.commits_per_generation, fsync=False)
     checkpoint = layout.root / "checkpoints" / "loadgen"
     checkpoint.mkdir(parents=True, exist_ok=True)
     (checkpoint / "metadata").write_text(json.dumps(
@@ -451,8 +451,7 @@ def live_traffic(settings: Settings, *, seconds: float = 20.0, per_second: float
     layout = Layout(settings.data_dir)
     pop = Population(scale, seed, heya_tokens(layout))
     target = LandingTarget(layout, settings.ingress.node_id,
-                           commits_per_generation=settings.ingress.commits_per_generation,
-                           refresh_every=settings.ingress.refresh_handle_every, fsync=False)
+                           commits_per_generation=settings.ingress.commits_per_generation, fsync=False)
     schema = LANDING.arrow_schema()
     report = LiveReport()
     recent: list[dict] = []

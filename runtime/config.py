@@ -8,6 +8,7 @@ override the file so an operator can move a port without editing config.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -77,8 +78,6 @@ class IngressConf:
     # Rotate to a new landing generation after this many commits: keeps the log short, so commit
     # latency stays flat, and lets compaction drop consumed generations as whole directories.
     commits_per_generation: int = 250
-    # Reopen the delta-rs handle every N commits (a long-lived handle slows: DESIGN.md).
-    refresh_handle_every: int = 100
 
 
 @dataclass
@@ -444,8 +443,19 @@ ENV_OVERRIDES = {
 }
 
 
+# Settings that once existed: a conf file that still names one loads, with a warning.
+RETIRED = {
+    "ingress.refresh_handle_every": "landing commits no longer hold a delta-rs handle "
+                                    "(delta_tables/direct_append.py)",
+}
+
+
 def _apply(obj: Any, data: dict[str, Any], where: str = "") -> None:
     for key, value in data.items():
+        if f"{where}{key}" in RETIRED:
+            logging.getLogger("relay.config").warning(
+                "setting %s%s is retired and ignored: %s", where, key, RETIRED[f"{where}{key}"])
+            continue
         if not hasattr(obj, key):
             raise ValueError(f"unknown setting {where}{key}")
         current = getattr(obj, key)

@@ -33,3 +33,11 @@ def test_unknown_setting_is_refused(tmp_path):
         assert "push_prot" in str(exc)
     else:
         raise AssertionError("a misspelt setting must not be ignored")
+
+
+def test_a_retired_setting_loads_with_a_warning(tmp_path, caplog):
+    old = tmp_path / "old.toml"
+    old.write_text("[ingress]\nrefresh_handle_every = 100\ncommits_per_generation = 7\n")
+    s = config.load(old, env={})
+    assert s.ingress.commits_per_generation == 7
+    assert any("refresh_handle_every is retired" in r.getMessage() for r in caplog.records)

@@ -228,7 +228,6 @@ def main(args) -> int:
         "fsync": True, "envelope_bytes": ENVELOPE_SIZE,
         "ingress.max_rows_per_commit": base.ingress.max_rows_per_commit,
         "ingress.commits_per_generation": base.ingress.commits_per_generation,
-        "ingress.refresh_handle_every": base.ingress.refresh_handle_every,
         "stream.trigger_interval_ms": base.stream.trigger_interval_ms,
         "stream.max_files_per_trigger": base.stream.max_files_per_trigger,
         "stream.max_partitions": base.stream.max_partitions,
