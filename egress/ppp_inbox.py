@@ -19,6 +19,16 @@ stream's new inbox rows, per mailbox in cursor order).
   `window` timer, later ones add to the count, and when it fires every connected session of
   the recipient gets one NOTIFY(count). No session connected: nothing is queued (the client
   FETCHes after AUTH anyway).
+* Early events (issue 20): an event this process just landed for a recipient with a session
+  open here is added at once (`land_early`), NOTIFY'd and served by FETCH before the stream
+  has given it a cursor, instead of a micro-batch later. The stream stays the authority: when
+  the event's inbox row arrives (`add`) it takes the early entry's place without a second
+  NOTIFY, so a session never sees it twice; an ACK of an early event is kept and its ack row
+  written when the row (and so its seq) arrives (`on_deferred_acks`). Early events sort after
+  the inbox's in FETCH; a page that ends among them continues at `EARLY_BASE + n`, their
+  landing order. They cost memory only until their row arrives, and at most
+  `early_max_bytes`; without room, or in a process the recipient is not connected to, the
+  event waits for the stream as before.
 * ACK ids: a fetched event can be acked by its stored id or by the authenticated-path id of
   its GiftWrap (`event_id(ephemeral_pk, nonce, ciphertext)`): a sealed note is stored under
   the sealed-path id, which the recipient cannot compute (it does not know which of its
@@ -29,11 +39,13 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import logging
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -62,9 +74,31 @@ class PppEvent:
     size: int              # envelope bytes (held in `PppInbox.envelopes` or on disk)
     created_at: int
     expires: float         # unix seconds
+    early_no: int | None = None   # its landing order, if it was served early (see module)
 
     def __repr__(self) -> str:
         return f"PppEvent(cursor={self.cursor}, size={self.size})"
+
+
+# FETCH continuation cursors at or above this name a place among the early events.
+EARLY_BASE = 1 << 53
+EARLY_MAX_BYTES = 32 << 20
+EARLY_MAX_AGE_SECONDS = 600.0   # a row this late means the stream is down: stop holding it
+
+
+@dataclass
+class EarlyEvent:
+    """Landed by this process, not yet in the inbox (module docstring)."""
+    no: int
+    event_id: bytes
+    wrap_id: bytes
+    envelope: bytes
+    created_at: int
+    expires: float
+    landed: float          # monotonic seconds
+
+    def __repr__(self) -> str:
+        return f"EarlyEvent(no={self.no}, size={len(self.envelope)})"
 
 
 def _unix(t: datetime | None) -> float:
@@ -78,6 +112,26 @@ class _Box:
         self.ids: dict[bytes, set[int]] = {}   # either id -> cursors (a sealed re-send
         # with a new created_at is a new event with the same GiftWrap id)
         self.max_cursor = 0
+        self.early: dict[bytes, EarlyEvent] = {}        # stored id -> event, landing order
+        self.early_ids: dict[bytes, set[bytes]] = {}    # either id -> stored ids
+        self.early_acked: dict[bytes, EarlyEvent] = {}  # acked before their row arrived
+        self.next_no = 0
+
+    def put_early(self, e: EarlyEvent) -> None:
+        self.early[e.event_id] = e
+        for i in (e.event_id, e.wrap_id):
+            self.early_ids.setdefault(i, set()).add(e.event_id)
+
+    def drop_early(self, event_id: bytes) -> EarlyEvent | None:
+        e = self.early.pop(event_id, None)
+        if e is not None:
+            for i in (e.event_id, e.wrap_id):
+                mine = self.early_ids.get(i)
+                if mine is not None:
+                    mine.discard(event_id)
+                    if not mine:
+                        del self.early_ids[i]
+        return e
 
     def put(self, ev: PppEvent) -> None:
         bisect.insort(self.cursors, ev.cursor)
@@ -103,7 +157,7 @@ class _Box:
 
 class PppInbox:   # an inbox_view.InboxView
     def __init__(self, inbox_path: Path, acks_path: Path, *, notify_window: float = 30.0,
-                 cache_bytes: int = 256 << 20):
+                 cache_bytes: int = 256 << 20, early_max_bytes: int = EARLY_MAX_BYTES):
         self.inbox_path = Path(inbox_path)
         self.acks_path = Path(acks_path)
         self.envelopes = EnvelopeCache(inbox_path, PROTOCOL, cache_bytes)
@@ -115,6 +169,12 @@ class PppInbox:   # an inbox_view.InboxView
         self._timers: dict[bytes, asyncio.TimerHandle] = {}
         self.events_seen = 0
         self.notifies_sent = 0
+        self.early_max_bytes = early_max_bytes
+        self.early_bytes = 0
+        self.early_landed = 0     # events served before their inbox row
+        # Called with (recipient, events) when the inbox rows of events acked early arrive:
+        # their ack rows can be written now that their seq is known (PppService sets it).
+        self.on_deferred_acks: Callable[[bytes, list[PppEvent]], None] | None = None
 
     def __repr__(self) -> str:
         return f"PppInbox(recipients={len(self._boxes)}, known_ids={len(self.known)})"
@@ -147,6 +207,7 @@ class PppInbox:   # an inbox_view.InboxView
         acked_set = set(acked.to_pylist())
         self.known.clear()
         self._boxes.clear()
+        self.early_bytes = 0
         pending = 0
         for m, seq, cur, eid, env, exp in zip(*(t.column(c).to_pylist() for c in (
                 C.MAILBOX, C.SEQ, C.CURSOR, C.EVENT_ID, C.ENVELOPE, C.EXPIRES_AT))):
@@ -179,19 +240,52 @@ class PppInbox:   # an inbox_view.InboxView
             return
         box = self._boxes.setdefault(mailbox, _Box())
         fresh = 0
+        deferred: list[PppEvent] = []
         for env in envelopes:
             if env.cursor <= box.max_cursor:
                 continue   # known already (the tail rebuilt after losing its place)
             box.max_cursor = env.cursor
             self.known[env.event_id] = _unix(env.expires_at)
             ev = self._event(env.seq, env.cursor, env.event_id, env.envelope, env.expires_at)
-            if ev is not None:
-                box.put(ev)
-                self.envelopes.put(env.seq, env.envelope)
-                fresh += 1
+            if ev is None:
+                continue
+            early = box.drop_early(env.event_id)
+            acked = box.early_acked.pop(env.event_id, None)
+            for e in (early, acked):
+                if e is not None:
+                    self.early_bytes -= len(e.envelope)
+                    ev = PppEvent(ev.seq, ev.cursor, ev.event_id, ev.wrap_id, ev.size,
+                                  ev.created_at, ev.expires, early_no=e.no)
+            self.events_seen += 1
+            if acked is not None:
+                deferred.append(ev)      # acked already: its ack row can be written now
+                continue
+            box.put(ev)
+            self.envelopes.put(env.seq, env.envelope)
+            if early is None:
+                fresh += 1               # an early event was NOTIFY'd when it landed
         if fresh:
-            self.events_seen += fresh
             self._queue_notify(mailbox, fresh)
+        if deferred and self.on_deferred_acks is not None:
+            self.on_deferred_acks(mailbox, deferred)
+
+    def land_early(self, recipient: bytes, event_id: bytes, wrap_id: bytes, envelope: bytes,
+                   created_at: int, expires: float) -> bool:
+        """Serve an event this process just committed to landing before its inbox row (see
+        the module); False when the recipient has no session here or there is no room."""
+        if recipient not in self.sessions or \
+                self.early_bytes + len(envelope) > self.early_max_bytes:
+            return False
+        box = self._boxes.setdefault(recipient, _Box())
+        if event_id in box.early or event_id in box.early_acked or event_id in box.ids:
+            return False
+        box.next_no += 1
+        box.put_early(EarlyEvent(box.next_no, event_id, wrap_id, envelope, created_at,
+                                 expires, time.monotonic()))
+        self.early_bytes += len(envelope)
+        self.early_landed += 1
+        self._queue_notify(recipient, 1)
+        return True
 
     # --- NOTIFY batching -----------------------------------------------------------------------
     def _queue_notify(self, pubkey: bytes, count: int) -> None:
@@ -221,46 +315,86 @@ class PppInbox:   # an inbox_view.InboxView
 
     # --- FETCH / ACK ---------------------------------------------------------------------------
     def fetch(self, pubkey: bytes, since: int, after: int | None, limit: int,
-              now: float) -> tuple[list[PppEvent], int | None]:
-        """Unacked, unexpired events of `pubkey` with created_at > since and cursor > after,
-        in cursor order, at most `limit`; the cursor to continue from if more remain."""
+              now: float) -> tuple[list[PppEvent | EarlyEvent], int | None]:
+        """Unacked, unexpired events of `pubkey` with created_at > since, after the place
+        `after` names, at most `limit`: the inbox's in cursor order, then the early ones in
+        landing order; and the place to continue from if more remain."""
         box = self._boxes.get(pubkey)
         if box is None:
             return [], None
-        i = 0 if after is None else bisect.bisect_right(box.cursors, after)
-        out: list[PppEvent] = []
-        for cursor in box.cursors[i:]:
-            ev = box.events[cursor]
+        if after is not None and after >= EARLY_BASE:
+            # Continuing among the early events: those landed after the place, whether their
+            # inbox row has arrived since (then they are in `events`) or not.
+            k = after - EARLY_BASE
+            later: list[PppEvent | EarlyEvent] = [
+                ev for ev in box.events.values() if ev.early_no is not None and ev.early_no > k]
+            later += [e for e in box.early.values() if e.no > k]
+            later.sort(key=lambda e: e.no if isinstance(e, EarlyEvent) else e.early_no)
+            candidates: Iterable[PppEvent | EarlyEvent] = later
+        else:
+            i = 0 if after is None else bisect.bisect_right(box.cursors, after)
+            candidates = itertools.chain((box.events[c] for c in box.cursors[i:]),
+                                         list(box.early.values()))
+        out: list[PppEvent | EarlyEvent] = []
+        for ev in candidates:
             if ev.expires <= now or ev.created_at <= since:
                 continue
             if len(out) == limit:
-                return out, out[-1].cursor
+                return out, self._place(out[-1])
             out.append(ev)
         return out, None
 
-    def take(self, pubkey: bytes, ids: Iterable[bytes]) -> list[PppEvent]:
-        """Remove and return the caller's own unacked events named by `ids` (either id form);
-        anything else (another recipient's, unknown, already acked) is not counted."""
+    @staticmethod
+    def _place(ev: PppEvent | EarlyEvent) -> int:
+        if isinstance(ev, EarlyEvent):
+            return EARLY_BASE + ev.no
+        if ev.early_no is not None:
+            return EARLY_BASE + ev.early_no
+        return ev.cursor
+
+    async def envelopes_of(self, events: list[PppEvent | EarlyEvent]) -> list[bytes | None]:
+        """The envelopes of `fetch`'s events, in order; None for a row gone since."""
+        stored = await self.envelopes.get([e.seq for e in events if isinstance(e, PppEvent)])
+        it = iter(stored)
+        return [e.envelope if isinstance(e, EarlyEvent) else next(it) for e in events]
+
+    def take(self, pubkey: bytes, ids: Iterable[bytes]) -> tuple[list[PppEvent],
+                                                                list[EarlyEvent]]:
+        """Remove and return the caller's own unacked events named by `ids` (either id form):
+        those with an inbox row, and early ones (kept until their row arrives, see
+        `on_deferred_acks`); anything else (another recipient's, unknown, already acked) is
+        not counted."""
         box = self._boxes.get(pubkey)
         if box is None:
-            return []
-        out = []
+            return [], []
+        out: list[PppEvent] = []
+        early: list[EarlyEvent] = []
         for i in ids:
             for cursor in sorted(box.ids.get(i, ())):
                 ev = box.drop(cursor)
                 if ev is not None:
                     self.envelopes.drop(ev.seq)   # read back from disk if put back
                     out.append(ev)
-        return out
+            for eid in sorted(box.early_ids.get(i, ())):
+                e = box.drop_early(eid)
+                if e is not None:
+                    box.early_acked[eid] = e
+                    early.append(e)
+        return out, early
 
-    def put_back(self, pubkey: bytes, events: list[PppEvent]) -> None:
+    def put_back(self, pubkey: bytes, events: list[PppEvent],
+                 early: Iterable[EarlyEvent] = ()) -> None:
         """An ACK whose rows could not be written: the events stay pending."""
         box = self._boxes.setdefault(pubkey, _Box())
         for ev in events:
             if ev.cursor not in box.events:
                 box.put(ev)
+        for e in early:
+            if box.early_acked.pop(e.event_id, None) is not None:
+                box.put_early(e)
 
     def pending_count(self, pubkey: bytes) -> int:
+        """Unacked events with an inbox row (early ones are not counted)."""
         box = self._boxes.get(pubkey)
         return 0 if box is None else len(box.events)
 
@@ -269,7 +403,15 @@ class PppInbox:   # an inbox_view.InboxView
         gone = [i for i, exp in self.known.items() if exp <= now]
         for i in gone:
             del self.known[i]
+        stale = time.monotonic() - EARLY_MAX_AGE_SECONDS
         for box in self._boxes.values():
             for cursor in [c for c, ev in box.events.items() if ev.expires <= now]:
                 self.envelopes.drop(box.drop(cursor).seq)
+            for e in [e for e in box.early.values() if e.expires <= now or e.landed < stale]:
+                box.drop_early(e.event_id)
+                self.early_bytes -= len(e.envelope)
+            for e in [e for e in box.early_acked.values()
+                      if e.expires <= now or e.landed < stale]:
+                del box.early_acked[e.event_id]
+                self.early_bytes -= len(e.envelope)
         return len(gone)

@@ -273,6 +273,7 @@ class PppServer(Listener):
                 t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.inbox.cancel_timers()
+        await self.service.drain()
         await self.ack_appender.close()
 
     async def _sweep_loop(self) -> None:

@@ -79,6 +79,8 @@ class PppService:
         # The listener's `accepted` / `rejected` counters (runtime/listener.py, metrics).
         self.counters = counters
         self._landing: set[bytes] = set()   # ids being landed by this process
+        self._deferred: set[asyncio.Task] = set()   # ack rows of events acked early
+        inbox.on_deferred_acks = self._write_deferred_acks
         self.stored = 0
         self.refused: dict[str, int] = {}
         self.refusal_lines = LogRate(REFUSAL_LOG_SECONDS)
@@ -153,14 +155,15 @@ class PppService:
         if why is not None:
             return self._fail("STORE", why, request_id)
         eid = gw.event_id
-        reply = await self._land(eid, gw.recipient, event, gw.created_at, expires, now)
+        reply = await self._land(eid, eid, gw.recipient, event, gw.created_at, expires, now)
         if reply is not None:
             return self._fail("STORE", reply, request_id)
         return P.stored(eid)
 
-    async def _land(self, eid: bytes, recipient: bytes, envelope: bytes, created_at: int,
-                    expires: int, now: float) -> str | None:
-        """Append and wait for the landing commit; the refusal reason or None."""
+    async def _land(self, eid: bytes, wrap_id: bytes, recipient: bytes, envelope: bytes,
+                    created_at: int, expires: int, now: float) -> str | None:
+        """Append and wait for the landing commit; the refusal reason or None. A recipient
+        connected here gets the event at once (`PppInbox.land_early`)."""
         if self.inbox.is_known(eid) or eid in self._landing:
             return "duplicate event"
         self._landing.add(eid)
@@ -177,6 +180,7 @@ class PppService:
         finally:
             self._landing.discard(eid)
         self.inbox.remember(eid, float(expires))
+        self.inbox.land_early(recipient, eid, wrap_id, envelope, created_at, float(expires))
         self.stored += 1
         if self.counters is not None:
             self.counters.accepted += 1
@@ -185,7 +189,7 @@ class PppService:
     # --- FETCH / ACK ---------------------------------------------------------------------------
     async def fetch(self, pubkey: bytes, since: int, cursor: int | None) -> P.Reply:
         evts, nxt = self.inbox.fetch(pubkey, since, cursor, self.page_size, self.clock())
-        envelopes = await self.inbox.envelopes.get([e.seq for e in evts])
+        envelopes = await self.inbox.envelopes_of(evts)
         # None: the row left the inbox since (expired and compacted): not served
         return P.events([env for env in envelopes if env is not None], nxt)
 
@@ -193,23 +197,53 @@ class PppService:
         if len(ids) > MAX_ACK_IDS:
             return self._fail("ACK", "too many event ids", request_id)
         ids = [i for i in ids if len(i) == EVENT_ID_LEN]
-        taken = self.inbox.take(pubkey, ids)
-        if not taken:
+        taken, early = self.inbox.take(pubkey, ids)
+        if not taken and not early:
             return P.acked(0)
-        at = datetime.now(timezone.utc)
         try:
-            await asyncio.gather(*(self.ack_appender.append({
-                C.PROTOCOL: PROTOCOL, C.MAILBOX: pubkey, C.EVENT_ID: ev.event_id,
-                C.SEQ: ev.seq, C.CURSOR: ev.cursor, C.DEVICE: None, C.ACKED_AT: at})
-                for ev in taken))
+            await self._append_acks(pubkey, taken)
         except Exception as exc:
-            self.inbox.put_back(pubkey, taken)
-            if (dropped := self.quiet.allow("ack_failed")) is not None:
-                log.error("ppp ack append failed", extra={
-                    "event": "ppp_ack_failed", "error": type(exc).__name__,
-                    "suppressed": dropped})
+            self.inbox.put_back(pubkey, taken, early)
+            self._ack_failed(exc)
             return self._fail("ACK", "storage unavailable", request_id)
-        return P.acked(len(taken))
+        # Early events' ack rows wait for their seq (`_write_deferred_acks`): ACKED before
+        # that row is durable, so a crash in between delivers them once more (at least once).
+        return P.acked(len(taken) + len(early))
+
+    async def _append_acks(self, pubkey: bytes, events) -> None:
+        at = datetime.now(timezone.utc)
+        await asyncio.gather(*(self.ack_appender.append({
+            C.PROTOCOL: PROTOCOL, C.MAILBOX: pubkey, C.EVENT_ID: ev.event_id,
+            C.SEQ: ev.seq, C.CURSOR: ev.cursor, C.DEVICE: None, C.ACKED_AT: at})
+            for ev in events))
+
+    def _ack_failed(self, exc: BaseException) -> None:
+        if (dropped := self.quiet.allow("ack_failed")) is not None:
+            log.error("ppp ack append failed", extra={
+                "event": "ppp_ack_failed", "error": type(exc).__name__,
+                "suppressed": dropped})
+
+    @property
+    def acks_waiting(self) -> int:
+        """Deferred ack rows being written (tests wait for 0)."""
+        return len(self._deferred)
+
+    async def drain(self) -> None:
+        """Before the ack appender closes: let deferred ack rows finish."""
+        await asyncio.gather(*self._deferred, return_exceptions=True)
+
+    def _write_deferred_acks(self, pubkey: bytes, events) -> None:
+        """The inbox rows of events acked early arrived: write their ack rows now. If that
+        fails they are pending again (FETCH serves them once more)."""
+        async def write():
+            try:
+                await self._append_acks(pubkey, events)
+            except Exception as exc:
+                self.inbox.put_back(pubkey, events)
+                self._ack_failed(exc)
+        task = asyncio.get_running_loop().create_task(write(), name="ppp-deferred-acks")
+        self._deferred.add(task)
+        task.add_done_callback(self._deferred.discard)
 
     # --- sealed Note (§6) ----------------------------------------------------------------------
     async def sealed_note(self, note: P.SealedNoteSubmit) -> tuple[str, bytes | None]:
@@ -227,7 +261,8 @@ class PppService:
                       note.created_at, expires)
         eid = sealed_event_id(note.ephemeral_pk, note.nonce, note.ciphertext,
                               note.delivery_token, note.created_at)
-        why = await self._land(eid, recipient, gw.encode(), gw.created_at, expires, now)
+        why = await self._land(eid, gw.event_id, recipient, gw.encode(), gw.created_at,
+                               expires, now)
         if why == "duplicate event":
             return SealedOutcome.DUPLICATE, None
         if why is not None:

@@ -88,7 +88,8 @@ async def _scenario(settings):
                                       {"Content-Type": "application/msgpack"})
         assert status == 200 and unpack(resp)["cmd"] == "STORED"
 
-        # NOTIFY once the stream committed them (batched: one or two NOTIFYs, 2 in total)
+        # NOTIFY: bob is connected to this node, so right after each landing commit, before
+        # the stream (issue 20's live path); batched: one or two NOTIFYs, 2 in total
         seen = 0
         while seen < 2:
             n = await b.recv(timeout=NOTIFY_TIMEOUT)
@@ -107,6 +108,19 @@ async def _scenario(settings):
         assert await b.call({"cmd": "ACK", "event_ids": ids}) == {"cmd": "ACKED", "count": 2}
         assert await b.call({"cmd": "FETCH", "since": 0}) == {"cmd": "EVENTS", "events": []}
         assert msgpack.unpackb(got["events"][1], strict_map_key=False)[1] == bob.pubkey
+        # The stream's inbox rows follow: no second NOTIFY, and the ACKs given before them
+        # become ack rows once they carry a seq.
+        deadline = time.monotonic() + NOTIFY_TIMEOUT
+        view = node.ppp.inbox
+        while view.early_bytes or node.ppp.service.acks_waiting:
+            assert time.monotonic() < deadline, "the stream's rows never arrived"
+            await asyncio.sleep(0.05)
+        try:
+            extra = await b.recv(timeout=0.3)
+        except asyncio.TimeoutError:
+            extra = None
+        assert extra is None
+        assert await b.call({"cmd": "FETCH", "since": 0}) == {"cmd": "EVENTS", "events": []}
         return gw1.event_id, ids[1]
     finally:
         await node.close()

@@ -77,6 +77,16 @@ def land_inbox(settings, mailbox: bytes, events: list[tuple[bytes, bytes]], firs
                     pa.Table.from_pylist(rows, schema=INBOX.arrow_schema()), mode="append")
 
 
+async def notified(ws, count: int) -> bool:
+    """NOTIFY frames until they add up to `count` (a batch window may split them)."""
+    seen = 0
+    while seen < count:
+        m = await ws.recv(timeout=10)
+        assert m["cmd"] == "NOTIFY", m
+        seen += m["count"]
+    return seen == count
+
+
 async def until(pred, timeout=30.0):
     deadline = time.monotonic() + timeout
     while not pred():
@@ -272,6 +282,10 @@ def test_delivery_tokens_sealed_submit_limits_and_restart(settings, caplog):
             assert (await post(b"\xc1"))[0] == 400
             assert (await post(b"x" * (128 * 1024 + 1)))[0] == 413
             assert len(landing_rows(settings)) == 2
+            # bob is connected here: both notes reach him before any stream runs (issue 20)
+            assert await notified(b, 2)
+            r = await b.call({"cmd": "FETCH", "since": 0})
+            assert r["cmd"] == "EVENTS" and len(r["events"]) == 2
             clamped = max(r[C.EXPIRES_AT] for r in landing_rows(settings))
             assert clamped.timestamp() <= time.time() + MAX_EVENT_TTL_SECS + 1
             # per IP: 120 / 60 s whatever the token; X-Forwarded-For from loopback (trusted)
@@ -490,4 +504,52 @@ def test_fetch_reads_envelopes_beyond_the_memory_budget_from_the_inbox(settings)
             assert r == {"cmd": "ACKED", "count": 9}
             assert await b.call({"cmd": "FETCH", "since": 0}) == {
                 "cmd": "EVENTS", "events": [events[9][0]]}
+    asyncio.run(go())
+
+
+def test_a_connected_recipient_gets_an_event_right_after_its_landing_commit(settings):
+    """Issue 20's live path: NOTIFY and FETCH right after the landing commit, before the
+    stream gives the event a cursor; when its inbox row follows, no second NOTIFY and no
+    second copy, and an ACK given before the row becomes the row's ack once its seq is known."""
+    async def go():
+        async with node(settings) as n:
+            port = n.ppp.bound_port
+            alice, bob, carol = (SigningKey.generate() for _ in range(3))
+            b = await Ws.login(port, bob)
+            c = await Ws.login(port, carol)
+            a = await Ws.login(port, alice)
+            (ev1, id1), (ev2, id2) = giftwrap(pk(bob)), giftwrap(pk(bob))
+            for ev, eid in ((ev1, id1), (ev2, id2)):
+                assert await a.call({"cmd": "STORE", "event": ev}) == {
+                    "cmd": "STORED", "event_id": eid}
+            assert await notified(b, 2)
+            assert await b.call({"cmd": "FETCH", "since": 0}) == {
+                "cmd": "EVENTS", "events": [ev1, ev2]}
+            # nobody else sees them, nor can ack them
+            assert await c.call({"cmd": "FETCH", "since": 0}) == {"cmd": "EVENTS", "events": []}
+            assert await c.call({"cmd": "ACK", "event_ids": [id1]}) == {"cmd": "ACKED", "count": 0}
+            # bob acks the first before the stream has seen either
+            assert await b.call({"cmd": "ACK", "event_ids": [id1]}) == {"cmd": "ACKED", "count": 1}
+            assert await b.call({"cmd": "FETCH", "since": 0}) == {"cmd": "EVENTS", "events": [ev2]}
+            # the stream's rows arrive: ev2 stays once, ev1's ack row is written with its seq
+            land_inbox(settings, pk(bob), [(ev1, id1), (ev2, id2)])
+            await until(lambda: n.ppp.inbox.pending_count(pk(bob)) == 1)
+            acks_path = Layout(settings.data_dir).acks
+
+            def acked_rows():
+                return DeltaTable(str(acks_path)).to_pyarrow_table().to_pylist()
+            await until(lambda: len(acked_rows()) == 1)
+            (row,) = acked_rows()
+            inbox = DeltaTable(str(Layout(settings.data_dir).inbox)).to_pyarrow_table()
+            seq1 = [r[C.SEQ] for r in inbox.to_pylist() if r[C.EVENT_ID] == id1]
+            assert row[C.EVENT_ID] == id1 and [row[C.SEQ]] == seq1 and row[C.CURSOR] == 1
+            assert await b.call({"cmd": "FETCH", "since": 0}) == {"cmd": "EVENTS", "events": [ev2]}
+            try:
+                extra = await b.recv(timeout=0.5)
+            except asyncio.TimeoutError:
+                extra = None
+            assert extra is None, "the inbox row of an event served early is not NOTIFY'd again"
+            assert await b.call({"cmd": "ACK", "event_ids": [id2]}) == {"cmd": "ACKED", "count": 1}
+            assert len(acked_rows()) == 2
+            assert n.ppp.inbox.early_bytes == 0
     asyncio.run(go())

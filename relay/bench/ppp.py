@@ -35,8 +35,10 @@ from .harness import child_ingress_and_stream, collect, p50_p99, port_of, rounde
 
 CT_SIZE = 1040          # a 1024-byte padding bucket + 16-byte tag (§8 buckets)
 WARMUP_EVENTS = 20
-QUICK = {"clients": 1, "sockets": 150, "stores": 60, "rate": 20, "latency_seconds": 10}
-FULL = {"clients": 1, "sockets": 600, "stores": 60, "rate": 50, "latency_seconds": 30}
+QUICK = {"clients": 1, "sockets": 150, "stores": 60, "rate": 20, "latency_seconds": 10,
+         "lone_events": 50}
+FULL = {"clients": 1, "sockets": 600, "stores": 60, "rate": 50, "latency_seconds": 30,
+        "lone_events": 200}
 LATENCY_SENDERS = 40
 NOTIFY_WINDOW_MS = 0
 
@@ -199,6 +201,60 @@ async def _notify_worker(queue, port, rate, seconds) -> None:
     queue.put({"ok": True, "latency_ms": lat, "stored_ms": stored_at})
 
 
+def lone_worker(queue, port: int, count: int) -> None:
+    """One sender, one connected recipient, one event at a time (a spawned process)."""
+    try:
+        asyncio.run(_lone_worker(queue, port, count))
+    except Exception as exc:
+        queue.put({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+
+LONE_PAIR_EVENTS = 25    # then a new sender and recipient: appendix C.3 allows 30 FETCH/min
+
+
+async def _lone_worker(queue, port: int, count: int) -> None:
+    import hashlib
+    import msgpack
+    pack = lambda m: msgpack.packb(m, use_bin_type=True)   # noqa: E731
+    unpack = lambda b: msgpack.unpackb(b, raw=False, strict_map_key=False)  # noqa: E731
+    acked: list[float] = []
+    delivered: list[float] = []
+    rx = tx = None
+    for i in range(count + WARMUP_EVENTS):
+        if i % LONE_PAIR_EVENTS == 0:
+            for ws in (rx, tx):
+                if ws is not None:
+                    await ws.close()
+            (rx, rx_pk), (tx, _) = await _login(port), await _login(port)
+        event = _wrap(rx_pk)
+        t0 = time.perf_counter()
+        await tx.send(pack({"cmd": "STORE", "event": event}))
+        assert unpack(await asyncio.wait_for(tx.recv(), 60))["cmd"] == "STORED"
+        t_ack = time.perf_counter()
+        while True:     # NOTIFY, then FETCH until the event is in hand
+            m = unpack(await asyncio.wait_for(rx.recv(), 60))
+            if m["cmd"] != "NOTIFY":
+                continue
+            await rx.send(pack({"cmd": "FETCH", "since": 0}))
+            got = unpack(await asyncio.wait_for(rx.recv(), 60))
+            while got["cmd"] == "NOTIFY":
+                got = unpack(await asyncio.wait_for(rx.recv(), 60))
+            if event in got["events"]:
+                break
+        t_in_hand = time.perf_counter()
+        ids = [unpack(e) for e in got["events"]]
+        await rx.send(pack({"cmd": "ACK", "event_ids": [
+            hashlib.blake2b(w[2] + w[3] + w[4], digest_size=32).digest() for w in ids]}))
+        while unpack(await asyncio.wait_for(rx.recv(), 60))["cmd"] != "ACKED":
+            pass
+        if i >= WARMUP_EVENTS:
+            acked.append((t_ack - t0) * 1000)
+            delivered.append((t_in_hand - t0) * 1000)
+    for ws in (rx, tx):
+        await ws.close()
+    queue.put({"ok": True, "acked_ms": acked, "delivered_ms": delivered})
+
+
 def _latency(spark, settings, p: dict) -> dict:
     with child_ingress_and_stream(spark, settings) as (listening, query, sink, relay):
         queue = mp.get_context("spawn").Queue()
@@ -206,8 +262,19 @@ def _latency(spark, settings, p: dict) -> dict:
                               p["latency_seconds"])
         res = collect(queue, [worker], 1, p["latency_seconds"] + 300)[0]
         worker.join(timeout=10)
+        worker = spawn(lone_worker, queue, port_of(listening, "ppp"), p["lone_events"])
+        lone = collect(queue, [worker], 1, 300)[0]
+        worker.join(timeout=10)
     lat = res["latency_ms"]
     return {**p50_p99(lat), "count": len(lat),
+            "lone_client": {
+                "events": len(lone["acked_ms"]),
+                "store_to_stored_ms": p50_p99(lone["acked_ms"]),
+                "store_to_event_in_hand_ms": p50_p99(lone["delivered_ms"]),
+                "method": ("one sender WebSocket STOREs one event at a time to one connected "
+                           "recipient, which FETCHes on NOTIFY and ACKs; the next STORE "
+                           "after that: STORED and the event in the recipient's hand (NOTIFY "
+                           "+ FETCH) timed from the STORE write")},
             "warmup_events": WARMUP_EVENTS,
             "store_to_stored_ms": p50_p99(res["stored_ms"]),
             "rate_per_s": p["rate"], "notify_window_ms": settings.ppp.notify_window_ms,
