@@ -39,16 +39,9 @@ from .landing_lag import latest_version
 CLIENT = "spark-relay/direct_append"
 
 
-def _fsync(path: Path | str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class DirectAppender:
-    """Appends to one existing Delta table; one instance per writer process and table."""
+    """Appends to one existing Delta table; one instance per writer process and table. Holds
+    the table's and its log's directories open, to fsync them without reopening."""
 
     def __init__(self, path: Path, schema: pa.Schema, *, fsync: bool = True):
         self.path = Path(path)
@@ -58,34 +51,53 @@ class DirectAppender:
         self.version = latest_version(self.path)   # the newest version we know of
         if self.version < 0:
             raise FileNotFoundError(f"no Delta table at {self.path}")
+        self._dir_fd = os.open(self.path, os.O_RDONLY)
+        self._log_fd = os.open(self.log_dir, os.O_RDONLY)
+
+    def close(self) -> None:
+        for fd in (self._dir_fd, self._log_fd):
+            os.close(fd)
+        self._dir_fd = self._log_fd = -1
+
+    def __del__(self) -> None:
+        if getattr(self, "_log_fd", -1) >= 0:
+            self.close()
+
+    def _create(self, path: Path, data) -> None:
+        """Write a new file (never an existing one) and, with fsync, its contents."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def append(self, table: pa.Table) -> int:
         """Commit `table` as a new version (returned) once it and its data are durable."""
         if table.schema != self.schema:
             table = table.cast(self.schema)
+        sink = pa.BufferOutputStream()
+        pq.write_table(table, sink, compression="snappy")
+        parquet = sink.getvalue()
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        data = self.path / name
-        pq.write_table(table, data, compression="snappy")
-        size = data.stat().st_size
-        now_ms = int(time.time() * 1000)
+        self._create(self.path / name, parquet)
         if self.fsync:
-            _fsync(data)
-            _fsync(self.path)
+            os.fsync(self._dir_fd)      # the data file's name, before any commit names it
+        now_ms = int(time.time() * 1000)
         stats = json.dumps({"numRecords": table.num_rows}, separators=(",", ":"))
         actions = (
             {"commitInfo": {"timestamp": now_ms, "operation": "WRITE",
                             "operationParameters": {"mode": "Append"},
                             "isBlindAppend": True, "clientVersion": CLIENT}},
-            {"add": {"path": name, "partitionValues": {}, "size": size,
+            {"add": {"path": name, "partitionValues": {}, "size": parquet.size,
                      "modificationTime": now_ms, "dataChange": True, "stats": stats}},
         )
         body = "\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n"
         tmp = self.log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
-        with open(tmp, "w") as fh:
-            fh.write(body)
-            if self.fsync:
-                fh.flush()
-                os.fsync(fh.fileno())
+        self._create(tmp, body.encode())
         try:
             version = self.version + 1
             while True:
@@ -99,6 +111,6 @@ class DirectAppender:
         finally:
             os.unlink(tmp)
         if self.fsync:
-            _fsync(self.log_dir)
+            os.fsync(self._log_fd)
         self.version = version
         return version
