@@ -1,15 +1,17 @@
-"""Group commit: many concurrent appenders share one delta-rs commit.
+"""Group commit: many concurrent appenders share one Delta commit.
 
-A delta-rs append costs ~10 ms whether it carries 1 row or 1,000 (DESIGN.md), so acking one
-push per commit would cap a node near 100 pushes/s. Callers `await append(row)`; a single writer
-task takes everything queued, commits it in a worker thread, and only then releases the callers,
-so an ack sent after `append` returns is an ack of durable data. While one commit is in flight
-the next group accumulates: under load, groups grow by themselves and latency stays ~one commit.
+A commit costs about the same whether it carries 1 row or 1,000 (a delta-rs append ~10-20 ms,
+a landing direct append ~2-4 ms: `direct_append.py`), so acking one push per commit would cap
+a node at a few hundred pushes/s. Callers `await append(row)`; a single writer task takes
+everything queued, commits it in a worker thread, and only then releases the callers, so an
+ack sent after `append` returns is an ack of durable data. While one commit is in flight the
+next group accumulates: under load, groups grow by themselves and latency stays ~one commit.
 
-Durability: after delta-rs returns, the new data files, the commit file and their directories
-are fsync'ed (delta-rs writes through the page cache), so an acked envelope survives a machine
-crash as well as a process crash. `fsync=False` trades that for latency (tests, benchmarks
-say which they use).
+Durability: the new data files, the commit file and their directories are fsync'ed before the
+callers are released (delta-rs writes through the page cache, so `DeltaAppendTarget` fsyncs
+after it returns; `DirectAppendTarget` fsyncs as it writes), so an acked envelope survives a
+machine crash as well as a process crash. `fsync=False` trades that for latency (tests,
+benchmarks say which they use).
 """
 
 from __future__ import annotations
