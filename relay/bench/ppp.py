@@ -219,6 +219,7 @@ async def _lone_worker(queue, port: int, count: int) -> None:
     unpack = lambda b: msgpack.unpackb(b, raw=False, strict_map_key=False)  # noqa: E731
     acked: list[float] = []
     delivered: list[float] = []
+    ack_acked: list[float] = []
     rx = tx = None
     for i in range(count + WARMUP_EVENTS):
         if i % LONE_PAIR_EVENTS == 0:
@@ -250,9 +251,10 @@ async def _lone_worker(queue, port: int, count: int) -> None:
         if i >= WARMUP_EVENTS:
             acked.append((t_ack - t0) * 1000)
             delivered.append((t_in_hand - t0) * 1000)
+            ack_acked.append((time.perf_counter() - t_in_hand) * 1000)
     for ws in (rx, tx):
         await ws.close()
-    queue.put({"ok": True, "acked_ms": acked, "delivered_ms": delivered})
+    queue.put({"ok": True, "acked_ms": acked, "delivered_ms": delivered, "ack_ms": ack_acked})
 
 
 def _latency(spark, settings, p: dict) -> dict:
@@ -271,10 +273,11 @@ def _latency(spark, settings, p: dict) -> dict:
                 "events": len(lone["acked_ms"]),
                 "store_to_stored_ms": p50_p99(lone["acked_ms"]),
                 "store_to_event_in_hand_ms": p50_p99(lone["delivered_ms"]),
+                "ack_to_acked_ms": p50_p99(lone["ack_ms"]),
                 "method": ("one sender WebSocket STOREs one event at a time to one connected "
                            "recipient, which FETCHes on NOTIFY and ACKs; the next STORE "
                            "after that: STORED and the event in the recipient's hand (NOTIFY "
-                           "+ FETCH) timed from the STORE write")},
+                           "+ FETCH) timed from the STORE write, and ACK to ACKED")},
             "warmup_events": WARMUP_EVENTS,
             "store_to_stored_ms": p50_p99(res["stored_ms"]),
             "rate_per_s": p["rate"], "notify_window_ms": settings.ppp.notify_window_ms,
