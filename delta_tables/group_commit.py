@@ -30,6 +30,8 @@ import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
+from runtime.inbox_signal import InboxSignalSender, landing_signal_dir
+
 from .direct_append import DirectAppender
 from .layout import Layout, ensure_table
 from .schema import LANDING, TableDef
@@ -155,6 +157,9 @@ class LandingTarget:
         # the stream consumed it, and we never need to count a dead process's commits.
         self.generation = (gens[-1] + 1) if gens else 1
         self._target = self._open(self.generation)
+        # Every landing commit wakes the stream's source, which waits for data
+        # (stream.wait_for_data_ms, landing_source.py).
+        self.signal = InboxSignalSender(landing_signal_dir(layout.root))
 
     def _open(self, generation: int) -> DirectAppendTarget:
         path = self.layout.landing_generation(self.node, generation)
@@ -169,7 +174,9 @@ class LandingTarget:
         if self._target.commits >= self.commits_per_generation:
             self.generation += 1
             self._target = self._open(self.generation)
-        return self._target.commit(table)
+        result = self._target.commit(table)
+        self.signal.notify(result.version)
+        return result
 
 
 class GroupCommitAppender:
@@ -198,9 +205,10 @@ class GroupCommitAppender:
         self.rows_committed = 0
         self.commits = 0
         self.failures = 0
-        # Optional callback(CommitResult) after each commit that released its callers: the
-        # metrics endpoint's commit-latency histogram (runtime/metrics.py).
-        self.on_commit: Callable[[CommitResult], None] | None = None
+        # Callbacks (CommitResult) after each commit, before its callers are released: the
+        # metrics endpoint's commit-latency histogram (runtime/metrics.py), the stream's
+        # wake-up (ingress/service.py). They must not raise or block.
+        self.commit_hooks: list[Callable[[CommitResult], None]] = []
 
     async def start(self) -> None:
         if self._task is None:
@@ -255,8 +263,8 @@ class GroupCommitAppender:
                 self.commits += 1
                 self.rows_committed += len(rows)
                 self.commit_seconds.append(result.seconds)
-                if self.on_commit is not None:
-                    self.on_commit(result)
+                for hook in self.commit_hooks:
+                    hook(result)
                 for f in futs:
                     if not f.done():
                         f.set_result(result)

@@ -14,6 +14,15 @@ query run, in its latest offsets: the first trigger after any start is an (often
 that pays those costs before `relay stream` says it is ready (jobs/stream_main.py), instead
 of delaying the first messages a client sends. `boot` carries no position; readers ignore it.
 
+Waiting for data (`waitForDataMs`, stream.wait_for_data_ms): Spark asks a source for its
+latest offset every trigger, 10 times a second at the old 100 ms interval, which kept the
+driver JVM at ~0.16 cores with nothing to do. With the option, the query triggers
+back to back (interval 0) and `latestOffset`, finding nothing new, waits on a loopback UDP
+socket (`runtime/inbox_signal.BlockingSignal`) that every landing writer pokes after each
+landing commit, up to `waitForDataMs` (so a signal that cannot come, from another host,
+costs at most that delay, and a stop waits at most that long). It paces the batches itself:
+at most one start per `minBatchGapMs` (stream.trigger_interval_ms), as the trigger did.
+
 Rules for the log: landing tables are append-only. An OPTIMIZE add (`dataChange=false`) is
 skipped; any other remove is refused rather than silently re-read or lost. A table that
 disappears was dropped by compaction after the stream consumed it, and is skipped.
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -33,6 +43,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable, ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow,
 )
+
+from runtime.inbox_signal import BlockingSignal, landing_signal_dir
 
 from .landing_lag import latest_version
 from .layout import Layout
@@ -90,6 +102,10 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._adds_cache: dict[tuple[str, int], list[str]] = {}
         self._sealed: dict[str, int] = {}   # generation -> its final version
         self._boot = secrets.token_hex(4)   # see the module docstring: one warm-up batch
+        self.wait_s = int(options.get("waitForDataMs", "0")) / 1000.0
+        self.min_gap_s = int(options.get("minBatchGapMs", "0")) / 1000.0
+        self._signal: BlockingSignal | None = None
+        self._last_start = 0.0
 
     # -- offsets ----------------------------------------------------------------------------
     def initialOffset(self) -> dict:
@@ -134,6 +150,31 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return cached
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if self._target is not None or self.wait_s <= 0:
+            return self._end(start, limit)
+        # Waiting for data (module docstring): the first batch after a start at once, later
+        # ones at most one per `min_gap_s`, and none before something landed.
+        end = self._end(start, limit)
+        if end["v"] == start.get("v", {}) and start.get("boot") == self._boot:
+            if self._signal is None:
+                self._signal = BlockingSignal(landing_signal_dir(self.layout.root),
+                                              "landing-source")
+            if not self._signal.wait(self.wait_s):
+                return end
+        gap = self._last_start + self.min_gap_s - time.monotonic()
+        if gap > 0:
+            time.sleep(gap)
+        end = self._end(start, limit)
+        if end["v"] != start.get("v", {}):
+            self._last_start = time.monotonic()
+        return end
+
+    def stop(self) -> None:
+        if self._signal is not None:
+            self._signal.close()
+            self._signal = None
+
+    def _end(self, start: dict, limit: ReadLimit) -> dict:
         begin: dict[str, int] = dict(start.get("v", {}))
         latest = self._latest() if self._target is None else dict(self._target)
         budget = None if isinstance(limit, ReadAllAvailable) else (

@@ -273,7 +273,9 @@ def landing_stream(spark, layout: Layout, stream_conf, start_versions: str | Non
               .option("data_dir", str(layout.root))
               .option("maxFilesPerTrigger", str(stream_conf.max_files_per_trigger))
               .option("maxPartitions", str(stream_conf.max_partitions))
-              .option("recordConsumed", "true" if record_consumed else "false"))
+              .option("recordConsumed", "true" if record_consumed else "false")
+              .option("waitForDataMs", str(stream_conf.wait_for_data_ms))
+              .option("minBatchGapMs", str(stream_conf.trigger_interval_ms)))
     if start_versions:
         reader = reader.option("startVersions", start_versions)
     return reader.load().withColumn(BATCH_TS, F.current_timestamp())
@@ -299,6 +301,9 @@ def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
               .queryName(QUERY_NAME)
               .foreachBatch(sink)
               .option("checkpointLocation", str(checkpoint)))
+    # Waiting for data, the source paces the batches itself (landing_source.py): Spark's
+    # trigger must not, or it would warn "falling behind" after every wait.
+    interval = 0 if settings.stream.wait_for_data_ms > 0 else settings.stream.trigger_interval_ms
     writer = (writer.trigger(availableNow=True) if available_now else
-              writer.trigger(processingTime=f"{settings.stream.trigger_interval_ms} milliseconds"))
+              writer.trigger(processingTime=f"{interval} milliseconds"))
     return writer.start(), sink

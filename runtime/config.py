@@ -82,7 +82,13 @@ class IngressConf:
 
 @dataclass
 class StreamConf:
+    # At most one micro-batch start per interval (batches run back to back under backlog).
     trigger_interval_ms: int = 100
+    # With nothing new, the source waits up to this long for an ingress node's landing signal
+    # (loopback UDP, runtime/inbox_signal.py) instead of being asked again every interval:
+    # an idle stream costs almost nothing and a commit starts a batch at once. 0: poll every
+    # trigger_interval_ms as Spark's processing-time trigger does.
+    wait_for_data_ms: int = 1000
     # Bounds a micro-batch: every batch passes through driver memory (DESIGN.md).
     max_files_per_trigger: int = 2000
     max_partitions: int = 4

@@ -33,6 +33,12 @@ def signal_dir(data_dir: str | os.PathLike) -> Path:
     return Path(data_dir).resolve() / "run" / "inbox-signal"
 
 
+def landing_signal_dir(data_dir: str | os.PathLike) -> Path:
+    """The other direction: ingress nodes tell the stream's source of each landing commit,
+    so the stream waits for data instead of polling (`BlockingSignal`)."""
+    return Path(data_dir).resolve() / "run" / "landing-signal"
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -152,3 +158,40 @@ class InboxSignal:
         if self._transport is not None:
             self._transport.close()
             self._transport = None
+
+
+class BlockingSignal:
+    """`InboxSignal` for a thread that may block: the stream's landing source, which runs in
+    a Python worker Spark calls synchronously. `wait(timeout)` is True when a datagram came
+    (all that came meanwhile are drained: one wake-up for many commits)."""
+
+    def __init__(self, directory: Path, name: str):
+        self.directory = Path(directory)
+        self.path = self.directory / f"{os.getpid()}-{name}"
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.bind((HOST, 0))
+        self.received = 0
+        self.directory.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(str(self._sock.getsockname()[1]))
+        os.replace(tmp, self.path)
+
+    def wait(self, timeout: float) -> bool:
+        self._sock.settimeout(max(timeout, 0.0))
+        try:
+            self._sock.recv(64)
+        except (socket.timeout, BlockingIOError):
+            return False
+        self.received += 1
+        self._sock.setblocking(False)
+        try:
+            while True:
+                self._sock.recv(64)
+                self.received += 1
+        except (BlockingIOError, OSError):
+            pass
+        return True
+
+    def close(self) -> None:
+        self.path.unlink(missing_ok=True)
+        self._sock.close()

@@ -7,12 +7,14 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 
 from egress.service import EgressNode
 from ingress.service import IngressNode
 from jobs.inbox_stream import start_inbox_stream
-from runtime.inbox_signal import InboxSignal, InboxSignalSender, signal_dir
+from runtime.inbox_signal import (BlockingSignal, InboxSignal, InboxSignalSender,
+                                  landing_signal_dir, signal_dir)
 
 from test_end_to_end import receive
 from trueseal_client import ACK, NK, AsyncClient, keypair, push_frame
@@ -90,3 +92,54 @@ async def _scenario(settings):
         await ingress.close()
         await egress.close()
     assert not any(signal_dir(settings.data_dir).iterdir())   # each closed its registration
+
+
+def test_a_blocking_signal_wakes_on_a_datagram_and_drains_the_rest(tmp_path):
+    directory = tmp_path / "run" / "landing-signal"
+    sig = BlockingSignal(directory, "landing-source")
+    try:
+        sender = InboxSignalSender(directory)
+        assert sig.wait(0.05) is False
+        for _ in range(3):
+            sender.notify(0)
+        assert sig.wait(5.0) is True
+        assert sig.wait(0.05) is False          # three commits, one wake-up
+        assert sig.received == 3
+    finally:
+        sig.close()
+    assert not any(directory.iterdir())
+
+
+def test_an_idle_stream_waits_for_a_landing_commit_and_is_woken_by_it(spark, settings):
+    """The source waits up to 60 s for data here: a push still reaches an online receiver in
+    seconds only because the ingress node's landing commit wakes it (stream.wait_for_data_ms)."""
+    settings.stream.wait_for_data_ms = 60_000
+    settings.stream.trigger_interval_ms = 100
+    query, sink = start_inbox_stream(spark, settings, fsync=False)
+    try:
+        deadline = time.monotonic() + 120
+        while not sink.history:                  # the boot batch ran: the source now waits
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(1.0)
+        names = [p.name for p in landing_signal_dir(settings.data_dir).iterdir()]
+        assert [n.partition("-")[2] for n in names] == ["landing-source"]
+        asyncio.run(_scenario(settings))
+    finally:
+        _stop_waiting(query, settings)
+
+
+def _stop_waiting(query, settings) -> None:
+    """Stop a query whose source may be waiting: poke it until the stop went through."""
+    done = threading.Event()
+
+    def poke():
+        sender = InboxSignalSender(landing_signal_dir(settings.data_dir))
+        while not done.wait(0.2):
+            sender.notify(0)
+        sender.close()
+    t = threading.Thread(target=poke, daemon=True)
+    t.start()
+    query.stop()
+    done.set()
+    t.join()
