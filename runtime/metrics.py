@@ -324,13 +324,21 @@ class BatchRates:
     processed_rows_per_second: float
 
 
+def batch_work_ms(duration_ms: dict | None) -> float:
+    """A micro-batch's own time from Spark's `durationMs`: `triggerExecution` less
+    `latestOffset`, which holds the source's wait for data and its pacing between batches
+    (stream.wait_for_data_ms, delta_tables/landing_source.py), not work."""
+    d = duration_ms or {}
+    return max(0.0, float(d.get("triggerExecution", 0)) - float(d.get("latestOffset", 0)))
+
+
 def progress_rates(progress, rows: int | None, previous_start: float | None) -> BatchRates:
     """Spark's input and processing rates of one progress event, computed with `rows` (the
     sink's count of the batch) when given, else with Spark's `numInputRows`."""
     from datetime import datetime
     rows = progress.get("numInputRows") or 0 if rows is None else rows
     started = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00")).timestamp()
-    trigger = (progress.get("durationMs") or {}).get("triggerExecution", 0) / 1000.0
+    trigger = batch_work_ms(progress.get("durationMs")) / 1000.0
     since = started - previous_start if previous_start is not None else None
     return BatchRates(rows, started, trigger,
                       rows / since if since and since > 0 else 0.0,

@@ -190,9 +190,9 @@ def _summary(res: dict) -> str:
                  f"{res.get('trueseal_vs_ceiling_ratio')}, "
                  f"stream/ceiling {res.get('stream_vs_ceiling_ratio')}")
     sf = res.get("spark_floor") or {}
-    lines.append(f"  small micro-batch ms p50: ours {g('spark_floor', 'relay', 'triggerExecution_ms_p50')}"
+    lines.append(f"  small micro-batch ms p50: ours {g('spark_floor', 'relay', 'batch_ms_p50')}"
                  f" (our sink {g('spark_floor', 'relay', 'sink_ms_p50')}), Spark's floor "
-                 f"{g('spark_floor', 'floor', 'triggerExecution_ms_p50')}: "
+                 f"{g('spark_floor', 'floor', 'batch_ms_p50')}: "
                  f"x{sf.get('relay_over_floor')}")
     missed = {k: v["short_by"] for k, v in (res.get("targets") or {}).items()
               if v["short_by"] and v["short_by"] > 1}
