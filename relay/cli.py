@@ -365,6 +365,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="logs on stderr: readable text, or one JSON object per line "
                              "(default: $RELAY_LOG_FORMAT or auto = text on a terminal, "
                              "else json); `relay up` passes it to every role")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
+                        help="least severe record logged (default: $RELAY_LOG_LEVEL or info; "
+                             "debug adds tracebacks); `relay up` passes it to every role")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("up", help="run everything embedded").set_defaults(func=cmd_up)
     p = sub.add_parser("ingress", help="protocol listeners -> landing")
@@ -409,6 +412,8 @@ def main(argv: list[str] | None = None) -> None:
         _with_listener_allocator()
     if args.log_format:
         os.environ["RELAY_LOG_FORMAT"] = args.log_format   # children of `relay up` inherit it
+    if args.log_level:
+        os.environ["RELAY_LOG_LEVEL"] = args.log_level     # likewise
     args.func(args)
 
 

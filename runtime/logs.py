@@ -49,6 +49,8 @@ from dataclasses import dataclass
 
 FORMAT_ENV = "RELAY_LOG_FORMAT"
 FORMATS = ("auto", "json", "text")
+LEVEL_ENV = "RELAY_LOG_LEVEL"
+LEVELS = ("debug", "info", "warning", "error")
 
 EVENTS: dict[str, str] = {
     # listeners (ingress and egress shells)
@@ -377,14 +379,21 @@ def active() -> Active | None:
     return _active
 
 
-def setup(process: str, level: str = "INFO") -> None:
-    """This process's logging: one handler on stderr in the `RELAY_LOG_FORMAT` format, with
-    `RedactFilter`; `QUIET` libraries at WARNING; warnings and uncaught exceptions as
-    records."""
+def resolve_level(value: str | None) -> str:
+    """A `RELAY_LOG_LEVEL` / `--log-level` value as a logging level name: one of `LEVELS`
+    (any case); None or "" reads `RELAY_LOG_LEVEL`; unset or unknown: INFO."""
+    value = (value if value else os.environ.get(LEVEL_ENV, "")).strip().lower()
+    return value.upper() if value in LEVELS else "INFO"
+
+
+def setup(process: str, level: str | None = None) -> None:
+    """This process's logging: one handler on stderr in the `RELAY_LOG_FORMAT` format at the
+    `RELAY_LOG_LEVEL` level (INFO) unless `level` says, with `RedactFilter`; `QUIET` libraries
+    at WARNING; warnings and uncaught exceptions as records."""
     global _active
     fmt = resolve_format(None)
     root = logging.getLogger()
-    root.setLevel(level.upper() if isinstance(level, str) else level)
+    root.setLevel(resolve_level(level))
     debug = root.level <= logging.DEBUG
     color = fmt == "text" and use_color(sys.stderr)
     handler = logging.StreamHandler(sys.stderr)

@@ -285,6 +285,15 @@ def test_setup_json_process_quiets_libraries_and_keeps_one_line_per_record():
         assert needle not in err, needle
 
 
+def test_the_level_comes_from_relay_log_level_and_warnings_stay_at_any_level():
+    p = _run_setup_script({"RELAY_LOG_FORMAT": "json", "RELAY_LOG_LEVEL": "warning"})
+    recs = [json.loads(line) for line in p.stderr.decode().splitlines()]
+    assert [r["level"] for r in recs] == ["warning", "warning", "critical", "critical"]
+    assert "listener_started" not in {r.get("event") for r in recs}    # INFO: not logged
+    assert logs.resolve_level("DEBUG") == "DEBUG"
+    assert logs.resolve_level("loud") == "INFO"                        # unknown: the default
+
+
 CHILD_SCRIPT = r'''
 import logging, subprocess, sys
 from runtime import logs
