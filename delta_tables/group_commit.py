@@ -205,10 +205,9 @@ class GroupCommitAppender:
         self.rows_committed = 0
         self.commits = 0
         self.failures = 0
-        # Callbacks (CommitResult) after each commit, before its callers are released: the
-        # metrics endpoint's commit-latency histogram (runtime/metrics.py), the stream's
-        # wake-up (ingress/service.py). They must not raise or block.
-        self.commit_hooks: list[Callable[[CommitResult], None]] = []
+        # Optional callback(CommitResult) after each commit, before its callers are released:
+        # the metrics endpoint's commit-latency histogram (runtime/metrics.py).
+        self.on_commit: Callable[[CommitResult], None] | None = None
 
     async def start(self) -> None:
         if self._task is None:
@@ -263,8 +262,8 @@ class GroupCommitAppender:
                 self.commits += 1
                 self.rows_committed += len(rows)
                 self.commit_seconds.append(result.seconds)
-                for hook in self.commit_hooks:
-                    hook(result)
+                if self.on_commit is not None:
+                    self.on_commit(result)
                 for f in futs:
                     if not f.done():
                         f.set_result(result)

@@ -16,7 +16,7 @@ Hot paths do not touch Prometheus. Shells and jobs keep plain counters that were
 or cost one integer add (`Listener.accepted / rejected / connections`, `MailboxHub.delivered_by
 / acked_by / pending_by_protocol()`, `GroupCommitAppender.commits / rows_committed /
 failures`) and a collector reads them when `/metrics` is scraped. The two histograms are fed by
-the callbacks the code paths offer (`GroupCommitAppender.commit_hooks`, `InboxSink.on_batch`).
+the callbacks the code paths offer (`GroupCommitAppender.on_commit`, `InboxSink.on_batch`).
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ class CommitMetrics:
 
     def watch(self, appender, table: str) -> None:
         hist = self.latency.labels(table)
-        appender.commit_hooks.append(lambda result: hist.observe(result.seconds))
+        appender.on_commit = lambda result: hist.observe(result.seconds)
         self._watched.append((table, appender))
 
     def _collect(self) -> Iterator[Metric]:
