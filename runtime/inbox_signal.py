@@ -39,6 +39,17 @@ def landing_signal_dir(data_dir: str | os.PathLike) -> Path:
     return Path(data_dir).resolve() / "run" / "landing-signal"
 
 
+def _register(directory: Path, name: str, port: int) -> Path:
+    """Publish a receiver's port as `<directory>/<pid>-<name>` (written whole: a sender never
+    reads a half-written port); returns the file, which `close` removes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{os.getpid()}-{name}"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(str(port))
+    os.replace(tmp, path)
+    return path
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -129,11 +140,7 @@ class InboxSignal:
         loop = asyncio.get_running_loop()
         sig._transport, sig._protocol = await loop.create_datagram_endpoint(
             lambda: _Datagrams(sig._event), local_addr=(HOST, 0))
-        port = sig._transport.get_extra_info("sockname")[1]
-        sig.directory.mkdir(parents=True, exist_ok=True)
-        tmp = sig.path.with_name(sig.path.name + ".tmp")
-        tmp.write_text(str(port))
-        os.replace(tmp, sig.path)      # the sender never reads a half-written port
+        sig.path = _register(sig.directory, name, sig._transport.get_extra_info("sockname")[1])
         return sig
 
     @property
@@ -166,15 +173,10 @@ class BlockingSignal:
     (all that came meanwhile are drained: one wake-up for many commits)."""
 
     def __init__(self, directory: Path, name: str):
-        self.directory = Path(directory)
-        self.path = self.directory / f"{os.getpid()}-{name}"
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((HOST, 0))
         self.received = 0
-        self.directory.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(str(self._sock.getsockname()[1]))
-        os.replace(tmp, self.path)
+        self.path = _register(Path(directory), name, self._sock.getsockname()[1])
 
     def wait(self, timeout: float) -> bool:
         self._sock.settimeout(max(timeout, 0.0))
