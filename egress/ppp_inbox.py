@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import itertools
 import logging
 import time
@@ -105,6 +106,21 @@ def _unix(t: datetime | None) -> float:
     return float("inf") if t is None else t.timestamp()
 
 
+def _index(index: dict, ev: PppEvent | EarlyEvent, member) -> None:
+    """File `member` under both of the event's ids (stored and GiftWrap)."""
+    for i in (ev.event_id, ev.wrap_id):
+        index.setdefault(i, set()).add(member)
+
+
+def _unindex(index: dict, ev: PppEvent | EarlyEvent, member) -> None:
+    for i in (ev.event_id, ev.wrap_id):
+        mine = index.get(i)
+        if mine is not None:
+            mine.discard(member)
+            if not mine:
+                del index[i]
+
+
 class _Box:
     def __init__(self) -> None:
         self.cursors: list[int] = []
@@ -119,25 +135,18 @@ class _Box:
 
     def put_early(self, e: EarlyEvent) -> None:
         self.early[e.event_id] = e
-        for i in (e.event_id, e.wrap_id):
-            self.early_ids.setdefault(i, set()).add(e.event_id)
+        _index(self.early_ids, e, e.event_id)
 
     def drop_early(self, event_id: bytes) -> EarlyEvent | None:
         e = self.early.pop(event_id, None)
         if e is not None:
-            for i in (e.event_id, e.wrap_id):
-                mine = self.early_ids.get(i)
-                if mine is not None:
-                    mine.discard(event_id)
-                    if not mine:
-                        del self.early_ids[i]
+            _unindex(self.early_ids, e, event_id)
         return e
 
     def put(self, ev: PppEvent) -> None:
         bisect.insort(self.cursors, ev.cursor)
         self.events[ev.cursor] = ev
-        for i in (ev.event_id, ev.wrap_id):
-            self.ids.setdefault(i, set()).add(ev.cursor)
+        _index(self.ids, ev, ev.cursor)
 
     def drop(self, cursor: int) -> PppEvent | None:
         ev = self.events.pop(cursor, None)
@@ -146,12 +155,7 @@ class _Box:
         i = bisect.bisect_left(self.cursors, cursor)
         if i < len(self.cursors) and self.cursors[i] == cursor:
             del self.cursors[i]
-        for i in (ev.event_id, ev.wrap_id):
-            mine = self.ids.get(i)
-            if mine is not None:
-                mine.discard(cursor)
-                if not mine:
-                    del self.ids[i]
+        _unindex(self.ids, ev, cursor)
         return ev
 
 
@@ -251,11 +255,10 @@ class PppInbox:   # an inbox_view.InboxView
                 continue
             early = box.drop_early(env.event_id)
             acked = box.early_acked.pop(env.event_id, None)
-            for e in (early, acked):
-                if e is not None:
-                    self.early_bytes -= len(e.envelope)
-                    ev = PppEvent(ev.seq, ev.cursor, ev.event_id, ev.wrap_id, ev.size,
-                                  ev.created_at, ev.expires, early_no=e.no)
+            served = early or acked
+            if served is not None:
+                self.early_bytes -= len(served.envelope)
+                ev = dataclasses.replace(ev, early_no=served.no)
             self.events_seen += 1
             if acked is not None:
                 deferred.append(ev)      # acked already: its ack row can be written now
