@@ -155,16 +155,20 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Waiting for data (module docstring): the first batch after a start at once, later
         # ones at most one per `min_gap_s`, and none before something landed.
         end = self._end(start, limit)
+        waited = False
         if end["v"] == start.get("v", {}) and start.get("boot") == self._boot:
             if self._signal is None:
                 self._signal = BlockingSignal(landing_signal_dir(self.layout.root),
                                               "landing-source")
             if not self._signal.wait(self.wait_s):
                 return end
+            waited = True
         gap = self._last_start + self.min_gap_s - time.monotonic()
         if gap > 0:
             time.sleep(gap)
-        end = self._end(start, limit)
+            waited = True
+        if waited:                      # more may have landed meanwhile
+            end = self._end(start, limit)
         if end["v"] != start.get("v", {}):
             self._last_start = time.monotonic()
         return end
