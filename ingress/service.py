@@ -38,7 +38,8 @@ class IngressNode:
         conf = settings.ingress
         self.node_id = conf.node_id if protocol is None else f"{conf.node_id}-{protocol}"
         self.target = LandingTarget(self.layout, self.node_id,
-                                    commits_per_generation=conf.commits_per_generation, fsync=fsync)
+                                    commits_per_generation=conf.commits_per_generation,
+                                    fsync=fsync)
         self.appender = GroupCommitAppender(self.target, max_rows=conf.max_rows_per_commit)
         wanted = set(ingress_protocols(settings) if protocol is None else [protocol])
         self.key = keys.load_or_create(settings.data_dir)

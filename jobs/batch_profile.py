@@ -6,7 +6,8 @@ no-op foreachBatch over the same source and trigger (Spark's floor: offset log, 
 the Python data source, the callback round trip, the commit log). For each, the medians of
 Spark's `durationMs` parts over the batches that had rows, the batch's own time
 (`batch_ms`: triggerExecution less latestOffset, which holds the source's wait for data) and
-for the relay's sink its own time; then ours as a ratio of the floor. `relay bench` runs it (`spark_floor`); alone:
+for the relay's sink its own time; then ours as a ratio of the floor. `relay bench` runs it
+(`spark_floor`); alone:
 
     python -m jobs.batch_profile [seconds]
 """

@@ -451,7 +451,8 @@ def live_traffic(settings: Settings, *, seconds: float = 20.0, per_second: float
     layout = Layout(settings.data_dir)
     pop = Population(scale, seed, heya_tokens(layout))
     target = LandingTarget(layout, settings.ingress.node_id,
-                           commits_per_generation=settings.ingress.commits_per_generation, fsync=False)
+                           commits_per_generation=settings.ingress.commits_per_generation,
+                           fsync=False)
     schema = LANDING.arrow_schema()
     report = LiveReport()
     recent: list[dict] = []

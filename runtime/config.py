@@ -84,7 +84,7 @@ class IngressConf:
 class StreamConf:
     # At most one micro-batch start per interval (batches run back to back under backlog).
     trigger_interval_ms: int = 100
-    # With nothing new, the source waits up to this long for an ingress node's landing signal
+    # With nothing new, the source waits up to this long for a landing commit's signal
     # (loopback UDP, runtime/inbox_signal.py) instead of being asked again every interval:
     # an idle stream costs almost nothing and a commit starts a batch at once. 0: poll every
     # trigger_interval_ms as Spark's processing-time trigger does.
