@@ -39,13 +39,14 @@ def landing_signal_dir(data_dir: str | os.PathLike) -> Path:
     return Path(data_dir).resolve() / "run" / "landing-signal"
 
 
-def _register(directory: Path, name: str, port: int) -> Path:
-    """Publish a receiver's port as `<directory>/<pid>-<name>` (written whole: a sender never
-    reads a half-written port); returns the file, which `close` removes."""
+def register(directory: Path, name: str, address: int | str) -> Path:
+    """Publish a receiver's address (a port, or a socket path for `runtime/handoff.py`) as
+    `<directory>/<pid>-<name>` (written whole: a sender never reads a half-written one);
+    returns the file, which the receiver's `close` removes."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{os.getpid()}-{name}"
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(str(port))
+    tmp.write_text(str(address))
     os.replace(tmp, path)
     return path
 
@@ -60,26 +61,23 @@ def _alive(pid: int) -> bool:
     return True
 
 
-class InboxSignalSender:
-    """The stream's side: `notify(batch_id)` after each inbox commit."""
+class Registrations:
+    """The receivers registered in a directory, as (file, address text); the directory is
+    re-listed only when it changed, and a registration whose process is gone is removed."""
 
     def __init__(self, directory: Path):
         self.directory = Path(directory)
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sock.setblocking(False)
         self._listed_mtime: int | None = None
-        self._targets: list[tuple[Path, int]] = []
-        self.sent = 0
-        self.failed = 0
+        self._targets: list[tuple[Path, str]] = []
 
-    def _refresh(self) -> None:
+    def current(self) -> list[tuple[Path, str]]:
         try:
             mtime = os.stat(self.directory).st_mtime_ns
         except FileNotFoundError:
             self._targets, self._listed_mtime = [], None
-            return
+            return self._targets
         if mtime == self._listed_mtime:
-            return
+            return self._targets
         self._listed_mtime = mtime
         targets = []
         for entry in self.directory.iterdir():
@@ -90,19 +88,33 @@ class InboxSignalSender:
                 if not _alive(int(pid)):
                     entry.unlink(missing_ok=True)   # a process that died without closing
                     continue
-                targets.append((entry, int(entry.read_text())))
+                targets.append((entry, entry.read_text()))
             except (OSError, ValueError):
                 continue
         self._targets = targets
+        return targets
+
+
+class InboxSignalSender:
+    """The stream's side: `notify(batch_id)` after each inbox commit."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self._registrations = Registrations(self.directory)
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._sock.setblocking(False)
+        self.sent = 0
+        self.failed = 0
 
     def notify(self, batch_id: int) -> None:
         try:
-            self._refresh()
+            targets = [int(port) for _, port in self._registrations.current()
+                       if port.isdigit()]
         except Exception:   # never into the stream: the listeners' polls still find it
             self.failed += 1
             return
         payload = _PAYLOAD.pack(batch_id & (2 ** 64 - 1))
-        for _, port in self._targets:
+        for port in targets:
             try:
                 self._sock.sendto(payload, (HOST, port))
                 self.sent += 1
@@ -140,7 +152,7 @@ class InboxSignal:
         loop = asyncio.get_running_loop()
         sig._transport, sig._protocol = await loop.create_datagram_endpoint(
             lambda: _Datagrams(sig._event), local_addr=(HOST, 0))
-        sig.path = _register(sig.directory, name, sig._transport.get_extra_info("sockname")[1])
+        sig.path = register(sig.directory, name, sig._transport.get_extra_info("sockname")[1])
         return sig
 
     @property
@@ -176,7 +188,7 @@ class BlockingSignal:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((HOST, 0))
         self.received = 0
-        self.path = _register(Path(directory), name, self._sock.getsockname()[1])
+        self.path = register(Path(directory), name, self._sock.getsockname()[1])
 
     def wait(self, timeout: float) -> bool:
         self._sock.settimeout(max(timeout, 0.0))
