@@ -10,6 +10,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import ACKS
 from runtime import keys, metrics, open_files
 from runtime.config import Settings
+from runtime.handoff import Handoff, HandoffReceiver, handoff_dir
 from runtime.role import run_role
 
 from .inbox_tail import AckWriter, InboxTail
@@ -39,13 +40,22 @@ class EgressNode:
         self.trueseal = ReceiveServer(settings, self.hub, self.key)
         self._stop = asyncio.Event()
         self._tail_task: asyncio.Task | None = None
+        self.handoff: HandoffReceiver | None = None
 
     async def start(self) -> None:
         await self.acks.start()
         await self.tail.bootstrap()
         self._tail_task = asyncio.create_task(
             self.tail.follow(self.settings, self._stop, "egress"))
+        if self.settings.trueseal.early_delivery:
+            self.handoff = await HandoffReceiver.open(handoff_dir(self.settings.data_dir),
+                                                      "egress", self._early)
         await self.trueseal.start()
+
+    def _early(self, h: Handoff) -> None:
+        """A push ingress just landed: delivered now if its receiver is online here."""
+        if h.protocol == "trueseal":
+            self.hub.add_early(h.protocol, h.mailbox, h.event_id, h.envelope, h.expires_at)
 
     def listeners(self) -> list:
         return [self.trueseal]
@@ -54,11 +64,25 @@ class EgressNode:
         return {"trueseal_receive": f"{self.settings.bind}:{self.trueseal.bound_port}"}
 
     async def close(self) -> None:
+        if self.handoff is not None:
+            self.handoff.close()
         await self.trueseal.close()
+        await self._rows_of_early_acks()
         self._stop.set()
         if self._tail_task:
             await self._tail_task
+        await self.hub.drain()
         await self.acks.close()
+
+    async def _rows_of_early_acks(self, limit_seconds: float = 3.0) -> None:
+        """Acks of early envelopes wait for their inbox rows: give a running stream a moment
+        to commit them, so that they are written now rather than redelivered after the
+        restart (which is still what happens past the limit)."""
+        deadline = asyncio.get_running_loop().time() + limit_seconds
+        while self.hub.early_acks_waiting:
+            if asyncio.get_running_loop().time() >= deadline:
+                break
+            await asyncio.sleep(0.05)
 
 
 async def run(settings: Settings, stop: asyncio.Event, ready=None) -> None:

@@ -47,6 +47,7 @@ from engine.trueseal.ids import PROTOCOL, event_id
 from engine.trueseal.push import PushSession
 from engine.trueseal.session import State
 from runtime.config import Settings
+from runtime.handoff import Handoff, HandoffSender, handoff_dir
 from runtime.keys import RelayKey
 from runtime.listener import Deadline, Listener, RecordClock
 
@@ -105,6 +106,15 @@ class PushServer(Listener):
         self.max_in_flight = max_in_flight
         self.clock = clock
         self._stores: set[asyncio.Task] = set()   # every connection's, for a clean shutdown
+        # Each landed push also goes to egress at once (runtime/handoff.py), for a receiver
+        # that is online; the stream's inbox row still follows.
+        self.handoff = (HandoffSender(handoff_dir(settings.data_dir))
+                        if self.conf.early_delivery else None)
+
+    async def close(self) -> None:
+        await super().close()
+        if self.handoff is not None:
+            self.handoff.close()
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     ticket: Ticket | None) -> None:
@@ -255,6 +265,9 @@ class _PushConnection:
             self.server.rejected[REASON_STORE_FAILED] += 1
             self.core.fail(ev.push_id)
         else:
+            if self.server.handoff is not None:   # egress may deliver it before its row
+                self.server.handoff.send(Handoff(PROTOCOL, ev.recipient, row[C.EVENT_ID],
+                                                 row[C.EXPIRES_AT], ev.envelope))
             self.server.accepted += 1
             self.server.vouch(self.ticket)   # a real client: its handshakes go first a while
             self.core.accept(ev.push_id)

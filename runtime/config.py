@@ -23,6 +23,10 @@ class TruesealConf:
     # 65,535 - 16 (AEAD tag) - 5 (frame header) - 32 (recipient): the largest envelope that
     # fits one Noise transport message (trueseal-interop §5). A larger value is unreachable.
     max_envelope: int = 65482
+    # Hand each landed push to egress at once (runtime/handoff.py), so a receiver that is
+    # online has it in milliseconds rather than after the next micro-batch. The stream stays
+    # the authority (dedup, cursors, audits); false: delivery waits for the inbox row.
+    early_delivery: bool = True
     # Ack only counts once the landing commit returned; this bounds how long a push may wait.
     ttl_seconds: int = 30 * 24 * 3600
     heartbeat_idle_seconds: float = 30.0

@@ -74,6 +74,10 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "gauge", ("protocol",), "envelopes egress holds in memory, not yet acked"),
     "relay_egress_inbox_lag_versions": (
         "gauge", (), "inbox commits egress has not read yet"),
+    "relay_egress_early_total": (
+        "counter", ("protocol",), "envelopes taken from ingress before their inbox row"),
+    "relay_egress_early_waiting": (
+        "gauge", (), "early envelopes (held or acked) whose inbox rows have not arrived"),
     # stream
     "relay_stream_batches_total": ("counter", (), "micro-batches committed"),
     "relay_stream_rows_total": ("counter", (), "landing rows read by micro-batches"),
@@ -238,7 +242,12 @@ def egress_registry(node) -> CollectorRegistry:
             pending.add_metric([p], held.get(p, 0))
         lag = _family("gauge", "relay_egress_inbox_lag_versions")
         lag.add_metric([], node.tail.lag_versions)
-        yield from (delivered, acked, pending, lag)
+        early = _family("counter", "relay_egress_early_total", ["protocol"])
+        for p, n in sorted(dict(hub.early_taken_by).items()):
+            early.add_metric([p], n)
+        waiting = _family("gauge", "relay_egress_early_waiting")
+        waiting.add_metric([], hub.early_waiting)
+        yield from (delivered, acked, pending, lag, early, waiting)
         yield from _listener_families(listeners_of(node))
 
     reg.register(_Collect(collect))

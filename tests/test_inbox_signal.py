@@ -67,6 +67,7 @@ def test_listeners_are_told_of_an_inbox_commit_without_polling(spark, settings):
 
 
 async def _scenario(settings):
+    settings.trueseal.early_delivery = False     # the inbox row's path, not ingress's hand-off
     ingress, egress = IngressNode(settings, fsync=False), EgressNode(settings, fsync=False)
     await ingress.start()
     await egress.start()
