@@ -30,6 +30,8 @@ from pathlib import Path
 
 from noise.exceptions import NoiseInvalidMessage
 
+from egress.pending import EARLY_BASE
+
 from trueseal_client import (HEARTBEAT, NK, XX, Client, deliver_ack_frame, keypair, push_frame,
                              split_u16)
 
@@ -587,6 +589,7 @@ class ReceiveStats:
     violations: list[str] = field(default_factory=list)
     in_session_duplicates: list[tuple[int, int, int]] = field(default_factory=list)
     out_of_order: list[tuple[int, int, int, int]] = field(default_factory=list)
+    early: int = 0        # Delivers before the inbox row (provisional blob ids)
     unexpected_frames: Counter = field(default_factory=Counter)
 
 
@@ -602,6 +605,7 @@ class Receivers:
         self.stop = asyncio.Event()
         self.tasks: list[asyncio.Task] = []
         self.delivered = asyncio.Event()     # set on every Deliver (after its DeliverAck)
+        self.delivered_early = asyncio.Event()   # ... that came before its inbox row
 
     @property
     def mailboxes(self) -> list[bytes]:
@@ -629,7 +633,8 @@ class Receivers:
             session += 1
             st.sessions += 1
             seen: set[int] = set()
-            last = 0
+            seen_uids: set[int] = set()
+            last = {False: 0, True: 0}      # per kind: inbox seqs, early (provisional) ids
             try:
                 while not self.stop.is_set():
                     try:
@@ -650,19 +655,27 @@ class Receivers:
                         st.violations.append(f"Deliver body of {len(body)} bytes")
                         continue
                     blob_id, env = int.from_bytes(body[:8], "big"), body[8:]
-                    if blob_id in seen:
-                        st.in_session_duplicates.append((i, session, blob_id))
-                    elif blob_id <= last:
-                        st.out_of_order.append((i, session, last, blob_id))
-                    seen.add(blob_id)
-                    last = max(last, blob_id)
-                    self.deliveries.append(Delivery(i, session, blob_id, env, time.monotonic()))
                     uid = envelope_uid(env)
+                    early = blob_id >= EARLY_BASE
+                    if blob_id in seen or (uid is not None and uid in seen_uids):
+                        st.in_session_duplicates.append((i, session, blob_id))
+                    elif blob_id <= last[early]:
+                        # inbox seqs rise, and so do early ids; an early envelope may come
+                        # before rows that were still in the micro-batch (egress/pending.py)
+                        st.out_of_order.append((i, session, last[early], blob_id))
+                    seen.add(blob_id)
+                    if uid is not None:
+                        seen_uids.add(uid)
+                    last[early] = max(last[early], blob_id)
+                    st.early += early
+                    self.deliveries.append(Delivery(i, session, blob_id, env, time.monotonic()))
                     if uid is not None:
                         self.delivered_uids[uid] = self.delivered_uids.get(uid, 0) + 1
                     # The real client DeliverAcks at once (interop §7); here after recording.
                     wire.send(deliver_ack_frame(blob_id))
                     self.delivered.set()
+                    if early:
+                        self.delivered_early.set()
             except SessionLost:
                 pass
             except ProtocolViolation as exc:

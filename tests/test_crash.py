@@ -1,7 +1,8 @@
 """Crash test: kill -9 ingress, the stream and egress (separately) at random moments during a few
 thousand pushes; after restart every acked envelope is delivered, no cursor is duplicated or
-skipped, and nothing unacked is reported as acked. Plus: SIGTERM of ingress with pushes in
-flight loses no acked push.
+skipped, and nothing unacked is reported as acked. Plus: ingress and egress killed in the
+middle of the live path's hand-off (issue 20), and SIGTERM of ingress with pushes in flight
+loses no acked push.
 
 Run: `.venv/bin/pytest -m crash tests/test_crash.py -s` (excluded by the default addopts).
 Knobs (environment): CRASH_SEED, CRASH_PUSHES (3000), CRASH_LOAD_SECONDS (150),
@@ -29,6 +30,7 @@ from deltalake import DeltaTable
 
 from crash_harness import (REPO, PushLoad, Receivers, RelayProcesses, envelope_uid,
                            latest_commit, log)
+from egress.pending import EARLY_BASE
 
 pytestmark = pytest.mark.crash
 
@@ -127,29 +129,54 @@ async def pick_moment(role: str, targeted: bool, load: PushLoad, receivers: Rece
         while latest_commit(inbox) == v0 and time.monotonic() < deadline:
             await asyncio.sleep(0.002)
         return f"just after inbox commit {latest_commit(inbox)}"
-    receivers.delivered.clear()
-    try:
-        await asyncio.wait_for(receivers.delivered.wait(), 10.0)
-        return "just after a Deliver"
-    except asyncio.TimeoutError:
-        return "random (no Deliver within 10s)"
+    # egress: just after a Deliver that came before its inbox row, when it can (its
+    # DeliverAck then waits in egress's memory for the row, and dies with the process)
+    for event, what in ((receivers.delivered_early, "an early Deliver"),
+                        (receivers.delivered, "a Deliver")):
+        event.clear()
+        try:
+            await asyncio.wait_for(event.wait(), 10.0)
+            return f"just after {what}"
+        except asyncio.TimeoutError:
+            continue
+    return "random (no Deliver within 20s)"
 
 
 # -- the crash test ----------------------------------------------------------------------------
 
 def test_kill9_each_role_during_load(relay):
+    _run_crash(relay, ROLES, PUSHES, LOAD_SECONDS, ROUNDS, targeted_every_round=False)
+
+
+def test_kill9_ingress_and_egress_mid_handoff(relay):
+    """Issue 20's live path under kills: receivers are online, so most pushes reach them
+    from ingress's hand-off before their inbox rows. Egress is killed just after such a
+    Deliver (its DeliverAck waits in memory for the row and is lost: the row is delivered
+    again after the restart), ingress with pushes in flight (committed, handed off or not,
+    acked or not). Every acked envelope is still delivered, never twice in a session, and
+    every inbox row gets its ack row."""
+    report = _run_crash(relay, ("ingress", "egress"), PUSHES // 2, LOAD_SECONDS / 2, 3,
+                        targeted_every_round=True)
+    assert report["of which before their inbox row (ingress's hand-off)"] > 0
+
+
+def _run_crash(relay: Relay, roles: tuple[str, ...], pushes: int, load_seconds: float,
+               rounds: int, targeted_every_round: bool) -> dict:
     seed = int(os.environ.get("CRASH_SEED") or random.SystemRandom().randrange(1 << 32))
-    print(f"\nCRASH_SEED={seed}  pushes={PUSHES} load={LOAD_SECONDS}s rounds={ROUNDS} "
-          f"workers={WORKERS} mailboxes={MAILBOXES}", flush=True)
+    print(f"\nCRASH_SEED={seed}  pushes={pushes} load={load_seconds}s rounds={rounds} "
+          f"workers={WORKERS} mailboxes={MAILBOXES} kills={roles}", flush=True)
     try:
-        report = asyncio.run(_crash_scenario(relay, seed))
+        report = asyncio.run(_crash_scenario(relay, seed, roles, pushes, load_seconds, rounds,
+                                             targeted_every_round))
     except BaseException:
         print(f"\nFAILED with CRASH_SEED={seed}\n{relay.tails()}", flush=True)
         raise
     print("\n" + "\n".join(f"  {k}: {v}" for k, v in report.items()), flush=True)
+    return report
 
 
-async def _crash_scenario(relay: Relay, seed: int) -> dict:
+async def _crash_scenario(relay: Relay, seed: int, roles: tuple[str, ...], pushes: int,
+                          load_seconds: float, rounds: int, targeted_every_round: bool) -> dict:
     t_begin = time.monotonic()
     rng = random.Random(seed)
     procs = relay.procs
@@ -163,7 +190,7 @@ async def _crash_scenario(relay: Relay, seed: int) -> dict:
 
     receivers = Receivers(relay.receive_port, relay_pub, MAILBOXES)
     receivers.start()
-    load = PushLoad(relay.push_port, relay_pub, receivers.mailboxes, PUSHES, LOAD_SECONDS,
+    load = PushLoad(relay.push_port, relay_pub, receivers.mailboxes, pushes, load_seconds,
                     WORKERS, seed)
     load.start()
     events: list[str] = []
@@ -177,9 +204,9 @@ async def _crash_scenario(relay: Relay, seed: int) -> dict:
     # -- chaos: each role separately, at a random moment, then restarted -----------------------
     restart_times: dict[str, list[float]] = defaultdict(list)
     orphan_tasks: list[asyncio.Task] = []
-    last_kill_by = LOAD_SECONDS - 5      # every kill happens while pushes are still produced
-    for rnd in range(ROUNDS):
-        order = list(ROLES)
+    last_kill_by = load_seconds - 5      # every kill happens while pushes are still produced
+    for rnd in range(rounds):
+        order = list(roles)
         rng.shuffle(order)
         for role in order:
             await asyncio.sleep(rng.uniform(2.0, 10.0))
@@ -191,7 +218,7 @@ async def _crash_scenario(relay: Relay, seed: int) -> dict:
             # the stream just after an inbox commit (before Spark's commit log: the batch is
             # replayed and must be skipped) and egress just after a Deliver (before its
             # DeliverAck is durable: redelivered in the next session). Bounded waits.
-            targeted = rnd % 2 == 0
+            targeted = targeted_every_round or rnd % 2 == 0
             moment = await pick_moment(role, targeted, load, receivers, relay.data, rng)
             note(f"round {rnd + 1}: kill -9 {role} ({moment}), "
                  f"{load.in_flight} pushes in flight")
@@ -336,10 +363,12 @@ async def _crash_scenario(relay: Relay, seed: int) -> dict:
     assert rejects.num_rows == sum(n - 1 for n in landed_uids.values())
 
     # (1) every acked envelope delivered at least once; deliveries are exactly the inbox rows
+    # (by seq, or for one delivered before its row under a provisional id, by its envelope)
     seq_row = {r["seq"]: r for r in rows}
     for d in receivers.deliveries:
-        r = seq_row.get(d.blob_id)
-        assert r is not None, f"delivered blob_id {d.blob_id} is not an inbox seq"
+        r = by_uid.get(envelope_uid(d.envelope)) if d.blob_id >= EARLY_BASE \
+            else seq_row.get(d.blob_id)
+        assert r is not None, f"delivered blob_id {d.blob_id} is not an inbox row"
         assert r["envelope"] == d.envelope and r["mailbox"] == mailboxes[d.mailbox], \
             f"blob {d.blob_id} delivered with the wrong envelope or to the wrong mailbox"
     delivered = receivers.delivered_uids
@@ -384,6 +413,7 @@ async def _crash_scenario(relay: Relay, seed: int) -> dict:
         "acks rows (distinct seqs)": f"{acks_t.num_rows} ({len(set(ack_seqs))})",
         "mailboxes / max cursor": {k[1][:4].hex(): len(v) for k, v in per_box.items()},
         "deliveries": len(receivers.deliveries),
+        "of which before their inbox row (ingress's hand-off)": rs.early,
         "redeliveries across sessions": duplicates,
         "receive sessions": rs.sessions,
         "heartbeats echoed": rs.heartbeats,
