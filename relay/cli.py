@@ -211,6 +211,9 @@ def cmd_up(args) -> None:
 
 
 def cmd_bench(args) -> None:
+    if args.peer:
+        from .bench import peer
+        sys.exit(peer.main(args))
     from .bench import run   # the benchmark is loaded by its command only
     sys.exit(run.main(args))
 
@@ -404,7 +407,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes: about 14 minutes for 3 rounds, 5 for --rounds 1")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of every section; each figure is their median (default 3)")
-    p.add_argument("--out", default="bench-results.json")
+    p.add_argument("--out", default=None,
+                   help="results file (default bench-results.json; bench-peer.json with --peer)")
+    p.add_argument("--peer", action="store_true",
+                   help="our PPP against the public nostr-relay, alternating runs (issue 20); "
+                        "installs the peer into .venv-peer on first use")
     p.set_defaults(func=cmd_bench)
     _add_ppp_parser(sub)
     args = parser.parse_args(argv)
