@@ -50,13 +50,19 @@ async def _next(s, timeout=0.2):
     return await asyncio.wait_for(s.next(), timeout)
 
 
+async def _early_delivered():
+    """A hub with a session for A that was just sent one early envelope, e1."""
+    acks = Acks()
+    hub = MailboxHub(acks)
+    s = hub.open_session(T, A, device=b"d1")
+    assert hub.add_early(T, A, b"e1" * 16, b"sealed", exp())
+    (e,) = await _next(s)
+    return acks, hub, s, e
+
+
 def test_an_early_envelope_is_delivered_at_once_and_its_row_is_not_delivered_again():
     async def main():
-        acks = Acks()
-        hub = MailboxHub(acks)
-        s = hub.open_session(T, A, device=b"d1")
-        assert hub.add_early(T, A, b"e1" * 16, b"sealed", exp())
-        (e,) = await _next(s)
+        acks, hub, s, e = await _early_delivered()
         assert e.early and e.seq >= EARLY_BASE and e.envelope == b"sealed"
         hub.add(T, A, [row(41, 1, b"e1" * 16, b"sealed"), row(42, 2, b"e2" * 16)])
         (e2,) = await _next(s)                      # only the new row: e1 is not sent twice
@@ -70,11 +76,7 @@ def test_an_early_envelope_is_delivered_at_once_and_its_row_is_not_delivered_aga
 
 def test_an_ack_before_the_row_is_kept_and_written_when_the_row_arrives():
     async def main():
-        acks = Acks()
-        hub = MailboxHub(acks)
-        s = hub.open_session(T, A, device=b"d1")
-        assert hub.add_early(T, A, b"e1" * 16, b"sealed", exp())
-        (e,) = await _next(s)
+        acks, hub, s, e = await _early_delivered()
         assert await s.ack(e.seq) and acks.rows == []      # no row yet: nothing to write
         assert hub.early_waiting == 1 and hub.early_bytes == 0
         s.close()                                   # the device leaves; the ack is kept

@@ -185,11 +185,16 @@ def _e2e_breakdown(inbox_path: Path, records: list) -> dict:
                 ts = a["commitInfo"].get("timestamp")
         if txn is not None and ts is not None:
             commit_ns[txn] = ts * 1_000_000
-    stages: dict[str, list[float]] = {"push_to_ack": [], "ack_to_batch_start": [],
+    stages: dict[str, list[float]] = {"push_to_ack": [], "ack_to_deliver": [],
+                                       "ack_to_batch_start": [],
                                        "batch_start_to_inbox_commit": [],
                                        "inbox_commit_to_deliver": []}
     for seq, push, ack, deliver in records:
-        if ack is None or deliver is None or seq not in batch_of:
+        if ack is None or deliver is None:
+            continue
+        # the live path (issue 20): a Deliver may come before the batch (negative below)
+        stages["ack_to_deliver"].append((deliver - ack) / 1e6)
+        if seq not in batch_of:
             continue
         committed = commit_ns.get(batch_of[seq])
         if committed is None:
