@@ -407,7 +407,8 @@ class DeliverySession:
             await self.hub.ack_sink(self.protocol, self.mailbox, env.as_row(), self.device)
         if box.pending.pop(seq, None) is not None:
             self.hub.acked_by[self.protocol] += 1
-            self.hub._remember_ack(env.event_id, now)
+            if self.hub.early_taken_by:      # only where hand-offs come (see the module)
+                self.hub._remember_ack(env.event_id, now)
         box.owner.pop(seq, None)
         if box.overflow_after is not None:
             self._event.set()
