@@ -37,7 +37,7 @@ from typing import Callable
 
 import msgpack
 
-from runtime.inbox_signal import Registrations, register
+from runtime.inbox_signal import Registrations, process_alive, register
 
 VERSION = 1
 _LENGTH = struct.Struct(">I")
@@ -45,6 +45,7 @@ _LENGTH = struct.Struct(">I")
 MESSAGE_MAX = 70_000
 # Bytes that may wait for one slow receiver before hand-offs to it are dropped.
 SEND_BUFFER_MAX = 4 * 1024 * 1024
+TMP_PREFIX = "relay-handoff-"
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = datetime.resolution
 
@@ -81,6 +82,24 @@ def decode(data: bytes) -> Handoff | None:
         return Handoff(protocol, mailbox, eid, _EPOCH + micros * _MICROSECOND, envelope)
     except (ValueError, TypeError, OverflowError, msgpack.UnpackException):
         return None
+
+
+def _remove_dead(directory: Path) -> None:
+    """Registrations of receivers that died without closing (kill -9), with the socket
+    directories they made: removed when a new receiver opens."""
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        pid, _, _ = entry.name.partition("-")
+        if not pid.isdigit() or process_alive(int(pid)):
+            continue
+        try:
+            sock_dir = Path(entry.read_text()).parent
+        except OSError:
+            continue
+        if sock_dir.name.startswith(TMP_PREFIX) and sock_dir.parent == Path(tempfile.gettempdir()):
+            shutil.rmtree(sock_dir, ignore_errors=True)
+        entry.unlink(missing_ok=True)
 
 
 class HandoffSender:
@@ -182,7 +201,8 @@ class HandoffReceiver:
     async def open(cls, directory: Path, name: str,
                    deliver: Callable[[Handoff], None]) -> "HandoffReceiver":
         r = cls(directory, name, deliver)
-        r._tmp = tempfile.mkdtemp(prefix="relay-handoff-")      # mode 0700: this user only
+        _remove_dead(r.directory)
+        r._tmp = tempfile.mkdtemp(prefix=TMP_PREFIX)      # mode 0700: this user only
         sock_path = os.path.join(r._tmp, "s")
         try:
             r._server = await asyncio.start_unix_server(r._serve, path=sock_path)

@@ -51,7 +51,7 @@ def register(directory: Path, name: str, address: int | str) -> Path:
     return path
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -85,7 +85,7 @@ class Registrations:
             try:
                 if not pid.isdigit() or entry.name.endswith(".tmp"):
                     continue
-                if not _alive(int(pid)):
+                if not process_alive(int(pid)):
                     entry.unlink(missing_ok=True)   # a process that died without closing
                     continue
                 targets.append((entry, entry.read_text()))

@@ -7,8 +7,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shutil
 import stat
 import struct
+import subprocess
+import sys
+import tempfile
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -241,3 +245,27 @@ def test_a_push_reaches_an_online_receiver_before_its_inbox_row(spark, settings)
             await ingress.close()
             await egress.close()
     asyncio.run(main())
+
+
+def test_a_receiver_killed_without_closing_leaves_nothing_behind_the_next_one(tmp_path):
+    """kill -9 of egress leaves its registration and socket directory; the next egress that
+    opens removes both (another user's or a live process's are never touched)."""
+    directory = tmp_path / "handoff"
+    directory.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    sock_dir = tempfile.mkdtemp(prefix="relay-handoff-")
+    (directory / f"{dead}-egress").write_text(os.path.join(sock_dir, "s"))
+    live_dir = tempfile.mkdtemp(prefix="relay-handoff-")
+    (directory / f"{os.getpid()}-other").write_text(os.path.join(live_dir, "s"))
+
+    async def main():
+        r = await HandoffReceiver.open(directory, "egress", lambda h: None)
+        assert not os.path.exists(sock_dir) and not (directory / f"{dead}-egress").exists()
+        assert os.path.exists(live_dir) and (directory / f"{os.getpid()}-other").exists()
+        r.close()
+    try:
+        asyncio.run(main())
+    finally:
+        shutil.rmtree(live_dir, ignore_errors=True)
+        shutil.rmtree(sock_dir, ignore_errors=True)
