@@ -37,7 +37,7 @@ from typing import Callable
 
 import msgpack
 
-from runtime.inbox_signal import Registrations, process_alive, register
+from runtime.inbox_signal import Registrations, register, registered
 
 VERSION = 1
 _LENGTH = struct.Struct(">I")
@@ -72,7 +72,7 @@ def encode(h: Handoff) -> bytes:
 
 
 def decode(data: bytes) -> Handoff | None:
-    """A datagram's hand-off, or None when it is not one this version reads."""
+    """A message's hand-off, or None when it is not one this version reads."""
     try:
         v, protocol, mailbox, eid, micros, envelope = msgpack.unpackb(data)
         if v != VERSION or not (isinstance(protocol, str) and isinstance(mailbox, bytes)
@@ -89,9 +89,8 @@ def _remove_dead(directory: Path) -> None:
     directories they made: removed when a new receiver opens."""
     if not directory.is_dir():
         return
-    for entry in directory.iterdir():
-        pid, _, _ = entry.name.partition("-")
-        if not pid.isdigit() or process_alive(int(pid)):
+    for entry, alive in registered(directory):
+        if alive:
             continue
         try:
             sock_dir = Path(entry.read_text()).parent

@@ -22,6 +22,7 @@ import os
 import socket
 import struct
 from pathlib import Path
+from typing import Iterator
 
 log = logging.getLogger("relay.inbox_signal")
 
@@ -61,6 +62,15 @@ def process_alive(pid: int) -> bool:
     return True
 
 
+def registered(directory: Path) -> Iterator[tuple[Path, bool]]:
+    """Each registration file in `directory` (not one still being written), and whether the
+    process that wrote it is alive."""
+    for entry in directory.iterdir():
+        pid, _, _ = entry.name.partition("-")
+        if pid.isdigit() and not entry.name.endswith(".tmp"):
+            yield entry, process_alive(int(pid))
+
+
 class Registrations:
     """The receivers registered in a directory, as (file, address text); the directory is
     re-listed only when it changed, and a registration whose process is gone is removed."""
@@ -80,16 +90,13 @@ class Registrations:
             return self._targets
         self._listed_mtime = mtime
         targets = []
-        for entry in self.directory.iterdir():
-            pid, _, _ = entry.name.partition("-")
+        for entry, alive in registered(self.directory):
             try:
-                if not pid.isdigit() or entry.name.endswith(".tmp"):
-                    continue
-                if not process_alive(int(pid)):
+                if not alive:
                     entry.unlink(missing_ok=True)   # a process that died without closing
                     continue
                 targets.append((entry, entry.read_text()))
-            except (OSError, ValueError):
+            except OSError:
                 continue
         self._targets = targets
         return targets

@@ -35,7 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .harness import child_ingress_and_stream, machine, p50_p99, port_of, rounded, say, \
-    settings_for, stop_process
+    settings_for, stop_process, stop_spark
 
 REPO = Path(__file__).resolve().parents[2]
 PEER_VENV = REPO / ".venv-peer"
@@ -203,7 +203,6 @@ def main(args) -> int:
                                                EVENTS)
             res["rounds"].append(one)
     finally:
-        from .harness import stop_spark
         stop_spark(spark)
     res["summary"] = summarize(res["rounds"])
     out_path.write_text(json.dumps(res, indent=2) + "\n")
