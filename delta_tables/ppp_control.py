@@ -1,4 +1,5 @@
-"""The PPP control plane's owner: delivery tokens and backups, in memory and durable in the
+"""The PPP control plane's owner: delivery tokens, backups, rooms and room member tokens, in
+memory and durable in the
 `schema_ppp` tables: a `ControlTables` (`control.py`: write first, apply to memory after the
 commit returned, with the fold the loader uses, so a restart rebuilds what clients were told).
 
@@ -15,12 +16,14 @@ import logging
 from typing import Callable
 
 from engine.ppp.limits import MAX_DELIVERY_TOKENS_PER_RECIPIENT
+from engine.ppp.rooms import Room
 
 from .control import ControlTables, utc_micros
 from .layout import Layout
 from .ppp_state import BackupMeta, PppState, load_state, read_backup, ts
-from .schema_ppp import (OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_STORE, PPP_BACKUPS,
-                         PPP_DELIVERY_TOKENS, PPP_TABLES, Q)
+from .schema_ppp import (OP_CREATE, OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_REVOKE,
+                         OP_ROTATE, OP_STORE, OP_UPDATE, PPP_BACKUPS, PPP_DELIVERY_TOKENS,
+                         PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
 
 log = logging.getLogger("relay.ingress.ppp")
 
@@ -103,3 +106,66 @@ class PppControl(ControlTables):
             Q.PUBKEY: pubkey, Q.OP: op, Q.CIPHERTEXT: ciphertext, Q.VERSION: version,
             Q.AT: ts(at)}])
         self.state.backup_row(op, pubkey, version, at)
+
+    # --- rooms (§7): who may is `ingress/ppp_rooms.py`'s; what fits is decided here -------------
+    @property
+    def rooms(self):
+        return self.state.rooms
+
+    async def create_room(self, room: Room, now: float) -> str | None:
+        """None when created; a live room with this id (anyone's) refuses it."""
+        async with self.lock:
+            if self.state.rooms.live(room.room_id, now) is not None:
+                return "room exists"
+            await self._room_change(OP_CREATE, room)
+            return None
+
+    async def update_room(self, room: Room) -> None:
+        async with self.lock:
+            await self._room_change(OP_UPDATE, room)
+
+    async def _room_change(self, op: str, room: Room) -> None:
+        at = self.next_at(self.state)
+        await self.write(PPP_ROOMS.name, [{
+            Q.ROOM_ID: room.room_id, Q.OP: op, Q.ADMIN: room.admin, Q.ROOM_TYPE: room.room_type,
+            Q.S2_CELL: room.fine, Q.S2_COARSE: room.coarse, Q.GATED: room.gated,
+            Q.PROXIMITY: room.proximity_required, Q.BLE: room.ble_enabled,
+            Q.MAX_MEMBERS: room.max_members, Q.CREATED_AT: ts(room.created_at * 1_000_000),
+            Q.EXPIRES_AT: ts(room.expires_at * 1_000_000), Q.AT: ts(at)}])
+        self.state.room_row(op, room, at)
+
+    async def register_member(self, room: Room, token: bytes) -> str | None:
+        """§7.3: idempotent; the unmarked tokens stay below `max_members`."""
+        async with self.lock:
+            if self.state.rooms.token_valid_until(room.room_id, token) is None:
+                return None
+            if self.state.rooms.members(room.room_id) >= room.max_members:
+                return "room full"
+            await self._member_change(room.room_id, OP_REGISTER, token, None)
+            return None
+
+    async def revoke_members(self, room_id: bytes) -> int:
+        """Every token of the room, marked or not, is refused from now on; returns how many
+        were valid (the TOKENS_REVOKED count)."""
+        async with self.lock:
+            now_us = self.clock()
+            t = self.state.rooms.tokens.get(room_id)
+            count = 0 if t is None else sum(1 for v in t.valid_until.values()
+                                            if v is None or v > now_us)
+            await self._member_change(room_id, OP_REVOKE, None, None)
+            return count
+
+    async def rotate_members(self, room_id: bytes, grace_until_us: int) -> int:
+        """Marks every unmarked token valid until `grace_until_us`; returns how many."""
+        async with self.lock:
+            count = self.state.rooms.members(room_id)
+            await self._member_change(room_id, OP_ROTATE, None, grace_until_us)
+            return count
+
+    async def _member_change(self, room_id: bytes, op: str, token: bytes | None,
+                             grace_until: int | None) -> None:
+        at = self.next_at(self.state)
+        await self.write(PPP_ROOM_TOKENS.name, [{
+            Q.ROOM_ID: room_id, Q.TOKEN: token, Q.OP: op,
+            Q.GRACE_UNTIL: None if grace_until is None else ts(grace_until), Q.AT: ts(at)}])
+        self.state.room_token_row(op, room_id, token, grace_until, at)

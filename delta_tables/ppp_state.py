@@ -3,7 +3,8 @@
 Pure: rows in, a `PppState` out. The owner (`delta_tables/ppp_control.py`) applies each row it
 writes with the same methods the loader replays at start, so memory and a rebuild after a
 restart agree by construction. Backup ciphertext is not held: the state keeps each backup's
-version and `at`, and a FETCH_BACKUP reads that one row (`read_backup`).
+version and `at`, and a FETCH_BACKUP reads that one row (`read_backup`). Rooms and their
+member tokens are folded by `room_state.RoomState` (`PppState.rooms`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
+from engine.ppp.rooms import Room
+
 from .query import sql
+from .room_state import RoomState
 from .schema_ppp import (OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_STORE, PPP_BACKUPS,
-                         PPP_DELIVERY_TOKENS, PPP_TABLES, Q)
+                         PPP_DELIVERY_TOKENS, PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,12 @@ class PppState:
     tokens: dict[bytes, tuple[bytes, int]] = field(default_factory=dict)  # token -> (recipient, at)
     by_recipient: dict[bytes, set[bytes]] = field(default_factory=dict)
     backups: dict[bytes, BackupMeta] = field(default_factory=dict)
+    rooms: RoomState = field(default_factory=RoomState)
     last_at: int = 0
 
     def __repr__(self) -> str:
-        return f"PppState(delivery_tokens={len(self.tokens)}, backups={len(self.backups)})"
+        return (f"PppState(delivery_tokens={len(self.tokens)}, backups={len(self.backups)}, "
+                f"rooms={len(self.rooms.rooms)})")
 
     def _seen(self, at: int) -> None:
         self.last_at = max(self.last_at, at)
@@ -78,11 +84,22 @@ class PppState:
     def token_count(self, recipient: bytes) -> int:
         return len(self.by_recipient.get(recipient, ()))
 
-    def needed_at(self) -> dict[str, set[int]]:
+    def room_row(self, op: str, room: Room, at: int) -> None:
+        self._seen(at)
+        self.rooms.room_row(op, room, at)
+
+    def room_token_row(self, op: str, room_id: bytes, token: bytes | None,
+                       grace_until: int | None, at: int) -> None:
+        self._seen(at)
+        self.rooms.token_row(op, room_id, token, grace_until, at)
+
+    def needed_at(self, now: float | None = None) -> dict[str, set[int]]:
         """Per table, the `at` of every row the state rests on; a compaction may delete the
-        rest (deregistered tokens, superseded and deleted backups)."""
+        rest (deregistered tokens, superseded and deleted backups, expired rooms)."""
+        import time
         return {PPP_DELIVERY_TOKENS.name: {at for _, at in self.tokens.values()},
-                PPP_BACKUPS.name: {b.at for b in self.backups.values()}}
+                PPP_BACKUPS.name: {b.at for b in self.backups.values()},
+                **self.rooms.needed_at(time.time() if now is None else now)}
 
 
 def micros(col) -> list[int]:
@@ -106,7 +123,42 @@ def load_state(tables: dict[str, Path]) -> PppState:
     for op, pubkey, version, at in zip(t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
                                        t.column(Q.VERSION).to_pylist(), micros(t.column(Q.AT))):
         state.backup_row(op, pubkey, version, at)
+    _load_rooms(tables, state)
     return state
+
+
+def _secs(col) -> list[int]:
+    return [m // 1_000_000 for m in micros(col)]
+
+
+def _load_rooms(tables: dict[str, Path], state: PppState) -> None:
+    """Room and token rows replayed in one `at` order (a token row is about the room
+    incarnation current when it was written)."""
+    r = sql({"t": DeltaTable(str(tables[PPP_ROOMS.name]))}, "SELECT * FROM t")
+    cols = {c: r.column(c).to_pylist() for c in r.column_names
+            if c not in (Q.CREATED_AT, Q.EXPIRES_AT, Q.AT)}
+    rows: list[tuple[int, int, tuple]] = []
+    for i, (created, expires, at) in enumerate(zip(
+            _secs(r.column(Q.CREATED_AT)), _secs(r.column(Q.EXPIRES_AT)), micros(r.column(Q.AT)))):
+        room = Room(cols[Q.ROOM_ID][i], cols[Q.ADMIN][i], cols[Q.ROOM_TYPE][i],
+                    cols[Q.S2_CELL][i], cols[Q.S2_COARSE][i], cols[Q.GATED][i],
+                    cols[Q.PROXIMITY][i], cols[Q.BLE][i], cols[Q.MAX_MEMBERS][i], created, expires)
+        rows.append((at, 0, (cols[Q.OP][i], room)))
+    t = sql({"t": DeltaTable(str(tables[PPP_ROOM_TOKENS.name]))},
+            f"SELECT {Q.OP}, {Q.ROOM_ID}, {Q.TOKEN}, {Q.GRACE_UNTIL}, {Q.AT} FROM t")
+    grace = [None if g is None else int(g.timestamp() * 1_000_000)
+             for g in t.column(Q.GRACE_UNTIL).to_pylist()]
+    for op, room_id, token, g, at in zip(t.column(Q.OP).to_pylist(),
+                                         t.column(Q.ROOM_ID).to_pylist(),
+                                         t.column(Q.TOKEN).to_pylist(), grace,
+                                         micros(t.column(Q.AT))):
+        rows.append((at, 1, (op, room_id, token, g)))
+    rows.sort(key=lambda x: (x[0], x[1]))
+    for at, kind, args in rows:
+        if kind == 0:
+            state.room_row(*args, at)
+        else:
+            state.room_token_row(*args, at)
 
 
 def read_backup(path: Path, pubkey: bytes, at: int) -> bytes | None:

@@ -7,7 +7,11 @@ folded into memory by the owner (the ingress node hosting the PPP listener) at s
 
 * delivery tokens (spec 004 §6): registered / deregistered per recipient; durable, so sealed
   submissions keep routing after a restart;
-* backups (§6 "Backups"): one opaque blob per pubkey, upserted with a version counter.
+* backups (§6 "Backups"): one opaque blob per pubkey, upserted with a version counter;
+* rooms and groups (§7): a row per CREATE_ROOM / UPDATE_ROOM carrying the room's whole
+  relay-visible record (its after-image), so the newest row of a room is all its state;
+* room member tokens (§7.3): registered, revoked, or marked by a key rotation with the end
+  of their grace period. Room *messages* are inbox rows (protocol `ppp_room`).
 
 Tokens, pubkeys and ciphertext are binary columns: delta-rs writes no statistics for those
 into the Delta log, so a removed row's values leave with its data file. `at` orders a
@@ -30,12 +34,28 @@ class Q:
     CIPHERTEXT = "ciphertext"
     VERSION = "version"
     AT = "at"
+    ROOM_ID = "room_id"
+    ADMIN = "admin"
+    ROOM_TYPE = "room_type"
+    S2_CELL = "s2_cell_id"
+    S2_COARSE = "s2_coarse_id"
+    GATED = "gated"
+    PROXIMITY = "proximity_required"
+    BLE = "ble_enabled"
+    MAX_MEMBERS = "max_members"
+    CREATED_AT = "created_at"
+    EXPIRES_AT = "expires_at"
+    GRACE_UNTIL = "grace_until"
 
 
 OP_REGISTER = "register"
 OP_DEREGISTER = "deregister"
 OP_STORE = "store"
 OP_DELETE = "delete"
+OP_CREATE = "create"
+OP_UPDATE = "update"
+OP_REVOKE = "revoke"
+OP_ROTATE = "rotate"
 
 _AT = Column(Q.AT, "timestamp", doc="when; strictly increasing per writer; the row's key")
 
@@ -63,4 +83,39 @@ PPP_BACKUPS = TableDef(
         "its backup; `at` (unix µs) is the server-stamped stored_at.",
 )
 
-PPP_TABLES = {t.name: t for t in (PPP_DELIVERY_TOKENS, PPP_BACKUPS)}
+PPP_ROOMS = TableDef(
+    "ppp_rooms", (
+        Column(Q.ROOM_ID, "binary", doc="16-byte room id (§7.1)"),
+        Column(Q.OP, "string", doc="create | update"),
+        Column(Q.ADMIN, "binary", doc="the creator's Ed25519 pubkey: the room's admin"),
+        Column(Q.ROOM_TYPE, "string", doc="room | group (§7.6)"),
+        Column(Q.S2_CELL, "string", nullable=True, doc="fine S2 cell token; null: a group"),
+        Column(Q.S2_COARSE, "string", nullable=True, doc="coarse S2 cell token"),
+        Column(Q.GATED, "bool"),
+        Column(Q.PROXIMITY, "bool", doc="reserved by the spec; kept and shown"),
+        Column(Q.BLE, "bool", doc="knock / admit allowed"),
+        Column(Q.MAX_MEMBERS, "int", doc="1-100"),
+        Column(Q.CREATED_AT, "timestamp"),
+        Column(Q.EXPIRES_AT, "timestamp", doc="a group: 9999-12-31T23:59:59Z"),
+        _AT,
+    ),
+    dict(_COMMON),
+    doc="CREATE_ROOM / UPDATE_ROOM: each row is the room's whole record after the change. "
+        "No name or description is kept (the relay shows none).",
+)
+
+PPP_ROOM_TOKENS = TableDef(
+    "ppp_room_tokens", (
+        Column(Q.ROOM_ID, "binary"),
+        Column(Q.TOKEN, "binary", nullable=True, doc="12-byte member token (register only)"),
+        Column(Q.OP, "string", doc="register | revoke | rotate"),
+        Column(Q.GRACE_UNTIL, "timestamp", nullable=True,
+               doc="rotate: tokens registered before it stay valid until then"),
+        _AT,
+    ),
+    dict(_COMMON),
+    doc="REGISTER_TOKEN / REVOKE_TOKENS / ROTATE_ROOM_KEY, in order.",
+)
+
+PPP_TABLES = {t.name: t for t in (PPP_DELIVERY_TOKENS, PPP_BACKUPS, PPP_ROOMS,
+                                  PPP_ROOM_TOKENS)}

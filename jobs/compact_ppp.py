@@ -2,7 +2,9 @@
 
 Run by `jobs/compact.py` as its "ppp" step. PPP events are inbox rows, purged by the generic
 steps; what is PPP-only is two append-only control tables (`schema_ppp`), which grow with
-every change: each STORE_BACKUP adds a row of up to 5 MiB. Here:
+every change: each STORE_BACKUP adds a row of up to 5 MiB; rooms and their member tokens
+add two more (`room_state.py`: an expired room's rows are not needed, so they are purged
+here, §7.1). Here:
 
 1. control   rows the folded state no longer rests on (`PppState.needed_at`) are deleted:
              register + deregister rows of deregistered delivery tokens, superseded backups,
@@ -31,7 +33,8 @@ from __future__ import annotations
 
 from delta_tables.layout import Layout
 from delta_tables.ppp_state import load_state, table_paths
-from delta_tables.schema_ppp import PPP_BACKUPS, PPP_DELIVERY_TOKENS, Q
+from delta_tables.schema_ppp import (PPP_BACKUPS, PPP_DELIVERY_TOKENS, PPP_ROOM_TOKENS,
+                                    PPP_ROOMS, Q)
 
 from .compact_step import CompactionReport, prune_control_tables
 
@@ -40,6 +43,8 @@ from .compact_step import CompactionReport, prune_control_tables
 _IDENTITY = {
     PPP_DELIVERY_TOKENS.name: (Q.TOKEN, Q.RECIPIENT),
     PPP_BACKUPS.name: (Q.PUBKEY,),
+    PPP_ROOMS.name: (Q.ROOM_ID,),
+    PPP_ROOM_TOKENS.name: (Q.ROOM_ID,),
 }
 
 
@@ -53,5 +58,7 @@ def compact_ppp(layout: Layout, report: CompactionReport, target_size: int,
     if removed is None:
         return "no PPP control tables"
     tokens, backups = removed[PPP_DELIVERY_TOKENS.name], removed[PPP_BACKUPS.name]
-    report.ppp_control_removed += tokens + backups
-    return f"{tokens} delivery-token rows and {backups} backup rows removed"
+    rooms = removed[PPP_ROOMS.name] + removed[PPP_ROOM_TOKENS.name]
+    report.ppp_control_removed += tokens + backups + rooms
+    return (f"{tokens} delivery-token rows, {backups} backup rows and {rooms} room rows "
+            "removed")

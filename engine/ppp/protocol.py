@@ -4,9 +4,10 @@ Pure: bytes in, a command object out (or `ProtocolError`); reply objects in, byt
 Field names and types are appendix C's. A command's map may carry fields we do not know
 (forward compatibility: ignored); a field we need with the wrong type or size is an error,
 and so is a map whose keys are not all strings or that names a key twice (`maps.py`).
-Commands of C.1 this relay does not serve (rooms, push) decode to `Unsupported`, which the
-session answers with a stable reason (§7.7's "feature disabled" convention); a `cmd` not in
-C.1 is an error.
+Commands of C.1 this relay does not serve (knocks, groups, moderation, push) decode to
+`Unsupported`, which the session answers with a stable reason (§7.7's "feature disabled"
+convention); a `cmd` not in C.1 is an error. Room commands (§7) are decoded here; what they
+do is `ingress/ppp_rooms.py`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 import msgpack
 
 from .limits import DELIVERY_TOKEN_LEN, EVENT_ID_LEN, PUBKEY_LEN, SIGNATURE_LEN
+from .rooms import MEMBER_TOKEN_LEN, ROOM_ID_LEN, ROOM_NONCE_LEN
 from .maps import MapError
 from .maps import unpack_map as _unpack_map
 
@@ -108,6 +110,88 @@ class DeleteBackup:
     name = "DELETE_BACKUP"
 
 
+# --- rooms (§7, C.1) ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CreateRoom:
+    """`name`, `description` and `description_public` (C.1) are read past: the relay shows
+    them nowhere (RoomInfo has none), so it does not keep them."""
+    room_id: bytes
+    s2_cell_id: str
+    s2_coarse_id: str
+    gated: bool
+    proximity_required: bool
+    ble_enabled: bool
+    max_members: int
+    expires_at: int
+    name = "CREATE_ROOM"
+
+    def __repr__(self) -> str:   # no place
+        return f"CreateRoom(max_members={self.max_members}, expires_at={self.expires_at})"
+
+
+@dataclass(frozen=True)
+class UpdateRoom:
+    room_id: bytes
+    gated: bool | None
+    proximity_required: bool | None
+    name = "UPDATE_ROOM"
+
+
+@dataclass(frozen=True)
+class DiscoverRooms:
+    s2_cell_id: str
+    name = "DISCOVER_ROOMS"
+
+    def __repr__(self) -> str:
+        return "DiscoverRooms()"
+
+
+@dataclass(frozen=True)
+class RegisterToken:
+    room_id: bytes
+    member_token: bytes
+    admin_signature: bytes
+    name = "REGISTER_TOKEN"
+
+    def __repr__(self) -> str:   # a member token is a bearer credential
+        return "RegisterToken()"
+
+
+@dataclass(frozen=True)
+class RevokeTokens:
+    room_id: bytes
+    name = "REVOKE_TOKENS"
+
+
+@dataclass(frozen=True)
+class RotateRoomKey:
+    room_id: bytes
+    grace_seconds: int
+    name = "ROTATE_ROOM_KEY"
+
+
+@dataclass(frozen=True)
+class StoreRoom:
+    """`member_token` is this relay's optional extension: a gated room takes STORE_ROOM from
+    its admin, or from a caller naming a valid member token (C.1 has no token field)."""
+    room_id: bytes
+    nonce: bytes
+    ciphertext: bytes
+    member_token: bytes | None = None
+    name = "STORE_ROOM"
+
+    def __repr__(self) -> str:
+        return f"StoreRoom({len(self.ciphertext)} B)"
+
+
+@dataclass(frozen=True)
+class FetchRoom:
+    room_id: bytes
+    since_id: int
+    name = "FETCH_ROOM"
+
+
 @dataclass(frozen=True)
 class Unsupported:
     """A C.1 command this relay does not serve."""
@@ -118,14 +202,15 @@ class Unsupported:
         return self.cmd
 
 
+RoomCommand = (CreateRoom | UpdateRoom | DiscoverRooms | RegisterToken | RevokeTokens
+               | RotateRoomKey | StoreRoom | FetchRoom)
 Command = (Auth | Store | Fetch | Ack | RegisterDeliveryToken | DeregisterDeliveryToken
-           | StoreBackup | FetchBackup | DeleteBackup | Unsupported)
+           | StoreBackup | FetchBackup | DeleteBackup | RoomCommand | Unsupported)
 
-# C.1 commands not served here: rooms, groups, knocks, push.
+# C.1 commands not served here: knocks, groups, moderation, push.
 UNSUPPORTED = frozenset({
-    "CREATE_ROOM", "FETCH_ROOM", "DISCOVER_ROOMS", "KNOCK", "ADMIT", "REGISTER_TOKEN",
-    "REVOKE_TOKENS", "ROTATE_ROOM_KEY", "STORE_ROOM", "UPDATE_ROOM", "REGISTER_PUSH",
-    "KICK_MEMBER", "BAN_MEMBER", "CREATE_GROUP", "DELETE_GROUP"})
+    "KNOCK", "ADMIT", "REGISTER_PUSH", "KICK_MEMBER", "BAN_MEMBER", "CREATE_GROUP",
+    "DELETE_GROUP"})
 BACKUP_COMMANDS = frozenset({"STORE_BACKUP", "FETCH_BACKUP", "DELETE_BACKUP"})
 
 
@@ -149,6 +234,29 @@ def _uint(m: dict, key: str, cmd: str, top: int = _U64, *, optional=False):
     return v
 
 
+def _bool(m: dict, key: str, cmd: str, *, optional=False):
+    v = m.get(key)
+    if v is None and optional:
+        return None
+    if not isinstance(v, bool):
+        raise ProtocolError(f"{key} must be a boolean", cmd)
+    return v
+
+
+def _str(m: dict, key: str, cmd: str, max_len: int = 64) -> str:
+    v = m.get(key)
+    if not isinstance(v, str) or len(v) > max_len:
+        raise ProtocolError(f"{key} must be a string", cmd)
+    return v
+
+
+def _int64(m: dict, key: str, cmd: str) -> int:
+    v = m.get(key)
+    if not isinstance(v, int) or isinstance(v, bool) or not -(1 << 63) <= v < (1 << 63):
+        raise ProtocolError(f"{key} must be an int64", cmd)
+    return v
+
+
 def _auth(m, c): return Auth(_bytes(m, "pubkey", c, PUBKEY_LEN), _bytes(m, "sig", c, SIGNATURE_LEN))
 def _store(m, c): return Store(_bytes(m, "event", c))
 def _fetch(m, c): return Fetch(_uint(m, "since", c), _uint(m, "cursor", c, optional=True))
@@ -168,11 +276,45 @@ def _dereg(m, c): return DeregisterDeliveryToken(_bytes(m, "delivery_token", c, 
 def _store_backup(m, c): return StoreBackup(_bytes(m, "ciphertext", c))
 
 
+def _room_id(m, c): return _bytes(m, "room_id", c, ROOM_ID_LEN)
+
+
+def _create_room(m, c):
+    return CreateRoom(_room_id(m, c), _str(m, "s2_cell_id", c), _str(m, "s2_coarse_id", c),
+                      _bool(m, "gated", c), _bool(m, "proximity_required", c),
+                      _bool(m, "ble_enabled", c), _uint(m, "max_members", c, _U32),
+                      _uint(m, "expires_at", c))
+
+
+def _update_room(m, c):
+    return UpdateRoom(_room_id(m, c), _bool(m, "gated", c, optional=True),
+                      _bool(m, "proximity_required", c, optional=True))
+
+
+def _register_token(m, c):
+    return RegisterToken(_room_id(m, c), _bytes(m, "member_token", c, MEMBER_TOKEN_LEN),
+                         _bytes(m, "admin_signature", c, SIGNATURE_LEN))
+
+
+def _store_room(m, c):
+    return StoreRoom(_room_id(m, c), _bytes(m, "nonce", c, ROOM_NONCE_LEN),
+                     _bytes(m, "ciphertext", c),
+                     _bytes(m, "member_token", c, MEMBER_TOKEN_LEN, optional=True))
+
+
 _DECODERS = {
     "AUTH": _auth, "STORE": _store, "FETCH": _fetch, "ACK": _ack,
     "REGISTER_DELIVERY_TOKEN": _reg, "DEREGISTER_DELIVERY_TOKEN": _dereg,
     "STORE_BACKUP": _store_backup, "FETCH_BACKUP": lambda m, c: FetchBackup(),
     "DELETE_BACKUP": lambda m, c: DeleteBackup(),
+    "CREATE_ROOM": _create_room, "UPDATE_ROOM": _update_room,
+    "DISCOVER_ROOMS": lambda m, c: DiscoverRooms(_str(m, "s2_cell_id", c)),
+    "REGISTER_TOKEN": _register_token,
+    "REVOKE_TOKENS": lambda m, c: RevokeTokens(_room_id(m, c)),
+    "ROTATE_ROOM_KEY": lambda m, c: RotateRoomKey(_room_id(m, c),
+                                                  _uint(m, "grace_seconds", c, _U32)),
+    "STORE_ROOM": _store_room,
+    "FETCH_ROOM": lambda m, c: FetchRoom(_room_id(m, c), _int64(m, "since_id", c)),
 }
 
 
@@ -226,6 +368,26 @@ def decode_sealed_note(data: bytes) -> SealedNoteSubmit:
         _bytes(m, "delivery_token", c, DELIVERY_TOKEN_LEN), _bytes(m, "ephemeral_pk", c, 32),
         _bytes(m, "nonce", c, 24), _bytes(m, "ciphertext", c), _uint(m, "created_at", c),
         _uint(m, "expires_at", c))
+
+
+# --- sealed room submission (C.6 SealedRoomSubmit) --------------------------------------------
+
+@dataclass(frozen=True)
+class SealedRoomSubmit:
+    room_id: bytes
+    member_token: bytes
+    nonce: bytes
+    ciphertext: bytes
+
+    def __repr__(self) -> str:   # never the token, never the ciphertext
+        return f"SealedRoomSubmit({len(self.ciphertext)} B)"
+
+
+def decode_sealed_room(data: bytes) -> SealedRoomSubmit:
+    m = unpack_map(data)
+    c = "room/submit"
+    return SealedRoomSubmit(_room_id(m, c), _bytes(m, "member_token", c, MEMBER_TOKEN_LEN),
+                            _bytes(m, "nonce", c, ROOM_NONCE_LEN), _bytes(m, "ciphertext", c))
 
 
 # --- replies (relay -> client, C.4) -----------------------------------------------------------
@@ -282,6 +444,35 @@ def backup(ciphertext: bytes, version: int, stored_at: int) -> Reply:
 def backup_empty() -> Reply: return Reply("BACKUP_EMPTY")
 def backup_deleted() -> Reply: return Reply("BACKUP_DELETED")
 def backup_fail(reason: str) -> Reply: return Reply("BACKUP_FAIL", {"reason": reason})
+
+
+def room_created(room_id: bytes) -> Reply: return Reply("ROOM_CREATED", {"room_id": room_id})
+def room_updated(room_id: bytes) -> Reply: return Reply("ROOM_UPDATED", {"room_id": room_id})
+def rooms(infos: list[dict]) -> Reply: return Reply("ROOMS", {"rooms": list(infos)})
+def token_registered() -> Reply: return Reply("TOKEN_REGISTERED")
+def tokens_revoked(count: int) -> Reply: return Reply("TOKENS_REVOKED", {"count": min(count, _U32)})
+
+
+def key_rotated(room_id: bytes, revoked_count: int, grace_until: int) -> Reply:
+    return Reply("KEY_ROTATED", {"room_id": room_id, "revoked_count": min(revoked_count, _U32),
+                                 "grace_until": grace_until})
+
+
+def key_rotation_notify(room_id: bytes, grace_until: int) -> Reply:
+    return Reply("KEY_ROTATION_NOTIFY", {"room_id": room_id, "grace_until": grace_until})
+
+
+def room_stored(room_id: bytes, sequence_number: int) -> Reply:
+    return Reply("ROOM_STORED", {"room_id": room_id, "sequence_number": sequence_number})
+
+
+def room_messages(room_id: bytes, messages: list[dict]) -> Reply:
+    """RoomMessageWire (§7.3): id (sequence number), nonce, ciphertext, stored_at."""
+    return Reply("ROOM_MESSAGES", {"room_id": room_id, "messages": list(messages)})
+
+
+def room_notify(room_id: bytes, count: int) -> Reply:
+    return Reply("ROOM_NOTIFY", {"room_id": room_id, "count": min(count, _U32)})
 
 
 def failure(cmd: str | None, reason: str) -> Reply:

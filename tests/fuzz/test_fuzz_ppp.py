@@ -27,7 +27,7 @@ U64 = 2**64 - 1
 
 # --- valid commands, from the C.1 table: (map, the command it must decode to) ---------------
 
-b12, b32, b64 = (st.binary(min_size=n, max_size=n) for n in (12, 32, 64))
+b12, b16, b24, b32, b64 = (st.binary(min_size=n, max_size=n) for n in (12, 16, 24, 32, 64))
 u64 = st.integers(0, U64) | st.sampled_from((0, 1, 127, 128, 2**32, U64))
 
 valid_commands = st.one_of(
@@ -48,6 +48,25 @@ valid_commands = st.one_of(
     st.just(({"cmd": "FETCH_BACKUP"}, P.FetchBackup())),
     st.just(({"cmd": "DELETE_BACKUP"}, P.DeleteBackup())),
     st.sampled_from(sorted(P.UNSUPPORTED)).map(lambda c: ({"cmd": c}, P.Unsupported(c))),
+    # rooms (§7, C.1)
+    st.builds(lambda r, n, ct: ({"cmd": "STORE_ROOM", "room_id": r, "nonce": n,
+                                 "ciphertext": ct}, P.StoreRoom(r, n, ct)),
+              b16, b24, st.binary(max_size=200)),
+    st.builds(lambda r, since: ({"cmd": "FETCH_ROOM", "room_id": r, "since_id": since},
+                                P.FetchRoom(r, since)), b16, st.integers(0, 2**63 - 1)),
+    st.builds(lambda r, t, sig: ({"cmd": "REGISTER_TOKEN", "room_id": r, "member_token": t,
+                                  "admin_signature": sig}, P.RegisterToken(r, t, sig)),
+              b16, b12, b64),
+    st.builds(lambda r, g: ({"cmd": "ROTATE_ROOM_KEY", "room_id": r, "grace_seconds": g},
+                            P.RotateRoomKey(r, g)), b16, st.integers(0, 2**32 - 1)),
+    st.builds(lambda r, cell, coarse, g, p, b, mm, exp: (
+        {"cmd": "CREATE_ROOM", "room_id": r, "s2_cell_id": cell, "s2_coarse_id": coarse,
+         "gated": g, "proximity_required": p, "ble_enabled": b, "max_members": mm,
+         "expires_at": exp}, P.CreateRoom(r, cell, coarse, g, p, b, mm, exp)),
+        b16, st.text(max_size=16), st.text(max_size=16), st.booleans(), st.booleans(),
+        st.booleans(), st.integers(0, 2**32 - 1), u64),
+    st.builds(lambda c: ({"cmd": "DISCOVER_ROOMS", "s2_cell_id": c}, P.DiscoverRooms(c)),
+              st.text(max_size=16)),
 )
 
 valid_notes = st.builds(
@@ -83,6 +102,18 @@ _FIELD_TYPES = {   # C.1 / C.6: field -> (type, exact size or None)
     P.RegisterDeliveryToken: {"delivery_token": (bytes, 12)},
     P.DeregisterDeliveryToken: {"delivery_token": (bytes, 12)},
     P.StoreBackup: {"ciphertext": (bytes, None)},
+    P.StoreRoom: {"room_id": (bytes, 16), "nonce": (bytes, 24), "ciphertext": (bytes, None)},
+    P.FetchRoom: {"room_id": (bytes, 16)},
+    P.RegisterToken: {"room_id": (bytes, 16), "member_token": (bytes, 12),
+                      "admin_signature": (bytes, 64)},
+    P.RotateRoomKey: {"room_id": (bytes, 16), "grace_seconds": (int, None)},
+    P.CreateRoom: {"room_id": (bytes, 16), "s2_cell_id": (str, None),
+                   "s2_coarse_id": (str, None), "gated": (bool, None),
+                   "proximity_required": (bool, None), "ble_enabled": (bool, None),
+                   "max_members": (int, None), "expires_at": (int, None)},
+    P.DiscoverRooms: {"s2_cell_id": (str, None)},
+    P.UpdateRoom: {"room_id": (bytes, 16)},
+    P.RevokeTokens: {"room_id": (bytes, 16)},
     P.SealedNoteSubmit: {"delivery_token": (bytes, 12), "ephemeral_pk": (bytes, 32),
                          "nonce": (bytes, 24), "ciphertext": (bytes, None),
                          "created_at": (int, None), "expires_at": (int, None)},
@@ -137,7 +168,9 @@ def test_ppp_command_frames(case, implied):
         return
     assert isinstance(cmd, (P.Auth, P.Store, P.Fetch, P.Ack, P.RegisterDeliveryToken,
                             P.DeregisterDeliveryToken, P.StoreBackup, P.FetchBackup,
-                            P.DeleteBackup, P.Unsupported)), type(cmd)
+                            P.DeleteBackup, P.Unsupported, P.CreateRoom, P.UpdateRoom,
+                            P.DiscoverRooms, P.RegisterToken, P.RevokeTokens, P.RotateRoomKey,
+                            P.StoreRoom, P.FetchRoom)), type(cmd)
     raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     assert type(raw) is dict
     assert wire_map_len(data) == len(raw), "a key twice accepted"
