@@ -8,6 +8,12 @@
 * `POST /v1/note/submit` (§6 sealed sender): body limit before parsing, per-IP then per-token
   sliding budgets (C.2), unknown token 401. Logged only as coarse outcomes: no request id,
   no IP, no token.
+* `POST /v1/room/submit` (§7.3 sealed room message): the same body limit, per-IP budget and
+  trusted-proxy rule; then the room (unknown 404, expired 410), the member token with its
+  grace period (401), the per-token budget (429, keyed by room and token), and ROOM_STORED
+  once the stream has numbered the message (`ppp_rooms.py`).
+* Room commands over the WebSocket (§7): `ppp_rooms.RoomService`, with the room view
+  (`egress/ppp_rooms.py`) fed by the same inbox tail as the PPP inbox view.
 * HTTP polling (§5.2): `POST /v1/events` (STORE), `GET /v1/events?since=` (FETCH),
   `POST /v1/events/ack` (ACK), authenticated by `Authorization: PPP-Ed25519 <pk>:<sig>`
   over body || timestamp (`X-PPP-Timestamp`, see `engine.ppp.protocol.http_auth`), with a
@@ -56,9 +62,11 @@ from delta_tables.ppp_control import PppControl
 from delta_tables.schema import ACKS
 from egress.inbox_tail import InboxTail
 from egress.ppp_inbox import PppInbox
+from egress.ppp_rooms import RoomInbox
 from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.ppp import protocol as P
 from engine.ppp.ids import PROTOCOL
+from engine.ppp.rooms import ROOM_PROTOCOL
 from engine.ppp.limits import (REQUEST_ID_LEN, SEALED_BODY_LIMIT_BYTES, SEALED_IP_RATE_LIMIT,
                                SEALED_TOKEN_RATE_LIMIT, command_budget)
 from engine.ppp.session import Authenticated, Closing, CommandReceived, PppSession, Refused
@@ -67,12 +75,14 @@ from runtime.config import PppConf, Settings
 from runtime.listener import Listener
 
 from .ppp_conn import PppConn, PppHttpProtocol, PppWsProtocol
+from .ppp_rooms import SealedRoomOutcome
 from .ppp_service import PppService, SealedOutcome
 
 log = logging.getLogger("relay.ingress.ppp")
 
 MSGPACK = "application/msgpack"
 SWEEP_SECONDS = 30.0
+ROOM_FORGET_SECONDS = 3600.0
 # uvicorn's warnings that a client's bytes cause (logger "uvicorn.error"): ours instead.
 CLIENT_NOISE = {"Invalid HTTP request received.": "invalid_http",
                 "Unsupported upgrade request.": "unsupported_upgrade",
@@ -111,6 +121,18 @@ def client_ip(peer: str, forwarded_for: list[str], trusted: list) -> str:
         if not _trusted(e, trusted):
             return e
     return entries[0] if entries else peer
+
+
+class _Views:
+    """The inbox tail's hub for the two views of this listener (each takes its protocol)."""
+
+    def __init__(self, *views):
+        self.views = views
+
+    def add(self, protocol: str, mailbox: bytes, envelopes) -> None:
+        envelopes = list(envelopes)
+        for v in self.views:
+            v.add(protocol, mailbox, envelopes)
 
 
 class _Body(Exception):
@@ -192,17 +214,24 @@ class PppServer(Listener):
         self.inbox = PppInbox(self.layout.inbox, self.layout.acks,
                               notify_window=self.conf.notify_window_ms / 1000,
                               cache_bytes=self.conf.cache_bytes)
-        self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.inbox,
-                              protocols={PROTOCOL})
+        self.rooms = RoomInbox(self.layout.inbox, self.layout.acks,
+                               notify_window=self.conf.notify_window_ms / 1000,
+                               cache_bytes=self.conf.room_cache_bytes)
+        self.tail = InboxTail(self.layout.inbox, self.layout.acks, _Views(self.inbox, self.rooms),
+                              protocols={PROTOCOL, ROOM_PROTOCOL})
         self.ack_appender = GroupCommitAppender(DeltaAppendTarget(self.layout.acks, ACKS,
                                                                   fsync=fsync))
         self.service = PppService(appender, self.ack_appender, self.inbox, self.control,
-                                  clock=clock, counters=self)
+                                  clock=clock, counters=self, room_view=self.rooms,
+                                  room_sequence_timeout=self.conf.room_sequence_timeout_seconds)
         self.budgets = KeyedBudgets(command_budget)   # per pubkey, both transports (C.3)
         self.sealed_ip = SlidingWindowLimiter(SEALED_IP_RATE_LIMIT.max_count,
                                               SEALED_IP_RATE_LIMIT.window_secs)
         self.sealed_token = SlidingWindowLimiter(SEALED_TOKEN_RATE_LIMIT.max_count,
                                                  SEALED_TOKEN_RATE_LIMIT.window_secs)
+        # POST /v1/room/submit: the same per-token budget, keyed by room id + member token.
+        self.sealed_room_token = SlidingWindowLimiter(SEALED_TOKEN_RATE_LIMIT.max_count,
+                                                      SEALED_TOKEN_RATE_LIMIT.window_secs)
         self.trusted = parse_trusted(self.conf.trusted_proxies)
         self._seen_sigs: dict[bytes, float] = {}   # HTTP replay cache: sig -> forget after
         self.app = build_app(self)
@@ -217,7 +246,9 @@ class PppServer(Listener):
         await asyncio.to_thread(self.layout.ensure_shared_tables)
         await self.control.load()
         await self.ack_appender.start()
-        self.tail.version = await self.inbox.bootstrap()
+        # Each view read its own snapshot; the tail goes on from the older one (a view skips
+        # the rows it has, by cursor).
+        self.tail.version = min(await self.inbox.bootstrap(), await self.rooms.bootstrap())
         self._stop = asyncio.Event()
         self._tasks = [
             asyncio.create_task(self.tail.follow(self.settings, self._stop, "ppp"),
@@ -273,6 +304,7 @@ class PppServer(Listener):
                 t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.inbox.cancel_timers()
+        self.rooms.cancel_timers()
         await self.service.drain()
         await self.ack_appender.close()
 
@@ -281,10 +313,15 @@ class PppServer(Listener):
             await asyncio.sleep(SWEEP_SECONDS)
             now = self.clock()
             self.inbox.sweep(now)
+            # Rooms expired an hour ago are forgotten (until then they answer "room
+            # expired"); compaction purges their rows.
+            gone = self.control.rooms.sweep(now - ROOM_FORGET_SECONDS)
+            self.rooms.sweep(now, gone)
             mono = self.monotonic()
             self.budgets.sweep(mono)
             self.sealed_ip.sweep(mono)
             self.sealed_token.sweep(mono)
+            self.sealed_room_token.sweep(mono)
             self._seen_sigs = {s: t for s, t in self._seen_sigs.items() if t > now}
 
     # --- below the app: connections, budgets, deadlines ------------------------------------------
@@ -398,6 +435,14 @@ class _PppConnection:
         if self.core.notify(count):
             self._wake.set()
 
+    def room_notify(self, room_id: bytes, count: int) -> None:
+        if self.core.push(P.room_notify(room_id, count)):
+            self._wake.set()
+
+    def key_rotation(self, room_id: bytes, grace_until: int) -> None:
+        if self.core.push(P.key_rotation_notify(room_id, grace_until)):
+            self._wake.set()
+
     def _admit(self, pubkey: bytes) -> str | None:
         """AUTH_OK needs an AUTH slot (taken from another session only by fair share; full
         or the address at its cap: refused, the client retries later)."""
@@ -450,6 +495,7 @@ class _PppConnection:
                     t.cancel()
                 if self.pubkey is not None:
                     self.server.inbox.unregister(self.pubkey, self)
+                self.server.rooms.unsubscribe(self)
                 self.core.close()
 
     def _handle_events(self) -> None:
@@ -472,7 +518,8 @@ class _PppConnection:
 
     async def _run(self, ev: CommandReceived) -> None:
         try:
-            reply = await self.server.service.run(self.pubkey, ev.command, ev.request_id)
+            reply = await self.server.service.run(self.pubkey, ev.command, ev.request_id,
+                                                  session=self)
         except Exception as exc:
             if (dropped := self.server.quiet.allow(("failed", ev.command.name))) is not None:
                 log.exception("ppp command failed", extra={"event": "ppp_command_failed",
@@ -516,6 +563,13 @@ _STORE_BODY = {"type": "object", "required": ["event"], "properties": {
 _ACK_BODY = {"type": "object", "required": ["event_ids"], "properties": {
     "cmd": {"type": "string", "enum": ["ACK"], "description": "optional"},
     "event_ids": {"type": "array", "items": {"type": "string", "format": "binary"}}}}
+_ROOM_BODY = {"type": "object", "required": ["room_id", "member_token", "nonce", "ciphertext"],
+              "properties": {
+                  "room_id": {"type": "string", "format": "binary", "description": "16 bytes"},
+                  "member_token": {"type": "string", "format": "binary",
+                                   "description": "12 bytes"},
+                  "nonce": {"type": "string", "format": "binary", "description": "24 bytes"},
+                  "ciphertext": {"type": "string", "format": "binary"}}}
 _NOTE_BODY = {"type": "object", "required": ["delivery_token", "ephemeral_pk", "nonce",
                                              "ciphertext", "created_at", "expires_at"],
               "properties": {
@@ -614,6 +668,60 @@ def build_app(server: PppServer) -> FastAPI:
             return outcome(o, status)
         sealed_line(o)
         return _msgpack(P.stored(eid))
+
+    @app.post("/v1/room/submit", summary="Sealed room message (§7.3)",
+              description="Anonymous: proven by a member token the room's admin registered "
+                          "(valid through a key rotation's grace period). The body is refused "
+                          f"past {SEALED_BODY_LIMIT_BYTES} bytes before parsing; per-IP "
+                          "(120/60 s) and per-token (2/1 s) sliding budgets. Answered once the "
+                          "stream has numbered the message.",
+              openapi_extra=_body_doc(_ROOM_BODY),
+              responses=_replies("`{cmd: ROOM_STORED, room_id, sequence_number}`",
+                                 _202="durable but not numbered yet: send the same bytes "
+                                 "again for the number", _400="malformed", _401="member token "
+                                 "not valid for the room", _404="unknown room",
+                                 _410="room expired", _413="body too large",
+                                 _429="rate limited", _503="storage unavailable"))
+    async def room_submit(request: Request) -> Response:
+        def outcome(o: str, status: int, headers=None) -> Response:
+            if (dropped := server.refusal_logged("room/submit", o)) is not None:
+                log.info("ppp sealed room submission", extra={
+                    "event": "ppp_sealed_room", "outcome": o, "suppressed": dropped})
+            if o != SealedRoomOutcome.OK:
+                svc.count_refused(f"sealed_room_{o}")
+            return Response(status_code=status, headers=headers)
+        try:
+            body = await read_body(request, SEALED_BODY_LIMIT_BYTES)
+        except _Body:
+            return outcome("too_large", 413, _CLOSE)
+        except _Gone:
+            server.client_gone("sealed")
+            return Response(status_code=400)   # nobody reads it
+        now = server.monotonic()
+        peer = request.client.host if request.client else ""
+        ip = client_ip(peer, request.headers.getlist("x-forwarded-for"), server.trusted)
+        if not server.sealed_ip.allow(ip, now):
+            return outcome("rate_limited", 429,
+                           {"Retry-After": str(SEALED_IP_RATE_LIMIT.window_secs)})
+        try:
+            sub = P.decode_sealed_room(body)
+        except P.ProtocolError:
+            return outcome(SealedRoomOutcome.INVALID, 400)
+        refused = svc.rooms.check_sealed(sub)
+        if refused is not None:
+            return outcome(refused, {SealedRoomOutcome.UNKNOWN_ROOM: 404,
+                                     SealedRoomOutcome.EXPIRED: 410}.get(refused, 401))
+        if not server.sealed_room_token.allow(sub.room_id + sub.member_token, now):
+            return outcome("rate_limited", 429,
+                           {"Retry-After": str(SEALED_TOKEN_RATE_LIMIT.window_secs)})
+        o, reply = await svc.rooms.sealed(sub)
+        if reply is None:
+            return outcome(o, {SealedRoomOutcome.INVALID: 400, SealedRoomOutcome.TOKEN: 401,
+                               SealedRoomOutcome.UNKNOWN_ROOM: 404,
+                               SealedRoomOutcome.EXPIRED: 410,
+                               SealedRoomOutcome.PENDING: 202}.get(o, 503))
+        outcome(o, 200)
+        return _msgpack(reply)
 
     async def _authed(request: Request, body: bytes, cmd: str):
         """(pubkey, request_id) or the error Response."""

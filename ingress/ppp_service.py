@@ -12,6 +12,7 @@ A command arrives here already authenticated (the pubkey) and charged to its rat
   log line carries too (§5.x).
 * FETCH / ACK: the caller's own mailbox only (`PppInbox`); acks are durable `acks` rows
   before ACKED is sent, and only the caller's unacked events count.
+* Room commands (§7) are `ppp_rooms.RoomService`'s, reached through `run` like the rest.
 * Sealed Note: token -> recipient (unknown: 401), clamp, the sealed event id, landed as a
   GiftWrap addressed to the token's recipient, so FETCH returns it like any other event.
 """
@@ -36,6 +37,8 @@ from engine.ppp.limits import (EVENT_ID_LEN, FETCH_PAGE_SIZE, MAX_ACK_IDS, MAX_B
                                MAX_CIPHERTEXT_SIZE, MAX_EVENT_TTL_SECS)
 from engine.ppp.session import with_request_id
 from runtime.log_rate import LogRate
+
+from .ppp_rooms import RoomService
 
 log = logging.getLogger("relay.ingress.ppp")
 
@@ -67,9 +70,10 @@ class SealedOutcome:
 class PppService:
     def __init__(self, appender, ack_appender, inbox: PppInbox, control: PppControl, *,
                  clock: Callable[[], float] = time.time, page_size: int = FETCH_PAGE_SIZE,
-                 counters=None):
+                 counters=None, room_view=None, room_sequence_timeout: float = 10.0):
         """`appender`: the node's landing GroupCommitAppender; `ack_appender`: one over the
-        `acks` table. `clock`: unix seconds (expiry checks; tests move it)."""
+        `acks` table. `clock`: unix seconds (expiry checks; tests move it). `room_view`: an
+        `egress.ppp_rooms.RoomInbox` (None: room commands are refused as disabled)."""
         self.appender = appender
         self.ack_appender = ack_appender
         self.inbox = inbox
@@ -85,9 +89,16 @@ class PppService:
         self.refused: dict[str, int] = {}
         self.refusal_lines = LogRate(REFUSAL_LOG_SECONDS)
         self.quiet = LogRate()   # storage failures: one line per 10 s while they last
+        self.rooms = None if room_view is None else RoomService(
+            appender, room_view, control, self._fail, clock=clock,
+            sequence_timeout=room_sequence_timeout)
 
     # --- dispatch ----------------------------------------------------------------------------
-    async def run(self, pubkey: bytes, cmd: P.Command, request_id: str) -> P.Reply:
+    async def run(self, pubkey: bytes, cmd: P.Command, request_id: str,
+                  session=None) -> P.Reply:
+        """`session`: the WebSocket connection asking (room subscriptions), if any."""
+        if isinstance(cmd, P.RoomCommand) and self.rooms is not None:
+            return await self.rooms.run(pubkey, cmd, request_id, session)
         if isinstance(cmd, P.Store):
             return await self.store(cmd.event, request_id)
         if isinstance(cmd, P.Fetch):

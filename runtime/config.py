@@ -104,7 +104,7 @@ class StreamConf:
     padding_buckets: list[int] = field(default_factory=lambda: [256, 1024, 4096, 16384])
     # Known fixed overhead per protocol added on top of a padded plaintext (bytes).
     padding_overhead: dict[str, int] = field(
-        default_factory=lambda: {"trueseal": 0, "ppp": 130})
+        default_factory=lambda: {"trueseal": 0, "ppp": 130, "ppp_room": 40})
     # Cursors start at 1 unless a protocol says otherwise (Heya sequence numbers start at 0).
     cursor_start: dict[str, int] = field(default_factory=lambda: {"heya": 0})
     app_id: str = "relay-inbox-stream"
@@ -233,6 +233,12 @@ class PppConf:
     # Envelope bytes of pending events held in memory for FETCH; the rest is read back from
     # the inbox (an offline recipient's backlog costs disk, not RAM).
     cache_bytes: int = 268435456
+    # Room messages (§7) held in memory for FETCH_ROOM; the rest is read from the inbox.
+    room_cache_bytes: int = 67108864
+    # ROOM_STORED carries the stream's sequence number: the longest STORE_ROOM waits for
+    # the inbox commit that assigns it before answering STORE_FAIL "sequence pending" (the
+    # message is durable; a retry of the same bytes gets its number).
+    room_sequence_timeout_seconds: float = 10.0
     # --- hostile clients (issue 19) ---
     # The request head must be complete this long after accept (and after the previous
     # response): the websockets client, browsers and http.client send the whole head in one

@@ -171,6 +171,13 @@ class PppSession:
         self._out.append(P.notify(count).encode())
         return True
 
+    def push(self, reply: P.Reply) -> bool:
+        """An unsolicited frame (ROOM_NOTIFY, KEY_ROTATION_NOTIFY), like `notify`."""
+        if self.phase is not Phase.READY:
+            return False
+        self._out.append(reply.encode())
+        return True
+
     def close(self) -> None:
         self.phase = Phase.CLOSED
         self._slots.clear()

@@ -1,0 +1,247 @@
+"""What the PPP room commands do (spec 004 §7, appendix C): one `RoomService` under the
+WebSocket (`ppp_app.py`) and the sealed endpoint `POST /v1/room/submit`.
+
+Who may do what (the refusal is the command's STORE_FAIL with a stable reason and the
+request id, §7.7):
+
+* CREATE_ROOM: any authenticated pubkey, which becomes the admin. max_members 1-100,
+  expires_at > now (clamped to now + MAX_EVENT_TTL_SECS: a room is not a way to keep
+  ciphertext longer than an event may live), both S2 tokens valid and the coarse cell
+  containing the fine one, at level 8 or finer (`engine/ppp/rooms.py`). A live room of the
+  same id refuses it.
+* UPDATE_ROOM, REGISTER_TOKEN, REVOKE_TOKENS, ROTATE_ROOM_KEY: the admin only ("not room
+  admin"); REGISTER_TOKEN also needs the admin's signature over member_token || room_id and
+  a member slot (`ppp_control.register_member`). A rotation's grace is clamped to [0, 600] s.
+* STORE_ROOM: any authenticated pubkey for an open room; a gated room takes it from its
+  admin or with a valid member token (this relay's optional `member_token` field, since
+  C.1 gives STORE_ROOM none). The sealed endpoint always needs a valid token.
+* FETCH_ROOM, DISCOVER_ROOMS: any authenticated pubkey (room messages are ciphertext under
+  the room key; discovery shows what §7.1's RoomInfo shows).
+* An unknown room, and an expired one, refuse everything but CREATE_ROOM.
+
+Landing: a room message is appended to `landing` like any envelope (protocol `ppp_room`),
+then ROOM_STORED waits for the stream's inbox commit that numbers it (`egress/ppp_rooms.py`).
+The same message again (same nonce and ciphertext) is the same event id: answered with the
+number it has. If the stream does not number it within `room_sequence_timeout_seconds` the
+reply is STORE_FAIL "sequence pending": the message is durable and will be numbered; the
+client's retry of the same bytes gets its number once it has one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import datetime, timezone
+from typing import Callable
+
+import msgpack
+from nacl.exceptions import CryptoError
+from nacl.signing import VerifyKey
+
+from delta_tables.schema import C
+from egress.ppp_rooms import RoomInbox, Subscriber
+from engine.ppp import protocol as P
+from engine.ppp import rooms as R
+from engine.ppp.limits import MAX_EVENT_TTL_SECS
+
+from delta_tables.ppp_control import PppControl
+
+# Reasons (stable texts: tests and clients match them).
+UNKNOWN_ROOM = "unknown room"
+ROOM_EXPIRED = "room expired"
+NOT_ADMIN = "not room admin"
+MEMBERSHIP = "member token required"
+PENDING = "sequence pending"
+
+
+class SealedRoomOutcome:
+    """Coarse outcomes of POST /v1/room/submit (logged without token, room or address)."""
+    OK = "accepted"
+    UNKNOWN_ROOM = "unknown_room"
+    EXPIRED = "room_expired"
+    TOKEN = "token_rejected"
+    INVALID = "invalid"
+    PENDING = "pending"
+    UNAVAILABLE = "unavailable"
+
+
+class RoomService:
+    def __init__(self, appender, view: RoomInbox, control: PppControl, fail, *,
+                 clock: Callable[[], float] = time.time, sequence_timeout: float = 10.0):
+        """`fail(cmd, reason, request_id)`: the PppService's counted, logged refusal."""
+        self.appender = appender
+        self.view = view
+        self.control = control
+        self.fail = fail
+        self.clock = clock
+        self.sequence_timeout = sequence_timeout
+        self.stored = 0
+
+    async def run(self, pubkey: bytes, cmd: P.RoomCommand, rid: str,
+                  session: Subscriber | None) -> P.Reply:
+        now = self.clock()
+        if isinstance(cmd, P.CreateRoom):
+            return await self._create(pubkey, cmd, rid, session, now)
+        if isinstance(cmd, P.DiscoverRooms):
+            try:
+                cell = R.parse_cell(cmd.s2_cell_id)
+            except R.CellError as e:
+                return self.fail(cmd.name, e.args[0], rid)
+            if cell.level() < R.MIN_DISCOVERY_LEVEL:
+                return self.fail(cmd.name, f"s2 cell coarser than level "
+                                           f"{R.MIN_DISCOVERY_LEVEL}", rid)
+            found = self.control.rooms.discover(cell, now, R.MAX_DISCOVERED)
+            return P.rooms([r.info(self.control.rooms.members(r.room_id)) for r in found])
+        room = self.control.rooms.rooms.get(cmd.room_id)
+        if room is None:
+            return self.fail(cmd.name, UNKNOWN_ROOM, rid)
+        if room.expired(now):
+            return self.fail(cmd.name, ROOM_EXPIRED, rid)
+        if isinstance(cmd, P.FetchRoom):
+            return await self._fetch(room, cmd.since_id, session, now)
+        if isinstance(cmd, P.StoreRoom):
+            return await self._store(pubkey, room, cmd, rid, session, now)
+        if pubkey != room.admin:
+            return self.fail(cmd.name, NOT_ADMIN, rid)
+        if isinstance(cmd, P.UpdateRoom):
+            await self.control.update_room(R.Room(
+                room.room_id, room.admin, room.room_type, room.fine, room.coarse,
+                room.gated if cmd.gated is None else cmd.gated,
+                room.proximity_required if cmd.proximity_required is None
+                else cmd.proximity_required,
+                room.ble_enabled, room.max_members, room.created_at, room.expires_at))
+            return P.room_updated(room.room_id)
+        if isinstance(cmd, P.RegisterToken):
+            try:
+                VerifyKey(room.admin).verify(
+                    R.token_signed_message(cmd.member_token, room.room_id), cmd.admin_signature)
+            except (CryptoError, ValueError, TypeError):
+                return self.fail(cmd.name, "bad admin signature", rid)
+            why = await self.control.register_member(room, cmd.member_token)
+            return P.token_registered() if why is None else self.fail(cmd.name, why, rid)
+        if isinstance(cmd, P.RevokeTokens):
+            return P.tokens_revoked(await self.control.revoke_members(room.room_id))
+        if isinstance(cmd, P.RotateRoomKey):
+            grace_until = int(now) + R.clamp_grace(cmd.grace_seconds)
+            count = await self.control.rotate_members(room.room_id, grace_until * 1_000_000)
+            self.view.key_rotated(room.room_id, grace_until, session)
+            return P.key_rotated(room.room_id, count, grace_until)
+        return self.fail(cmd.name, "feature disabled", rid)
+
+    # --- rooms -----------------------------------------------------------------------------------
+    async def _create(self, pubkey: bytes, cmd: P.CreateRoom, rid: str,
+                      session: Subscriber | None, now: float) -> P.Reply:
+        if not R.MIN_MEMBERS <= cmd.max_members <= R.MAX_MEMBERS:
+            return self.fail(cmd.name, f"max_members must be {R.MIN_MEMBERS}-{R.MAX_MEMBERS}",
+                             rid)
+        if cmd.expires_at <= now:
+            return self.fail(cmd.name, "expires_at must be in the future", rid)
+        try:
+            fine, coarse = R.parse_cell(cmd.s2_cell_id), R.parse_cell(cmd.s2_coarse_id)
+        except R.CellError as e:
+            return self.fail(cmd.name, e.args[0], rid)
+        why = R.check_placement(fine, coarse)
+        if why is not None:
+            return self.fail(cmd.name, why, rid)
+        room = R.Room(cmd.room_id, pubkey, R.TYPE_ROOM, fine.to_token(), coarse.to_token(),
+                      cmd.gated, cmd.proximity_required, cmd.ble_enabled, cmd.max_members,
+                      int(now), min(cmd.expires_at, int(now) + MAX_EVENT_TTL_SECS))
+        why = await self.control.create_room(room, now)
+        if why is not None:
+            return self.fail(cmd.name, why, rid)
+        if session is not None:
+            self.view.subscribe(room.room_id, session)
+        return P.room_created(room.room_id)
+
+    # --- messages --------------------------------------------------------------------------------
+    async def _fetch(self, room: R.Room, since_id: int, session: Subscriber | None,
+                     now: float) -> P.Reply:
+        if session is not None:
+            self.view.subscribe(room.room_id, session)
+        msgs = self.view.fetch(room.room_id, since_id, R.FETCH_ROOM_LIMIT, now)
+        envelopes = await self.view.envelopes_of(msgs)
+        out = []
+        for m, env in zip(msgs, envelopes):
+            if env is None:
+                continue   # left the inbox since (expired and compacted)
+            nonce, ct = R.split_envelope(env)
+            out.append({"id": m.cursor, "nonce": nonce, "ciphertext": ct,
+                        "stored_at": m.stored_at})
+        return P.room_messages(room.room_id, out)
+
+    async def _store(self, pubkey: bytes, room: R.Room, cmd: P.StoreRoom, rid: str,
+                     session: Subscriber | None, now: float) -> P.Reply:
+        why = R.check_message(cmd.nonce, cmd.ciphertext)
+        if why is not None:
+            return self.fail(cmd.name, why, rid)
+        if room.gated and pubkey != room.admin and not (
+                cmd.member_token is not None and self.control.rooms.token_valid(
+                    room.room_id, cmd.member_token, int(now * 1_000_000))):
+            return self.fail(cmd.name, MEMBERSHIP, rid)
+        if session is not None:
+            self.view.subscribe(room.room_id, session)
+        seq, why = await self.land(room, cmd.nonce, cmd.ciphertext, now)
+        if why is not None:
+            return self.fail(cmd.name, why, rid)
+        return P.room_stored(room.room_id, seq)
+
+    async def sealed(self, sub: P.SealedRoomSubmit) -> tuple[str, P.Reply | None]:
+        """POST /v1/room/submit after the caller's body limit and per-IP budget: (outcome,
+        ROOM_STORED). The per-token budget is the caller's too (it needs the token valid
+        first, `token_ok`)."""
+        now = self.clock()
+        if R.check_message(sub.nonce, sub.ciphertext) is not None:
+            return SealedRoomOutcome.INVALID, None
+        refused = self.check_sealed(sub)
+        if refused is not None:
+            return refused, None
+        room = self.control.rooms.rooms[sub.room_id]
+        seq, why = await self.land(room, sub.nonce, sub.ciphertext, now)
+        if why == PENDING:
+            return SealedRoomOutcome.PENDING, None
+        if why is not None:
+            return SealedRoomOutcome.UNAVAILABLE, None
+        return SealedRoomOutcome.OK, P.room_stored(room.room_id, seq)
+
+    def check_sealed(self, sub: P.SealedRoomSubmit) -> str | None:
+        """The sealed submission's room and token (with the grace period): None or the
+        outcome refusing it."""
+        now = self.clock()
+        room = self.control.rooms.rooms.get(sub.room_id)
+        if room is None:
+            return SealedRoomOutcome.UNKNOWN_ROOM
+        if room.expired(now):
+            return SealedRoomOutcome.EXPIRED
+        if not self.control.rooms.token_valid(room.room_id, sub.member_token,
+                                              int(now * 1_000_000)):
+            return SealedRoomOutcome.TOKEN
+        return None
+
+    async def land(self, room: R.Room, nonce: bytes, ciphertext: bytes,
+                   now: float) -> tuple[int | None, str | None]:
+        """(sequence number, None) once the inbox row is in; (None, reason) otherwise."""
+        eid = R.room_event_id(room.room_id, nonce, ciphertext)
+        known = self.view.sequence_of(eid)
+        if known is not None:
+            return known, None
+        fut = self.view.waiter(eid)
+        try:
+            try:
+                await self.appender.append({
+                    C.EVENT_ID: eid, C.PROTOCOL: R.ROOM_PROTOCOL, C.MAILBOX: room.room_id,
+                    C.ENVELOPE: R.room_envelope(nonce, ciphertext),
+                    C.META: msgpack.packb(int(now)),
+                    C.RECEIVED_AT: datetime.fromtimestamp(now, timezone.utc),
+                    C.EXPIRES_AT: datetime.fromtimestamp(
+                        min(room.expires_at, int(now) + MAX_EVENT_TTL_SECS), timezone.utc)})
+            except Exception:
+                return None, "storage unavailable"
+            self.stored += 1
+            try:
+                return await asyncio.wait_for(asyncio.shield(fut), self.sequence_timeout), None
+            except asyncio.TimeoutError:
+                return None, PENDING
+        finally:
+            if not fut.done():
+                fut.cancel()
+            self.view.give_up(eid, fut)
