@@ -314,6 +314,88 @@ def cmd_ppp_receive(args) -> None:
     _ppp_run(run)
 
 
+def cmd_ppp_room(args) -> None:
+    """`relay ppp room <action>`: one JSON line (or one per room / message) on stdout."""
+    from . import ppp_rooms as R
+    from engine.ppp.room_crypto import my_member_token
+
+    def run():
+        me = _ppp_identity(args.seed)
+        url = _ppp_url(args)
+        act = args.room_command
+        if act == "create":
+            room = asyncio.run(R.create(url, me, args.lat, args.lon, ttl=args.ttl,
+                                        gated=not args.open, max_members=args.max_members,
+                                        ble=args.ble, out=args.out))
+            print(json.dumps({"room_id": room.room_id.hex(), "room_file": args.out}))
+        elif act == "discover":
+            for info in asyncio.run(R.discover(url, me, args.lat, args.lon)):
+                print(json.dumps(R.room_info_json(info)))
+        else:
+            room = R.RoomFile.read(args.room)
+            if act == "token":
+                print(json.dumps({"member_token": my_member_token(
+                    me, room.room_key, room.room_id).hex()}))
+            elif act == "register":
+                token = bytes.fromhex(args.token)
+                if len(token) != 12:
+                    raise ValueError("a member token is 24 hex characters")
+                asyncio.run(R.register(url, me, room, token))
+                print(json.dumps({"registered": True}))
+            elif act == "send":
+                seq = asyncio.run(R.send(url, me, room, args.text, sealed=args.sealed))
+                print(json.dumps({"room_id": room.room_id.hex(), "sequence_number": seq}))
+            elif act == "fetch":
+                for line in asyncio.run(R.fetch(url, me, room, args.since_id)):
+                    print(json.dumps(line, ensure_ascii=False))
+            elif act == "rotate":
+                _, reply = asyncio.run(R.rotate(url, me, room, args.grace, args.out))
+                print(json.dumps({"revoked_count": reply["revoked_count"],
+                                  "grace_until": reply["grace_until"], "room_file": args.out}))
+            elif act == "revoke":
+                print(json.dumps({"revoked": asyncio.run(R.revoke(url, me, room))}))
+    _ppp_run(run)
+
+
+def _add_room_parser(pp, url_help: str) -> None:
+    room = pp.add_parser("room", help="rooms (§7): create, discover, members, messages")
+    rp = room.add_subparsers(dest="room_command", required=True)
+
+    def action(name: str, help: str, *, room_file: bool = True):
+        p = rp.add_parser(name, help=help)
+        p.add_argument("--seed", required=True, help="your seed file")
+        if room_file:
+            p.add_argument("--room", required=True, help="room file (id and key, JSON, 0600)")
+        p.add_argument("--url", help=url_help)
+        p.set_defaults(func=cmd_ppp_room)
+        return p
+    p = action("create", "create a room where you are; writes the room file", room_file=False)
+    p.add_argument("--lat", type=float, required=True)
+    p.add_argument("--lon", type=float, required=True)
+    p.add_argument("--out", required=True, help="room file to create")
+    p.add_argument("--ttl", type=int, default=86_400, help="seconds the room lives (default 1 day)")
+    p.add_argument("--max-members", type=int, default=100, help="1-100 (default 100)")
+    p.add_argument("--open", action="store_true",
+                   help="not gated: any authenticated user may STORE_ROOM")
+    p.add_argument("--ble", action="store_true", help="allow knock / admit")
+    p = action("discover", "rooms around a position (its cell and the 8 around it)",
+               room_file=False)
+    p.add_argument("--lat", type=float, required=True)
+    p.add_argument("--lon", type=float, required=True)
+    action("token", "print your member token for the room's admin to register")
+    p = action("register", "admin: register a member's token")
+    p.add_argument("--token", required=True, help="the member's token (24 hex)")
+    p = action("send", "send a message (authenticated, or --sealed anonymous HTTP)")
+    p.add_argument("--text", required=True)
+    p.add_argument("--sealed", action="store_true", help="POST /v1/room/submit with your token")
+    p = action("fetch", "fetch and decrypt messages (JSON lines)")
+    p.add_argument("--since-id", type=int, default=0, help="after this sequence number")
+    p = action("rotate", "admin: new room key; old tokens valid for --grace seconds")
+    p.add_argument("--grace", type=int, default=300, help="0-600 s (default 300)")
+    p.add_argument("--out", required=True, help="new room file (the new key)")
+    action("revoke", "admin: revoke every member token of the room")
+
+
 def _add_ppp_parser(sub) -> None:
     ppp = sub.add_parser("ppp", help="PPP client: keys, tokens, send and receive events")
     pp = ppp.add_subparsers(dest="ppp_command", required=True)
@@ -357,6 +439,7 @@ def _add_ppp_parser(sub) -> None:
                    help="add 'inside': whether this point is in each event's region")
     p.add_argument("--url", help=url_help)
     p.set_defaults(func=cmd_ppp_receive)
+    _add_room_parser(pp, url_help)
 
 
 def main(argv: list[str] | None = None) -> None:

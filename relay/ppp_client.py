@@ -10,7 +10,9 @@
 WebSocket (spec §5.1): every frame is a binary MessagePack map with a `cmd` field; on connect
 the relay sends CHALLENGE {nonce}, we answer AUTH {pubkey, sig = Ed25519(nonce)}. Replies come
 back in command order; an unsolicited NOTIFY {count} may arrive between them and is counted
-(`notified`) and can be awaited (`wait_notify`). A `*_FAIL` reply raises `PppRefused`.
+(`notified`) and can be awaited (`wait_notify`); ROOM_NOTIFY and KEY_ROTATION_NOTIFY (§7) are
+kept in `room_news`. A `*_FAIL` reply raises `PppRefused`. Room commands (§7) are methods
+here too; `relay/ppp_rooms.py` has the flows the CLI runs.
 
 Sealed submit (§6.3, appendix C.6): an anonymous HTTP POST of SealedNoteSubmit as
 application/msgpack; no AUTH, the delivery token is the only identifier. Done with stdlib
@@ -87,6 +89,7 @@ class PppClient:
         self.identity = identity
         self.notified = 0                    # sum of NOTIFY counts seen so far
         self._notify = asyncio.Event()
+        self.room_news: list[dict] = []      # ROOM_NOTIFY / KEY_ROTATION_NOTIFY heard
 
     def __repr__(self) -> str:
         return f"PppClient({self.identity!r})"
@@ -139,6 +142,9 @@ class PppClient:
                 raise PppError("relay sent malformed MessagePack") from e
             if not isinstance(m, dict) or not isinstance(m.get("cmd"), str):
                 raise PppError("relay sent a frame without cmd")
+            if m["cmd"] in ("ROOM_NOTIFY", "KEY_ROTATION_NOTIFY"):
+                self.room_news.append(m)
+                continue
             if m["cmd"] == "NOTIFY":
                 count = m.get("count", 0)
                 self.notified += count if isinstance(count, int) else 0
@@ -197,6 +203,56 @@ class PppClient:
         await self._call(_pack("DEREGISTER_DELIVERY_TOKEN", delivery_token=token),
                          "DELIVERY_TOKEN_DEREGISTERED")
 
+    # --- rooms (§7) ------------------------------------------------------------------------------
+    async def create_room(self, room_id: bytes, s2_cell_id: str, s2_coarse_id: str, *,
+                          expires_at: int, gated: bool = True, ble_enabled: bool = False,
+                          max_members: int = 100) -> None:
+        await self._call(_pack("CREATE_ROOM", room_id=room_id, s2_cell_id=s2_cell_id,
+                               s2_coarse_id=s2_coarse_id, gated=gated, proximity_required=False,
+                               ble_enabled=ble_enabled, max_members=max_members,
+                               expires_at=expires_at, description_public=False),
+                         "ROOM_CREATED")
+
+    async def discover_rooms(self, s2_cell_id: str) -> list[dict]:
+        m = await self._call(_pack("DISCOVER_ROOMS", s2_cell_id=s2_cell_id), "ROOMS")
+        rooms = m.get("rooms")
+        if not isinstance(rooms, list):
+            raise PppError("ROOMS.rooms must be a list")
+        return rooms
+
+    async def register_member_token(self, room_id: bytes, member_token: bytes) -> None:
+        """Admin only: signs member_token || room_id with this identity (§7.3)."""
+        await self._call(_pack("REGISTER_TOKEN", room_id=room_id, member_token=member_token,
+                               admin_signature=self.identity.sign(member_token + room_id)),
+                         "TOKEN_REGISTERED")
+
+    async def revoke_tokens(self, room_id: bytes) -> int:
+        return int((await self._call(_pack("REVOKE_TOKENS", room_id=room_id),
+                                     "TOKENS_REVOKED"))["count"])
+
+    async def rotate_room_key(self, room_id: bytes, grace_seconds: int) -> dict:
+        return await self._call(_pack("ROTATE_ROOM_KEY", room_id=room_id,
+                                      grace_seconds=grace_seconds), "KEY_ROTATED")
+
+    async def store_room(self, room_id: bytes, nonce: bytes, ciphertext: bytes,
+                         member_token: bytes | None = None) -> int:
+        """STORE_ROOM; returns the sequence number the relay's stream assigned."""
+        fields: dict[str, Any] = {"room_id": room_id, "nonce": nonce, "ciphertext": ciphertext}
+        if member_token is not None:
+            fields["member_token"] = member_token
+        return int((await self._call(_pack("STORE_ROOM", **fields),
+                                     "ROOM_STORED"))["sequence_number"])
+
+    async def fetch_room(self, room_id: bytes, since_id: int = 0) -> list[dict]:
+        """One FETCH_ROOM page (up to 100): RoomMessageWire maps {id, nonce, ciphertext,
+        stored_at}."""
+        m = await self._call(_pack("FETCH_ROOM", room_id=room_id, since_id=since_id),
+                             "ROOM_MESSAGES")
+        msgs = m.get("messages")
+        if not isinstance(msgs, list):
+            raise PppError("ROOM_MESSAGES.messages must be a list")
+        return msgs
+
     async def wait_notify(self, timeout: float | None = None) -> int:
         """Wait for a NOTIFY (reads frames until one comes); returns the total seen so far.
         Only call it with no command outstanding."""
@@ -253,6 +309,30 @@ async def submit_sealed(base_url: str, token: bytes, gw: GiftWrap, *,
     if isinstance(reply, dict) and isinstance(reply.get("event_id"), bytes):
         return reply["event_id"]
     return local
+
+
+ROOM_SUBMIT_PATH = "/v1/room/submit"
+_ROOM_HTTP_REASONS = {202: "stored, not numbered yet: send the same message again",
+                      400: "malformed", 401: "member token not valid for this room",
+                      404: "unknown room", 410: "room expired", 413: "body too large",
+                      429: "rate limited", 503: "storage unavailable"}
+
+
+async def submit_room_sealed(base_url: str, room_id: bytes, member_token: bytes, nonce: bytes,
+                             ciphertext: bytes, *, timeout: float = 30.0) -> int:
+    """POST /v1/room/submit (C.6 SealedRoomSubmit); returns the sequence number. Anything
+    but 200 raises PppRefused with the status."""
+    body = msgpack.packb({"room_id": room_id, "member_token": member_token, "nonce": nonce,
+                          "ciphertext": ciphertext}, use_bin_type=True)
+    status, resp = await asyncio.to_thread(_post, base_url.rstrip("/") + ROOM_SUBMIT_PATH,
+                                           body, timeout)
+    if status != 200:
+        raise PppRefused("room/submit", f"HTTP {status} "
+                         f"{_reason(resp) or _ROOM_HTTP_REASONS.get(status, 'refused')}", status)
+    try:
+        return int(msgpack.unpackb(resp, raw=False)["sequence_number"])
+    except Exception as e:   # msgpack's errors, KeyError, TypeError
+        raise PppError("relay sent no ROOM_STORED") from e
 
 
 def _reason(body: bytes) -> str:

@@ -1,0 +1,149 @@
+"""PPP rooms from a terminal: the flows `relay ppp room ...` runs (spec 004 §7).
+
+A room file holds what a member needs: the room id and the symmetric room key, as JSON,
+created 0600 (the key reads every message of the room: handle it like a seed file). The
+admin's `create` writes it; until knock / admit and GroupInvite are served, the admin hands
+it to members out of band. A member prints its member token (`token`) for the admin, who
+registers it (`register`); then the member can send sealed (`send --sealed`: anonymous,
+only the token identifies it) or over its authenticated WebSocket, and `fetch` decrypts.
+
+`discover` asks about the cell of a position and its eight neighbours at the discovery level
+(a map view's ~9 cells, appendix C.3), so a room just across a cell border is found too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import s2sphere
+
+from engine.ppp.keys import Identity
+from engine.ppp.room_crypto import (RoomMessageError, decrypt_message, encrypt_message,
+                                    my_member_token, new_room_id, new_room_key)
+
+from .ppp_client import PppClient, http_base, submit_room_sealed
+
+FINE_LEVEL = 16      # ~150 m: where the room is
+COARSE_LEVEL = 10    # ~10 km: the area it is found from
+DISCOVER_LEVEL = COARSE_LEVEL
+
+
+@dataclass(frozen=True)
+class RoomFile:
+    room_id: bytes
+    room_key: bytes
+
+    def __repr__(self) -> str:
+        return f"RoomFile({self.room_id.hex()}, key=<redacted>)"
+
+    def write(self, path: str | Path, *, force: bool = False) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if force else os.O_EXCL)
+        fd = os.open(path, flags, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"room_id": self.room_id.hex(), "room_key": self.room_key.hex()}, f)
+            f.write("\n")
+
+    @classmethod
+    def read(cls, path: str | Path) -> "RoomFile":
+        try:
+            m = json.loads(Path(path).read_text())
+            room_id, key = bytes.fromhex(m["room_id"]), bytes.fromhex(m["room_key"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: not a room file") from e
+        if len(room_id) != 16 or len(key) != 32:
+            raise ValueError(f"{path}: not a room file")
+        return cls(room_id, key)
+
+
+def cells(lat: float, lon: float, level: int) -> list[str]:
+    c = s2sphere.CellId.from_lat_lng(s2sphere.LatLng.from_degrees(lat, lon)).parent(level)
+    return [c.to_token()] + [n.to_token() for n in c.get_all_neighbors(level)]
+
+
+def room_info_json(info: dict) -> dict:
+    return {k: (v.hex() if isinstance(v, bytes) else v) for k, v in info.items()}
+
+
+async def create(url: str, admin: Identity, lat: float, lon: float, *, ttl: int, gated: bool,
+                 max_members: int, ble: bool, out: str | Path) -> RoomFile:
+    room = RoomFile(new_room_id(), new_room_key())
+    point = s2sphere.CellId.from_lat_lng(s2sphere.LatLng.from_degrees(lat, lon))
+    room.write(out)   # first: a room the relay has but nobody holds the key of is useless
+    try:
+        async with await PppClient.connect(url, admin) as c:
+            await c.create_room(room.room_id, point.parent(FINE_LEVEL).to_token(),
+                                point.parent(COARSE_LEVEL).to_token(),
+                                expires_at=int(time.time()) + ttl, gated=gated,
+                                ble_enabled=ble, max_members=max_members)
+            # The admin is a member too: its own token, so it can also send sealed.
+            await c.register_member_token(room.room_id,
+                                          my_member_token(admin, room.room_key, room.room_id))
+    except BaseException:
+        Path(out).unlink(missing_ok=True)
+        raise
+    return room
+
+
+async def discover(url: str, me: Identity, lat: float, lon: float) -> list[dict]:
+    found: dict[bytes, dict] = {}
+    async with await PppClient.connect(url, me) as c:
+        for token in cells(lat, lon, DISCOVER_LEVEL):
+            for info in await c.discover_rooms(token):
+                found[info["room_id"]] = info
+    return sorted(found.values(), key=lambda i: -i.get("created_at", 0))
+
+
+async def register(url: str, admin: Identity, room: RoomFile, member_token: bytes) -> None:
+    async with await PppClient.connect(url, admin) as c:
+        await c.register_member_token(room.room_id, member_token)
+
+
+async def send(url: str, me: Identity, room: RoomFile, text: str, *, sealed: bool) -> int:
+    nonce, ct = encrypt_message(me, room.room_key, room.room_id, text, int(time.time()))
+    token = my_member_token(me, room.room_key, room.room_id)
+    if sealed:
+        return await submit_room_sealed(http_base(url), room.room_id, token, nonce, ct)
+    async with await PppClient.connect(url, me) as c:
+        return await c.store_room(room.room_id, nonce, ct, member_token=token)
+
+
+async def fetch(url: str, me: Identity, room: RoomFile, since_id: int = 0) -> list[dict]:
+    """Every message after `since_id` (pages of 100), decrypted: JSON-ready dicts."""
+    out = []
+    async with await PppClient.connect(url, me) as c:
+        while True:
+            page = await c.fetch_room(room.room_id, since_id)
+            for m in page:
+                line = {"id": m["id"], "stored_at": m["stored_at"]}
+                try:
+                    p = decrypt_message(room.room_key, room.room_id, m["nonce"],
+                                        m["ciphertext"])
+                    line.update(sender=p.sender.hex(), sent_at=p.sent_at, text=p.body)
+                except RoomMessageError as e:
+                    line["error"] = str(e)
+                out.append(line)
+            if len(page) < 100:
+                return out
+            since_id = page[-1]["id"]
+
+
+async def rotate(url: str, admin: Identity, room: RoomFile, grace: int,
+                 out: str | Path) -> tuple[RoomFile, dict]:
+    """A new key in a new room file (`out`), then ROTATE_ROOM_KEY: the old tokens stay
+    valid for the grace period, while members re-register tokens of the new key."""
+    new = RoomFile(room.room_id, new_room_key())
+    new.write(out)
+    async with await PppClient.connect(url, admin) as c:
+        reply = await c.rotate_room_key(room.room_id, grace)
+        await c.register_member_token(room.room_id,
+                                      my_member_token(admin, new.room_key, room.room_id))
+    return new, reply
+
+
+async def revoke(url: str, admin: Identity, room: RoomFile) -> int:
+    async with await PppClient.connect(url, admin) as c:
+        return await c.revoke_tokens(room.room_id)
