@@ -21,7 +21,7 @@ from engine.ppp.rooms import Room
 from .control import ControlTables, utc_micros
 from .layout import Layout
 from .ppp_state import BackupMeta, PppState, load_state, read_backup, ts
-from .schema_ppp import (OP_CREATE, OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_REVOKE,
+from .schema_ppp import (OP_BAN, OP_CREATE, OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_REVOKE,
                          OP_ROTATE, OP_STORE, OP_UPDATE, PPP_BACKUPS, PPP_DELIVERY_TOKENS,
                          PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
 
@@ -119,6 +119,16 @@ class PppControl(ControlTables):
                 return "room exists"
             await self._room_change(OP_CREATE, room)
             return None
+
+    async def delete_room(self, room: Room) -> None:
+        """DELETE_GROUP: one `delete` row, the commit point (`room_state.py`)."""
+        async with self.lock:
+            await self._room_change(OP_DELETE, room)
+
+    async def ban_member(self, room_id: bytes, pubkey: bytes) -> None:
+        async with self.lock:
+            if not self.state.rooms.banned(room_id, pubkey):
+                await self._member_change(room_id, OP_BAN, pubkey, None)
 
     async def update_room(self, room: Room) -> None:
         async with self.lock:

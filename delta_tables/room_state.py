@@ -12,10 +12,17 @@ each row it writes with the methods the loader replays, so memory and a rebuild 
   `grace_until` (the grace period of §7.3: valid before it, refused from it on).
   "Members" (RoomInfo `member_count`, the `max_members` cap) are the unmarked tokens: during
   a grace period the members re-register tokens of the new key, which must fit.
+* `delete` (DELETE_GROUP) removes the group, its tokens and bans at once: that one row is
+  the delete's commit point (Delta has no multi-table transaction; one append is atomic),
+  so a reader sees the whole group or none of it. The room's id is remembered in `deleted`
+  until its messages have expired (MAX_EVENT_TTL_SECS), so compaction can purge them first.
+* `ban` (BAN_MEMBER) adds a pubkey that may not knock, store or fetch; a revoke does not
+  lift it (a ban outlives re-knocks), a new incarnation of the room id starts without.
 * Discovery index: rooms (never groups) by fine cell id, sorted, and by coarse cell id, so a
   query is one range scan plus one lookup per level (`engine.ppp.rooms.matches`).
 * `needed_at`: the rows compaction keeps: each live room's newest row and its token rows
-  since its last create or revoke. An expired room needs nothing, so compaction purges its
+  since its last create or revoke, and its bans; a deleted group its delete row for as
+  long as it is in `deleted`. An expired room needs nothing, so compaction purges its
   record and tokens (§7.1 expiry); its messages expire with their inbox rows.
 """
 
@@ -24,15 +31,18 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
+from engine.ppp.limits import MAX_EVENT_TTL_SECS
 from engine.ppp.rooms import (MIN_DISCOVERY_LEVEL, TYPE_ROOM, Room, matches, parse_cell)
 
-from .schema_ppp import OP_CREATE, OP_REGISTER, OP_REVOKE, OP_ROTATE, PPP_ROOM_TOKENS, PPP_ROOMS
+from .schema_ppp import (OP_BAN, OP_CREATE, OP_DELETE, OP_REGISTER, OP_REVOKE, OP_ROTATE,
+                         PPP_ROOM_TOKENS, PPP_ROOMS)
 
 
 @dataclass
 class _Tokens:
     valid_until: dict[bytes, int | None] = field(default_factory=dict)  # token -> µs or None
     rows: list[int] = field(default_factory=list)   # `at` of the rows the set rests on
+    bans: dict[bytes, int] = field(default_factory=dict)   # pubkey -> `at` of its ban row
 
     def members(self) -> int:
         return sum(1 for v in self.valid_until.values() if v is None)
@@ -43,6 +53,7 @@ class RoomState:
     rooms: dict[bytes, Room] = field(default_factory=dict)
     room_at: dict[bytes, int] = field(default_factory=dict)     # newest row of each room
     tokens: dict[bytes, _Tokens] = field(default_factory=dict)
+    deleted: dict[bytes, int] = field(default_factory=dict)      # group id -> delete row's at
     _fine: list[tuple[int, bytes]] = field(default_factory=list)   # (fine cell id, room id)
     _coarse: dict[int, set[bytes]] = field(default_factory=dict)
 
@@ -52,6 +63,13 @@ class RoomState:
     # --- the fold --------------------------------------------------------------------------------
     def room_row(self, op: str, room: Room, at: int) -> None:
         self._unindex(room.room_id)
+        if op == OP_DELETE:
+            self.rooms.pop(room.room_id, None)
+            self.room_at.pop(room.room_id, None)
+            self.tokens.pop(room.room_id, None)
+            self.deleted[room.room_id] = at
+            return
+        self.deleted.pop(room.room_id, None)
         if op == OP_CREATE:
             self.tokens[room.room_id] = _Tokens(rows=[])
         self.rooms[room.room_id] = room
@@ -64,6 +82,9 @@ class RoomState:
     def token_row(self, op: str, room_id: bytes, token: bytes | None,
                   grace_until: int | None, at: int) -> None:
         t = self.tokens.setdefault(room_id, _Tokens())
+        if op == OP_BAN and token is not None:
+            t.bans[token] = at
+            return
         if op == OP_REVOKE:
             t.valid_until.clear()
             t.rows = []
@@ -109,6 +130,10 @@ class RoomState:
         room = self.rooms.get(room_id)
         return None if room is None or room.expired(now) else room
 
+    def banned(self, room_id: bytes, pubkey: bytes) -> bool:
+        t = self.tokens.get(room_id)
+        return t is not None and pubkey in t.bans
+
     def members(self, room_id: bytes) -> int:
         t = self.tokens.get(room_id)
         return 0 if t is None else t.members()
@@ -143,6 +168,9 @@ class RoomState:
 
     def needed_at(self, now: float) -> dict[str, set[int]]:
         live = [r for r, room in self.rooms.items() if not room.expired(now)]
-        return {PPP_ROOMS.name: {self.room_at[r] for r in live},
+        keep_deleted = now * 1_000_000 - MAX_EVENT_TTL_SECS * 1_000_000
+        return {PPP_ROOMS.name: {self.room_at[r] for r in live}
+                | {at for at in self.deleted.values() if at > keep_deleted},
                 PPP_ROOM_TOKENS.name: {at for r in live if r in self.tokens
-                                       for at in self.tokens[r].rows}}
+                                       for at in (*self.tokens[r].rows,
+                                                  *self.tokens[r].bans.values())}}

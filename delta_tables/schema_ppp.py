@@ -56,6 +56,7 @@ OP_CREATE = "create"
 OP_UPDATE = "update"
 OP_REVOKE = "revoke"
 OP_ROTATE = "rotate"
+OP_BAN = "ban"
 
 _AT = Column(Q.AT, "timestamp", doc="when; strictly increasing per writer; the row's key")
 
@@ -86,7 +87,7 @@ PPP_BACKUPS = TableDef(
 PPP_ROOMS = TableDef(
     "ppp_rooms", (
         Column(Q.ROOM_ID, "binary", doc="16-byte room id (§7.1)"),
-        Column(Q.OP, "string", doc="create | update"),
+        Column(Q.OP, "string", doc="create | update | delete (DELETE_GROUP's commit point)"),
         Column(Q.ADMIN, "binary", doc="the creator's Ed25519 pubkey: the room's admin"),
         Column(Q.ROOM_TYPE, "string", doc="room | group (§7.6)"),
         Column(Q.S2_CELL, "string", nullable=True, doc="fine S2 cell token; null: a group"),
@@ -100,21 +101,23 @@ PPP_ROOMS = TableDef(
         _AT,
     ),
     dict(_COMMON),
-    doc="CREATE_ROOM / UPDATE_ROOM: each row is the room's whole record after the change. "
-        "No name or description is kept (the relay shows none).",
+    doc="CREATE_ROOM / UPDATE_ROOM / CREATE_GROUP / DELETE_GROUP: each row is the room's "
+        "whole record after the change (a delete row: the record it deleted). No name or "
+        "description is kept (the relay shows none).",
 )
 
 PPP_ROOM_TOKENS = TableDef(
     "ppp_room_tokens", (
         Column(Q.ROOM_ID, "binary"),
-        Column(Q.TOKEN, "binary", nullable=True, doc="12-byte member token (register only)"),
-        Column(Q.OP, "string", doc="register | revoke | rotate"),
+        Column(Q.TOKEN, "binary", nullable=True,
+               doc="register: the 12-byte member token; ban: the banned 32-byte pubkey"),
+        Column(Q.OP, "string", doc="register | revoke | rotate | ban"),
         Column(Q.GRACE_UNTIL, "timestamp", nullable=True,
                doc="rotate: tokens registered before it stay valid until then"),
         _AT,
     ),
     dict(_COMMON),
-    doc="REGISTER_TOKEN / REVOKE_TOKENS / ROTATE_ROOM_KEY, in order.",
+    doc="REGISTER_TOKEN / REVOKE_TOKENS / ROTATE_ROOM_KEY / BAN_MEMBER, in order.",
 )
 
 PPP_TABLES = {t.name: t for t in (PPP_DELIVERY_TOKENS, PPP_BACKUPS, PPP_ROOMS,

@@ -45,6 +45,8 @@ log = logging.getLogger("relay.ingress.ppp")
 
 
 class Subscriber(Protocol):
+    pubkey: bytes | None
+
     def room_notify(self, room_id: bytes, count: int) -> None: ...
     def key_rotation(self, room_id: bytes, grace_until: int) -> None: ...
 
@@ -203,6 +205,29 @@ class RoomInbox:   # an inbox_view.InboxView
                 subs.discard(session)
                 if not subs:
                     del self._subs[room_id]
+
+    def unsubscribe_pubkey(self, room_id: bytes, pubkey: bytes) -> None:
+        """A kicked member's sessions stop hearing the room."""
+        for s in self.subscribers(room_id):
+            if getattr(s, "pubkey", None) == pubkey:
+                self._subs[room_id].discard(s)
+                self._subscribed.get(s, set()).discard(room_id)
+        if not self._subs.get(room_id, True):
+            del self._subs[room_id]
+
+    def forget_room(self, room_id: bytes) -> None:
+        """A deleted group: its messages leave memory, its subscribers hear no more."""
+        for s in self._subs.pop(room_id, ()):
+            self._subscribed.get(s, set()).discard(room_id)
+        room = self._rooms.pop(room_id, None)
+        if room is not None:
+            for msg in room.messages.values():
+                self._ids.pop(msg.event_id, None)
+                self.envelopes.drop(msg.seq)
+        h = self._timers.pop(room_id, None)
+        if h is not None:
+            h.cancel()
+        self._counts.pop(room_id, None)
 
     def subscribers(self, room_id: bytes) -> set[Subscriber]:
         return set(self._subs.get(room_id, ()))

@@ -66,7 +66,7 @@ from egress.ppp_rooms import RoomInbox
 from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.ppp import protocol as P
 from engine.ppp.ids import PROTOCOL
-from engine.ppp.rooms import ROOM_PROTOCOL
+from engine.ppp.rooms import ROOM_PROTOCOL, check_message
 from engine.ppp.limits import (REQUEST_ID_LEN, SEALED_BODY_LIMIT_BYTES, SEALED_IP_RATE_LIMIT,
                                SEALED_TOKEN_RATE_LIMIT, command_budget)
 from engine.ppp.session import Authenticated, Closing, CommandReceived, PppSession, Refused
@@ -223,7 +223,8 @@ class PppServer(Listener):
                                                                   fsync=fsync))
         self.service = PppService(appender, self.ack_appender, self.inbox, self.control,
                                   clock=clock, counters=self, room_view=self.rooms,
-                                  room_sequence_timeout=self.conf.room_sequence_timeout_seconds)
+                                  room_sequence_timeout=self.conf.room_sequence_timeout_seconds,
+                                  moderation=self.conf.moderation)
         self.budgets = KeyedBudgets(command_budget)   # per pubkey, both transports (C.3)
         self.sealed_ip = SlidingWindowLimiter(SEALED_IP_RATE_LIMIT.max_count,
                                               SEALED_IP_RATE_LIMIT.window_secs)
@@ -322,6 +323,7 @@ class PppServer(Listener):
             self.sealed_ip.sweep(mono)
             self.sealed_token.sweep(mono)
             self.sealed_room_token.sweep(mono)
+            self.service.rooms.knocks.sweep(now)
             self._seen_sigs = {s: t for s, t in self._seen_sigs.items() if t > now}
 
     # --- below the app: connections, budgets, deadlines ------------------------------------------
@@ -435,13 +437,18 @@ class _PppConnection:
         if self.core.notify(count):
             self._wake.set()
 
-    def room_notify(self, room_id: bytes, count: int) -> None:
-        if self.core.push(P.room_notify(room_id, count)):
+    def push(self, reply: P.Reply) -> bool:
+        """An unsolicited frame (room notifications, KNOCK_NOTIFY, ADMITTED, KICKED)."""
+        if self.core.push(reply):
             self._wake.set()
+            return True
+        return False
+
+    def room_notify(self, room_id: bytes, count: int) -> None:
+        self.push(P.room_notify(room_id, count))
 
     def key_rotation(self, room_id: bytes, grace_until: int) -> None:
-        if self.core.push(P.key_rotation_notify(room_id, grace_until)):
-            self._wake.set()
+        self.push(P.key_rotation_notify(room_id, grace_until))
 
     def _admit(self, pubkey: bytes) -> str | None:
         """AUTH_OK needs an AUTH slot (taken from another session only by fair share; full
@@ -507,6 +514,7 @@ class _PppConnection:
             elif isinstance(ev, Authenticated):
                 self.pubkey = ev.pubkey
                 self.server.inbox.register(ev.pubkey, self)
+                self.server.service.rooms.on_login(ev.pubkey)
             elif isinstance(ev, Refused):
                 self.server.service.count_refused(ev.reason)
                 if (dropped := self.server.refusal_logged(ev.cmd, ev.reason)) is not None:
@@ -706,6 +714,8 @@ def build_app(server: PppServer) -> FastAPI:
         try:
             sub = P.decode_sealed_room(body)
         except P.ProtocolError:
+            return outcome(SealedRoomOutcome.INVALID, 400)
+        if check_message(sub.nonce, sub.ciphertext) is not None:   # §7.3: lengths first
             return outcome(SealedRoomOutcome.INVALID, 400)
         refused = svc.rooms.check_sealed(sub)
         if refused is not None:

@@ -17,7 +17,22 @@ request id, §7.7):
   C.1 gives STORE_ROOM none). The sealed endpoint always needs a valid token.
 * FETCH_ROOM, DISCOVER_ROOMS: any authenticated pubkey (room messages are ciphertext under
   the room key; discovery shows what §7.1's RoomInfo shows).
-* An unknown room, and an expired one, refuse everything but CREATE_ROOM.
+* KNOCK: any authenticated pubkey, on a BLE-enabled room or a group (§7.6: a group is
+  joined by invite or by a knock against its id); KNOCK_NOTIFY to the admin's open
+  WebSockets (push fallback: issue 15). ADMIT: the admin, a live knock (120 s); ADMITTED
+  to the knocker's WebSockets, or kept for the knock's remaining TTL until the knocker
+  has one (`engine/ppp/knocks.py`: knocks live in memory, not in a table).
+* CREATE_GROUP: like CREATE_ROOM without cells or expiry (§7.6: expires_at in the year
+  9999, never discoverable). DELETE_GROUP: the admin, groups only; one `delete` row in
+  `ppp_rooms` is the commit point (`delta_tables/room_state.py`), after which the group
+  answers "unknown room" everywhere; compaction then empties its messages.
+* KICK_MEMBER / BAN_MEMBER: "feature disabled" unless `ppp.moderation` (§7.7: off by
+  default). On: the admin only; MEMBER_KICKED / MEMBER_BANNED to the admin, KICKED to the
+  member's WebSockets, which stop hearing the room; a ban is durable and refuses the
+  pubkey's KNOCK, STORE_ROOM and FETCH_ROOM on that room ("banned") until the room is gone.
+  The relay cannot revoke the member's token (it cannot link token to pubkey): to shut a
+  kicked member out of sealed submission the admin rotates the key.
+* An unknown room, and an expired one, refuse everything but CREATE_ROOM / CREATE_GROUP.
 
 Landing: a room message is appended to `landing` like any envelope (protocol `ppp_room`),
 then ROOM_STORED waits for the stream's inbox commit that numbers it (`egress/ppp_rooms.py`).
@@ -30,6 +45,7 @@ client's retry of the same bytes gets its number once it has one.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from datetime import datetime, timezone
 from typing import Callable
@@ -42,6 +58,7 @@ from delta_tables.schema import C
 from egress.ppp_rooms import RoomInbox, Subscriber
 from engine.ppp import protocol as P
 from engine.ppp import rooms as R
+from engine.ppp.knocks import REQUEST_ID_LEN, Admission, Knock, KnockBook
 from engine.ppp.limits import MAX_EVENT_TTL_SECS
 
 from delta_tables.ppp_control import PppControl
@@ -52,6 +69,8 @@ ROOM_EXPIRED = "room expired"
 NOT_ADMIN = "not room admin"
 MEMBERSHIP = "member token required"
 PENDING = "sequence pending"
+BANNED = "banned"
+DISABLED = "feature disabled"
 
 
 class SealedRoomOutcome:
@@ -67,14 +86,23 @@ class SealedRoomOutcome:
 
 class RoomService:
     def __init__(self, appender, view: RoomInbox, control: PppControl, fail, *,
-                 clock: Callable[[], float] = time.time, sequence_timeout: float = 10.0):
-        """`fail(cmd, reason, request_id)`: the PppService's counted, logged refusal."""
+                 clock: Callable[[], float] = time.time, sequence_timeout: float = 10.0,
+                 moderation: bool = False,
+                 tell: Callable[[bytes, P.Reply], int] = lambda pubkey, reply: 0,
+                 token_bytes: Callable[[int], bytes] = os.urandom):
+        """`fail(cmd, reason, request_id)`: the PppService's counted, logged refusal.
+        `tell(pubkey, reply)`: push a frame to that pubkey's open WebSockets here; returns
+        how many."""
         self.appender = appender
         self.view = view
         self.control = control
         self.fail = fail
         self.clock = clock
         self.sequence_timeout = sequence_timeout
+        self.moderation = moderation
+        self.tell = tell
+        self.token_bytes = token_bytes
+        self.knocks = KnockBook()
         self.stored = 0
 
     async def run(self, pubkey: bytes, cmd: P.RoomCommand, rid: str,
@@ -82,6 +110,10 @@ class RoomService:
         now = self.clock()
         if isinstance(cmd, P.CreateRoom):
             return await self._create(pubkey, cmd, rid, session, now)
+        if isinstance(cmd, P.CreateGroup):
+            return await self._create_group(pubkey, cmd, rid, session, now)
+        if isinstance(cmd, (P.KickMember, P.BanMember)) and not self.moderation:
+            return self.fail(cmd.name, DISABLED, rid)
         if isinstance(cmd, P.DiscoverRooms):
             try:
                 cell = R.parse_cell(cmd.s2_cell_id)
@@ -97,6 +129,11 @@ class RoomService:
             return self.fail(cmd.name, UNKNOWN_ROOM, rid)
         if room.expired(now):
             return self.fail(cmd.name, ROOM_EXPIRED, rid)
+        if isinstance(cmd, (P.FetchRoom, P.StoreRoom, P.Knock)) and \
+                self.control.rooms.banned(room.room_id, pubkey):
+            return self.fail(cmd.name, BANNED, rid)
+        if isinstance(cmd, P.Knock):
+            return self._knock(pubkey, room, cmd, rid, now)
         if isinstance(cmd, P.FetchRoom):
             return await self._fetch(room, cmd.since_id, session, now)
         if isinstance(cmd, P.StoreRoom):
@@ -126,7 +163,18 @@ class RoomService:
             count = await self.control.rotate_members(room.room_id, grace_until * 1_000_000)
             self.view.key_rotated(room.room_id, grace_until, session)
             return P.key_rotated(room.room_id, count, grace_until)
-        return self.fail(cmd.name, "feature disabled", rid)
+        if isinstance(cmd, P.Admit):
+            return self._admit(pubkey, room, cmd, rid, now)
+        if isinstance(cmd, P.DeleteGroup):
+            if room.room_type != R.TYPE_GROUP:
+                return self.fail(cmd.name, "not a group", rid)
+            await self.control.delete_room(room)     # the commit point
+            self.view.forget_room(room.room_id)
+            self.knocks.drop_room(room.room_id)
+            return P.group_deleted(room.room_id)
+        if isinstance(cmd, (P.KickMember, P.BanMember)):
+            return await self._moderate(room, cmd)
+        return self.fail(cmd.name, DISABLED, rid)
 
     # --- rooms -----------------------------------------------------------------------------------
     async def _create(self, pubkey: bytes, cmd: P.CreateRoom, rid: str,
@@ -152,6 +200,63 @@ class RoomService:
         if session is not None:
             self.view.subscribe(room.room_id, session)
         return P.room_created(room.room_id)
+
+    async def _create_group(self, pubkey: bytes, cmd: P.CreateGroup, rid: str,
+                            session: Subscriber | None, now: float) -> P.Reply:
+        if not R.MIN_MEMBERS <= cmd.max_members <= R.MAX_MEMBERS:
+            return self.fail(cmd.name, f"max_members must be {R.MIN_MEMBERS}-{R.MAX_MEMBERS}",
+                             rid)
+        group = R.Room(cmd.room_id, pubkey, R.TYPE_GROUP, None, None, cmd.gated, False, False,
+                       cmd.max_members, int(now), R.GROUP_EXPIRES_AT)
+        why = await self.control.create_room(group, now)
+        if why is not None:
+            return self.fail(cmd.name, why, rid)
+        if session is not None:
+            self.view.subscribe(group.room_id, session)
+        return P.group_created(group.room_id)
+
+    # --- knock / admit (§7.4) --------------------------------------------------------------------
+    def _knock(self, pubkey: bytes, room: R.Room, cmd: P.Knock, rid: str,
+               now: float) -> P.Reply:
+        if not (room.ble_enabled or room.room_type == R.TYPE_GROUP):
+            return self.fail(cmd.name, "knock not enabled", rid)
+        request_id = cmd.request_id or self.token_bytes(REQUEST_ID_LEN)
+        knock = Knock(room.room_id, request_id, pubkey, cmd.knocker_eph_x25519_pk,
+                      cmd.handle, now)
+        if not self.knocks.add(knock):
+            return self.fail(cmd.name, "duplicate request id", rid)
+        self.tell(room.admin, P.knock_notify(room.room_id, knock.eph_pk, request_id,
+                                             knock.handle))
+        return P.knock_ok(request_id)
+
+    def _admit(self, pubkey: bytes, room: R.Room, cmd: P.Admit, rid: str,
+               now: float) -> P.Reply:
+        knock = self.knocks.take(room.room_id, cmd.request_id, now)
+        if knock is None:
+            return self.fail(cmd.name, "unknown knock", rid)
+        told = self.tell(knock.knocker, P.admitted(room.room_id, knock.request_id, room.admin,
+                                                   cmd.encrypted_grant))
+        if not told:
+            self.knocks.admitted(Admission(knock, room.admin, cmd.encrypted_grant))
+        return P.admit_ok(knock.request_id, cmd.encrypted_grant)
+
+    def on_login(self, pubkey: bytes) -> None:
+        """A session of `pubkey` authenticated: admissions it missed are told now."""
+        for a in self.knocks.admitted_for(pubkey, self.clock()):
+            self.tell(pubkey, P.admitted(a.knock.room_id, a.knock.request_id, a.admin,
+                                         a.grant))
+
+    # --- moderation (§7.7) -----------------------------------------------------------------------
+    async def _moderate(self, room: R.Room, cmd: P.KickMember | P.BanMember) -> P.Reply:
+        member = cmd.member_pubkey
+        if isinstance(cmd, P.BanMember):
+            await self.control.ban_member(room.room_id, member)
+        self.knocks.drop_knocker(room.room_id, member)
+        self.view.unsubscribe_pubkey(room.room_id, member)
+        self.tell(member, P.kicked(room.room_id))
+        if isinstance(cmd, P.BanMember):
+            return P.member_banned(room.room_id, member)
+        return P.member_kicked(room.room_id, member)
 
     # --- messages --------------------------------------------------------------------------------
     async def _fetch(self, room: R.Room, since_id: int, session: Subscriber | None,

@@ -70,7 +70,8 @@ class SealedOutcome:
 class PppService:
     def __init__(self, appender, ack_appender, inbox: PppInbox, control: PppControl, *,
                  clock: Callable[[], float] = time.time, page_size: int = FETCH_PAGE_SIZE,
-                 counters=None, room_view=None, room_sequence_timeout: float = 10.0):
+                 counters=None, room_view=None, room_sequence_timeout: float = 10.0,
+                 moderation: bool = False):
         """`appender`: the node's landing GroupCommitAppender; `ack_appender`: one over the
         `acks` table. `clock`: unix seconds (expiry checks; tests move it). `room_view`: an
         `egress.ppp_rooms.RoomInbox` (None: room commands are refused as disabled)."""
@@ -91,7 +92,7 @@ class PppService:
         self.quiet = LogRate()   # storage failures: one line per 10 s while they last
         self.rooms = None if room_view is None else RoomService(
             appender, room_view, control, self._fail, clock=clock,
-            sequence_timeout=room_sequence_timeout)
+            sequence_timeout=room_sequence_timeout, moderation=moderation, tell=self.tell)
 
     # --- dispatch ----------------------------------------------------------------------------
     async def run(self, pubkey: bytes, cmd: P.Command, request_id: str,
@@ -128,6 +129,10 @@ class PppService:
             await self.control.delete_backup(pubkey)
             return P.backup_deleted()
         return self._fail(cmd.name, "feature disabled", request_id)
+
+    def tell(self, pubkey: bytes, reply: P.Reply) -> int:
+        """Push an unsolicited frame to `pubkey`'s open WebSockets here; how many took it."""
+        return sum(1 for s in self.inbox.sessions.of(pubkey) if s.push(reply))
 
     def _fail(self, cmd: str, reason: str, request_id: str) -> P.Reply:
         self.count_refused(reason)

@@ -13,8 +13,11 @@ here, §7.1). Here:
              register row, each pubkey's newest store after its last delete, whose `version`
              column is what the loader reads back (the next store is that + 1; no backup
              left means the next store is version 1, as without compaction).
-2. tables    OPTIMIZE, checkpoint, log cleanup and VACUUM of both tables, so a superseded
+2. tables    OPTIMIZE, checkpoint, log cleanup and VACUUM of the tables, so a superseded
              backup's ciphertext leaves the disk after `vacuum_retention_hours`.
+3. groups    the inbox rows of deleted groups (DELETE_GROUP) lose their envelope (the
+             stream's tombstones, purged by the expire step when they expire): the
+             group's delete row already made them unreachable, this frees their bytes.
 
 Snapshot order makes step 1 safe against the owner writing meanwhile (a register,
 deregister, store or delete is one append): the rows to judge are read first, the state is
@@ -31,12 +34,19 @@ records. A MERGE that loses to the owner's append is recomputed on fresh handles
 
 from __future__ import annotations
 
-from delta_tables.layout import Layout
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+from deltalake import DeltaTable
+
+from delta_tables.layout import Layout, equals
+from delta_tables.schema import C
+from engine.ppp.rooms import ROOM_PROTOCOL
 from delta_tables.ppp_state import load_state, table_paths
 from delta_tables.schema_ppp import (PPP_BACKUPS, PPP_DELIVERY_TOKENS, PPP_ROOM_TOKENS,
                                     PPP_ROOMS, Q)
 
-from .compact_step import CompactionReport, prune_control_tables
+from .compact_step import SAME_MAILBOX, T, CompactionReport, merge, prune_control_tables, retry
 
 # Per table, in the order judged, the columns that name what a row is about (checked in the
 # MERGE clause).
@@ -60,5 +70,25 @@ def compact_ppp(layout: Layout, report: CompactionReport, target_size: int,
     tokens, backups = removed[PPP_DELIVERY_TOKENS.name], removed[PPP_BACKUPS.name]
     rooms = removed[PPP_ROOMS.name] + removed[PPP_ROOM_TOKENS.name]
     report.ppp_control_removed += tokens + backups + rooms
+    deleted = set(load_state(paths).rooms.deleted)
+    emptied = retry(report, lambda: _empty_deleted_groups(layout, deleted)) if deleted else 0
     return (f"{tokens} delivery-token rows, {backups} backup rows and {rooms} room rows "
-            "removed")
+            f"removed, {emptied} messages of deleted groups emptied")
+
+
+def _empty_deleted_groups(layout: Layout, deleted: set[bytes]) -> int:
+    inbox = DeltaTable(str(layout.inbox))
+    t = inbox.to_pyarrow_dataset().to_table(
+        columns=[C.SEQ, C.PROTOCOL, C.MAILBOX],
+        filter=equals(C.PROTOCOL, ROOM_PROTOCOL) & ds.field(C.ENVELOPE).is_valid())
+    # plain types: files delta-rs rewrote hold *_view columns (`layout.equals`)
+    t = t.cast(pa.schema([(C.SEQ, pa.int64()), (C.PROTOCOL, pa.string()),
+                          (C.MAILBOX, pa.binary())]))
+    t = t.filter(pc.is_in(t.column(C.MAILBOX), pa.array(sorted(deleted), pa.binary())))
+    if t.num_rows == 0:
+        return 0
+    metrics = (merge(inbox, t)
+               .when_matched_update({C.ENVELOPE: "NULL"},
+                                    f"{SAME_MAILBOX} AND {T}.{C.ENVELOPE} IS NOT NULL")
+               .execute())
+    return int(metrics["num_target_rows_updated"])

@@ -239,6 +239,9 @@ class PppConf:
     # the inbox commit that assigns it before answering STORE_FAIL "sequence pending" (the
     # message is durable; a retry of the same bytes gets its number).
     room_sequence_timeout_seconds: float = 10.0
+    # KICK_MEMBER / BAN_MEMBER (§7.7): off answers STORE_FAIL "feature disabled", as the
+    # spec's shipped builds do; on, the room admin may kick and ban.
+    moderation: bool = False
     # --- hostile clients (issue 19) ---
     # The request head must be complete this long after accept (and after the previous
     # response): the websockets client, browsers and http.client send the whole head in one

@@ -26,8 +26,9 @@ from nacl.signing import SigningKey
 
 from delta_tables.layout import Layout
 from delta_tables.schema import C
-from engine.ppp.keys import Identity
-from engine.ppp.room_crypto import (decrypt_message, encrypt_message, my_member_token,
+from engine.ppp.keys import Identity, x25519_public
+from engine.ppp.room_crypto import (ble_grant_decrypt, ble_grant_encrypt, decrypt_message,
+                                    encrypt_message, my_member_token, new_knock_key,
                                     new_room_id, new_room_key)
 from engine.ppp.tokens import room_signing_identity
 from ingress.service import IngressNode
@@ -71,7 +72,8 @@ async def sealed(port: int, room_id: bytes, token: bytes, nonce: bytes, ct: byte
     return status, (unpack(resp) if resp else None)
 
 
-UNSOLICITED = {"ROOM_NOTIFY", "KEY_ROTATION_NOTIFY", "NOTIFY"}
+UNSOLICITED = {"ROOM_NOTIFY", "KEY_ROTATION_NOTIFY", "NOTIFY", "KNOCK_NOTIFY", "ADMITTED",
+               "KICKED"}
 
 
 class RoomWs(Ws):
@@ -233,11 +235,92 @@ async def _scenario(settings) -> dict:
         out["expired_found"] = brief in await discover(m, map_view(NEAR))
         out["unknown"] = await m.call({"cmd": "FETCH_ROOM", "room_id": bytes(16),
                                        "since_id": 0})
+        out["kick_off"] = await a.call({"cmd": "KICK_MEMBER", "room_id": room_id,
+                                        "member_pubkey": bytes(x_pk := bytes(
+                                            stranger_sk.verify_key))})
         for w in (a, m, x, far):
             await w.close()
-        return out
     finally:
         await node.close()
+    # A restart with moderation on: the room, its tokens and messages are read back.
+    settings.ppp.moderation = True
+    node = IngressNode(settings, fsync=False)
+    await node.start()
+    try:
+        out.update(await _phase_two(node.ppp.bound_port, room_id, room_key, admin_sk,
+                                    stranger_sk))
+    finally:
+        settings.ppp.moderation = False
+        await node.close()
+    return out
+
+
+async def _phase_two(port, room_id, room_key, admin_sk, knocker_sk) -> dict:
+    out: dict = {}
+    admin = identity(admin_sk)
+    a = await RoomWs.login(port, admin_sk)
+    k = await RoomWs.login(port, knocker_sk)
+    out["after_restart"] = await k.call({"cmd": "FETCH_ROOM", "room_id": room_id,
+                                         "since_id": 0})
+    # Knock / admit (§7.4) with the grant of the client library.
+    eph_sk, eph_pk = new_knock_key()
+    rid = os.urandom(16)
+    out["knock"] = await k.call({"cmd": "KNOCK", "room_id": room_id,
+                                 "knocker_eph_x25519_pk": eph_pk, "request_id": rid,
+                                 "handle": "carol"})
+    out["knock_again"] = await k.call({"cmd": "KNOCK", "room_id": room_id,
+                                       "knocker_eph_x25519_pk": eph_pk, "request_id": rid})
+    note = await recv_cmd(a, "KNOCK_NOTIFY")
+    out["knock_notify"] = note
+    out["admit_by_knocker"] = await k.call({"cmd": "ADMIT", "room_id": room_id,
+                                            "request_id": rid})
+    grant = ble_grant_encrypt(admin.x25519_sk, note["knocker_eph_x25519_pk"], room_id,
+                              room_key)
+    out["admit"] = await a.call({"cmd": "ADMIT", "room_id": room_id, "request_id": rid,
+                                 "encrypted_grant": grant})
+    out["admit_twice"] = await a.call({"cmd": "ADMIT", "room_id": room_id, "request_id": rid})
+    got = await recv_cmd(k, "ADMITTED")
+    out["admitted"] = got
+    out["grant_opened"] = ble_grant_decrypt(eph_sk, x25519_public(got["admin_pubkey"]),
+                                            got["encrypted_grant"])
+    knocker = identity(knocker_sk)
+    token = my_member_token(knocker, out["grant_opened"][1], room_id)
+    out["register_knocker"] = await a.call({
+        "cmd": "REGISTER_TOKEN", "room_id": room_id, "member_token": token,
+        "admin_signature": admin_sk.sign(token + room_id).signature})
+    n, c = encrypt_message(knocker, room_key, room_id, "admitted!", int(time.time()))
+    out["knocker_sealed"] = await sealed(port, room_id, token, n, c)
+    # Groups (§7.6): never discovered; deleted all at once.
+    gid = new_room_id()
+    out["group"] = await a.call({"cmd": "CREATE_GROUP", "room_id": gid, "gated": False,
+                                 "max_members": 20, "description_public": False})
+    out["group_found"] = gid in await discover(k, map_view(NEAR))
+    n, c = encrypt_message(admin, room_key, gid, "group hello", int(time.time()))
+    out["group_store"] = await k.call({"cmd": "STORE_ROOM", "room_id": gid, "nonce": n,
+                                       "ciphertext": c})
+    out["group_fetch"] = await k.call({"cmd": "FETCH_ROOM", "room_id": gid, "since_id": 0})
+    out["group_knock"] = await k.call({"cmd": "KNOCK", "room_id": gid,
+                                       "knocker_eph_x25519_pk": eph_pk})
+    out["delete_by_other"] = await k.call({"cmd": "DELETE_GROUP", "room_id": gid})
+    out["delete_room"] = await a.call({"cmd": "DELETE_GROUP", "room_id": room_id})
+    out["delete"] = await a.call({"cmd": "DELETE_GROUP", "room_id": gid})
+    out["after_delete"] = [await k.call(cmd) for cmd in (
+        {"cmd": "FETCH_ROOM", "room_id": gid, "since_id": 0},
+        {"cmd": "STORE_ROOM", "room_id": gid, "nonce": n, "ciphertext": c})]
+    # Moderation on (§7.7).
+    kp = bytes(knocker_sk.verify_key)
+    out["kick_by_member"] = await k.call({"cmd": "KICK_MEMBER", "room_id": room_id,
+                                          "member_pubkey": admin.pubkey})
+    out["kick"] = await a.call({"cmd": "KICK_MEMBER", "room_id": room_id, "member_pubkey": kp})
+    out["kicked"] = await recv_cmd(k, "KICKED")
+    out["ban"] = await a.call({"cmd": "BAN_MEMBER", "room_id": room_id, "member_pubkey": kp})
+    out["banned"] = [await k.call(cmd) for cmd in (
+        {"cmd": "KNOCK", "room_id": room_id, "knocker_eph_x25519_pk": eph_pk},
+        {"cmd": "FETCH_ROOM", "room_id": room_id, "since_id": 0},
+        {"cmd": "STORE_ROOM", "room_id": room_id, "nonce": n, "ciphertext": c})]
+    for w in (a, k):
+        await w.close()
+    return out
 
 
 def _fail(r: dict, reason: str) -> bool:
@@ -292,10 +375,11 @@ def test_messages_sealed_and_authenticated_are_numbered_by_the_stream(rooms_run)
         by_room.setdefault(r[C.MAILBOX], []).append(r[C.CURSOR])
     for cursors in by_room.values():          # gap-free from 1, once each
         assert sorted(cursors) == list(range(1, len(cursors) + 1))
-    assert sum(len(c) for c in by_room.values()) == 4   # 3 messages + "in grace"
+    # 3 messages + "in grace" + the knocker's after the restart; the group's one
+    assert sorted(len(c) for c in by_room.values()) == [1, 5]
     audit = DeltaTable(str(Layout(settings.data_dir).padding_audit)).to_pyarrow_table()
     room_audit = [r for r in audit.to_pylist() if r[C.PROTOCOL] == "ppp_room"]
-    assert sum(r[C.ENVELOPES] for r in room_audit) == 4
+    assert sum(r[C.ENVELOPES] for r in room_audit) == 6
     assert all(r[C.CONFORMING] for r in room_audit)
 
 
@@ -311,6 +395,46 @@ def test_rotation_grace_and_revocation(rooms_run):
     assert out["register_new"] == {"cmd": "TOKEN_REGISTERED"}
     assert out["revoke"] == {"cmd": "TOKENS_REVOKED", "count": 1}
     assert out["sealed_revoked"] == (401, None)
+
+
+def test_knock_admit_grant_after_a_restart(rooms_run):
+    _, out = rooms_run
+    assert [m["id"] for m in out["after_restart"]["messages"]] == [1, 2, 3, 4]
+    rid = out["knock"]["request_id"]
+    assert out["knock"]["cmd"] == "KNOCK_OK" and len(rid) == 16
+    assert _fail(out["knock_again"], "duplicate request id")
+    note = out["knock_notify"]
+    assert (note["request_id"], note["handle"]) == (rid, "carol")
+    assert _fail(out["admit_by_knocker"], "not room admin")
+    assert out["admit"]["cmd"] == "ADMIT_OK" and out["admit"]["request_id"] == rid
+    assert _fail(out["admit_twice"], "unknown knock")
+    assert out["admitted"]["request_id"] == rid
+    assert out["grant_opened"][0] == out["admitted"]["room_id"]
+    assert out["register_knocker"] == {"cmd": "TOKEN_REGISTERED"}
+    assert out["knocker_sealed"][0] == 200
+    assert out["knocker_sealed"][1]["sequence_number"] == 5
+
+
+def test_groups_are_hidden_and_deleted_whole(rooms_run):
+    _, out = rooms_run
+    assert out["group"]["cmd"] == "GROUP_CREATED" and not out["group_found"]
+    assert out["group_store"]["sequence_number"] == 1
+    assert [m["id"] for m in out["group_fetch"]["messages"]] == [1]
+    assert out["group_knock"]["cmd"] == "KNOCK_OK"       # a group takes knocks (§7.6)
+    assert _fail(out["delete_by_other"], "not room admin")
+    assert _fail(out["delete_room"], "not a group")
+    assert out["delete"]["cmd"] == "GROUP_DELETED"
+    assert [_fail(r, "unknown room") for r in out["after_delete"]] == [True, True]
+
+
+def test_moderation_off_then_on(rooms_run):
+    _, out = rooms_run
+    assert _fail(out["kick_off"], "feature disabled")
+    assert _fail(out["kick_by_member"], "not room admin")
+    assert out["kick"]["cmd"] == "MEMBER_KICKED"
+    assert out["kicked"]["room_id"] == out["kick"]["room_id"]
+    assert out["ban"]["cmd"] == "MEMBER_BANNED"
+    assert [_fail(r, "banned") for r in out["banned"]] == [True] * 3
 
 
 def test_expired_and_unknown_rooms_refuse(rooms_run):
@@ -377,3 +501,18 @@ def test_cli_walks_the_room_flow(spark, settings, tmp_path, capsys):
     finally:
         node.close()
         query.stop()
+
+
+def test_compaction_empties_the_deleted_group_and_keeps_the_room(rooms_run):
+    """Last in this module: it compacts the run's tables."""
+    from jobs.compact import run_compaction
+    settings, out = rooms_run
+    lines: list[str] = []
+    run_compaction(settings, progress=lines.append)
+    assert any("1 messages of deleted groups emptied" in line for line in lines), lines
+    inbox = DeltaTable(str(Layout(settings.data_dir).inbox)).to_pyarrow_table().to_pylist()
+    rows = [r for r in inbox if r[C.PROTOCOL] == "ppp_room"]
+    group = [r for r in rows if r[C.MAILBOX] == out["group"]["room_id"]]
+    room = [r for r in rows if r[C.MAILBOX] == out["create"]["room_id"]]
+    assert len(group) == 1 and group[0][C.ENVELOPE] is None     # the stream's tombstone
+    assert len(room) == 5 and all(r[C.ENVELOPE] for r in room)

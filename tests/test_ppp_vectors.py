@@ -193,3 +193,40 @@ def test_fingerprints():
         assert digest.hex() == v["blake2b_16"]
         assert base64.b64encode(digest).decode() == v["fingerprint"]
         assert v["display"].replace(" ", "") == v["fingerprint"].rstrip("=")
+
+
+def test_room_grant():
+    (v,) = load("room_grant.json")["vectors"]
+    _, _, admin_sk = _x(v["admin_seed"])
+    admin_x_sk = b.crypto_sign_ed25519_sk_to_curve25519(admin_sk)
+    assert b.crypto_scalarmult_base(admin_x_sk).hex() == v["admin_x25519_pk"]
+    assert b.crypto_scalarmult_base(H(v["knocker_eph_x25519_sk"])).hex() == \
+        v["knocker_eph_x25519_pk"]
+    shared = b.crypto_scalarmult(admin_x_sk, H(v["knocker_eph_x25519_pk"]))
+    # the knocker's side of the same secret
+    assert b.crypto_scalarmult(H(v["knocker_eph_x25519_sk"]), H(v["admin_x25519_pk"])) == shared
+    assert shared.hex() == v["shared_secret"]
+    key = hashlib.blake2b(shared, digest_size=32, key=b"ppp-ble-grant-v1").digest()
+    assert key.hex() == v["grant_key"]
+    grant = H(v["grant"])
+    assert len(grant) == 88 and grant[:24].hex() == v["nonce"]
+    plain = b.crypto_aead_xchacha20poly1305_ietf_decrypt(grant[24:], None, grant[:24], key)
+    assert plain == H(v["room_id"]) + H(v["room_key"])
+
+
+def test_room_message():
+    (v,) = load("room_message.json")["vectors"]
+    pt = b.crypto_aead_xchacha20poly1305_ietf_decrypt(H(v["ciphertext"]), None, H(v["nonce"]),
+                                                      H(v["room_key"]))
+    assert len(pt) in (256, 1024) and pt[-1] == 0
+    m = msgpack.Unpacker(raw=False, strict_map_key=False)
+    m.feed(pt)
+    obj = next(m)
+    assert set(obj) == {1, 2, 3, 4}
+    assert obj[1].hex() == v["member_signing_pk"] and obj[2] == v["sent_at"]
+    assert obj[3] == v["body"]
+    signed = (b"ppp-room-msg-v1" + H(v["room_id"]) + struct.pack(">Q", v["sent_at"])
+              + v["body"].encode())
+    assert b.crypto_sign_open(obj[4] + signed, obj[1]) == signed
+    assert H(v["draws"][0]) == H(v["nonce"])
+    assert pt[len(pt) - 1 - len(H(v["draws"][1])):-1] == H(v["draws"][1])   # the padding

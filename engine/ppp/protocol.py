@@ -4,7 +4,7 @@ Pure: bytes in, a command object out (or `ProtocolError`); reply objects in, byt
 Field names and types are appendix C's. A command's map may carry fields we do not know
 (forward compatibility: ignored); a field we need with the wrong type or size is an error,
 and so is a map whose keys are not all strings or that names a key twice (`maps.py`).
-Commands of C.1 this relay does not serve (knocks, groups, moderation, push) decode to
+Commands of C.1 this relay does not serve (push) decode to
 `Unsupported`, which the session answers with a stable reason (§7.7's "feature disabled"
 convention); a `cmd` not in C.1 is an error. Room commands (§7) are decoded here; what they
 do is `ingress/ppp_rooms.py`.
@@ -18,7 +18,10 @@ from typing import Any
 import msgpack
 
 from .limits import DELIVERY_TOKEN_LEN, EVENT_ID_LEN, PUBKEY_LEN, SIGNATURE_LEN
-from .rooms import MEMBER_TOKEN_LEN, ROOM_ID_LEN, ROOM_NONCE_LEN
+from .knocks import REQUEST_ID_LEN as KNOCK_REQUEST_ID_LEN
+from .rooms import MEMBER_TOKEN_LEN, ROOM_ID_LEN, ROOM_NONCE_LEN, X25519_PK_LEN
+
+MAX_GRANT_LEN = 256   # ADMIT's encrypted_grant: §7.4's is 88 bytes; room for other grants
 from .maps import MapError
 from .maps import unpack_map as _unpack_map
 
@@ -193,6 +196,65 @@ class FetchRoom:
 
 
 @dataclass(frozen=True)
+class Knock:
+    """`request_id` is C.1's (the client names its knock); a client following §7.4's prose
+    sends none and the relay draws one."""
+    room_id: bytes
+    knocker_eph_x25519_pk: bytes
+    request_id: bytes | None = None
+    handle: str | None = None
+    name = "KNOCK"
+
+    def __repr__(self) -> str:
+        return "Knock()"
+
+
+@dataclass(frozen=True)
+class Admit:
+    room_id: bytes
+    request_id: bytes
+    encrypted_grant: bytes | None = None
+    name = "ADMIT"
+
+    def __repr__(self) -> str:
+        return "Admit()"
+
+
+@dataclass(frozen=True)
+class CreateGroup:
+    room_id: bytes
+    gated: bool
+    max_members: int
+    name = "CREATE_GROUP"
+
+
+@dataclass(frozen=True)
+class DeleteGroup:
+    room_id: bytes
+    name = "DELETE_GROUP"
+
+
+@dataclass(frozen=True)
+class KickMember:
+    room_id: bytes
+    member_pubkey: bytes
+    name = "KICK_MEMBER"
+
+    def __repr__(self) -> str:
+        return "KickMember()"
+
+
+@dataclass(frozen=True)
+class BanMember:
+    room_id: bytes
+    member_pubkey: bytes
+    name = "BAN_MEMBER"
+
+    def __repr__(self) -> str:
+        return "BanMember()"
+
+
+@dataclass(frozen=True)
 class Unsupported:
     """A C.1 command this relay does not serve."""
     cmd: str
@@ -203,14 +265,14 @@ class Unsupported:
 
 
 RoomCommand = (CreateRoom | UpdateRoom | DiscoverRooms | RegisterToken | RevokeTokens
-               | RotateRoomKey | StoreRoom | FetchRoom)
+               | RotateRoomKey | StoreRoom | FetchRoom | Knock | Admit | CreateGroup
+               | DeleteGroup | KickMember | BanMember)
 Command = (Auth | Store | Fetch | Ack | RegisterDeliveryToken | DeregisterDeliveryToken
            | StoreBackup | FetchBackup | DeleteBackup | RoomCommand | Unsupported)
 
-# C.1 commands not served here: knocks, groups, moderation, push.
-UNSUPPORTED = frozenset({
-    "KNOCK", "ADMIT", "REGISTER_PUSH", "KICK_MEMBER", "BAN_MEMBER", "CREATE_GROUP",
-    "DELETE_GROUP"})
+# C.1 commands not served here: push (KICK_MEMBER / BAN_MEMBER are decoded, and refused
+# while `ppp.moderation` is off).
+UNSUPPORTED = frozenset({"REGISTER_PUSH"})
 BACKUP_COMMANDS = frozenset({"STORE_BACKUP", "FETCH_BACKUP", "DELETE_BACKUP"})
 
 
@@ -302,6 +364,27 @@ def _store_room(m, c):
                      _bytes(m, "member_token", c, MEMBER_TOKEN_LEN, optional=True))
 
 
+def _str_opt(m: dict, key: str, cmd: str, max_len: int = 64) -> str | None:
+    return None if m.get(key) is None else _str(m, key, cmd, max_len)
+
+
+def _knock(m, c):
+    return Knock(_room_id(m, c), _bytes(m, "knocker_eph_x25519_pk", c, X25519_PK_LEN),
+                 _bytes(m, "request_id", c, KNOCK_REQUEST_ID_LEN, optional=True),
+                 _str_opt(m, "handle", c))
+
+
+def _admit(m, c):
+    grant = _bytes(m, "encrypted_grant", c, optional=True)
+    if grant is not None and len(grant) > MAX_GRANT_LEN:
+        raise ProtocolError("encrypted_grant too large", c)
+    return Admit(_room_id(m, c), _bytes(m, "request_id", c, KNOCK_REQUEST_ID_LEN), grant)
+
+
+def _member(cls):
+    return lambda m, c: cls(_room_id(m, c), _bytes(m, "member_pubkey", c, PUBKEY_LEN))
+
+
 _DECODERS = {
     "AUTH": _auth, "STORE": _store, "FETCH": _fetch, "ACK": _ack,
     "REGISTER_DELIVERY_TOKEN": _reg, "DEREGISTER_DELIVERY_TOKEN": _dereg,
@@ -315,6 +398,11 @@ _DECODERS = {
                                                   _uint(m, "grace_seconds", c, _U32)),
     "STORE_ROOM": _store_room,
     "FETCH_ROOM": lambda m, c: FetchRoom(_room_id(m, c), _int64(m, "since_id", c)),
+    "KNOCK": _knock, "ADMIT": _admit,
+    "CREATE_GROUP": lambda m, c: CreateGroup(_room_id(m, c), _bool(m, "gated", c),
+                                             _uint(m, "max_members", c, _U32)),
+    "DELETE_GROUP": lambda m, c: DeleteGroup(_room_id(m, c)),
+    "KICK_MEMBER": _member(KickMember), "BAN_MEMBER": _member(BanMember),
 }
 
 
@@ -473,6 +561,47 @@ def room_messages(room_id: bytes, messages: list[dict]) -> Reply:
 
 def room_notify(room_id: bytes, count: int) -> Reply:
     return Reply("ROOM_NOTIFY", {"room_id": room_id, "count": min(count, _U32)})
+
+
+def knock_ok(request_id: bytes) -> Reply: return Reply("KNOCK_OK", {"request_id": request_id})
+
+
+def knock_notify(room_id: bytes, eph_pk: bytes, request_id: bytes, handle: str | None) -> Reply:
+    fields = {"room_id": room_id, "knocker_eph_x25519_pk": eph_pk, "request_id": request_id}
+    if handle is not None:
+        fields["handle"] = handle
+    return Reply("KNOCK_NOTIFY", fields)
+
+
+def admit_ok(request_id: bytes, grant: bytes | None) -> Reply:
+    fields: dict[str, Any] = {"request_id": request_id}
+    if grant is not None:
+        fields["encrypted_grant"] = grant
+    return Reply("ADMIT_OK", fields)
+
+
+def admitted(room_id: bytes, request_id: bytes, admin_pubkey: bytes,
+             grant: bytes | None) -> Reply:
+    fields: dict[str, Any] = {"room_id": room_id, "request_id": request_id,
+                              "admin_pubkey": admin_pubkey}
+    if grant is not None:
+        fields["encrypted_grant"] = grant
+    return Reply("ADMITTED", fields)
+
+
+def group_created(room_id: bytes) -> Reply: return Reply("GROUP_CREATED", {"room_id": room_id})
+def group_deleted(room_id: bytes) -> Reply: return Reply("GROUP_DELETED", {"room_id": room_id})
+
+
+def member_kicked(room_id: bytes, member: bytes) -> Reply:
+    return Reply("MEMBER_KICKED", {"room_id": room_id, "member_pubkey": member})
+
+
+def member_banned(room_id: bytes, member: bytes) -> Reply:
+    return Reply("MEMBER_BANNED", {"room_id": room_id, "member_pubkey": member})
+
+
+def kicked(room_id: bytes) -> Reply: return Reply("KICKED", {"room_id": room_id})
 
 
 def failure(cmd: str | None, reason: str) -> Reply:

@@ -17,6 +17,13 @@ so a message names its room (a ciphertext replayed into another room with the sa
 fails) and its sender within the room. There is no associated data (the spec's `encrypt`
 has none). Ciphertext = padded plaintext + 16-byte tag: the relay sees a bucket + 40 bytes
 with the nonce (`stream.padding_overhead.ppp_room`).
+
+Knock grant (§7.4): `ble_grant_encrypt(admin_x25519_sk, knocker_eph_x25519_pk, room_id,
+room_key)` = nonce (24) || XChaCha20-Poly1305(room_id || room_key) (48 + 16), under
+kdf(X25519(admin_x25519_sk, knocker_eph_x25519_pk), "ppp-ble-grant-v1") with §2's kdf. The
+spec gives the wire and the X25519 pair but no KDF context; this one follows §2's
+"ppp-<purpose>-v1" names. The knocker decrypts with its ephemeral secret and the admin's
+X25519 key (from the Ed25519 `admin_pubkey` of ADMITTED, §1's conversion). 88 bytes.
 """
 
 from __future__ import annotations
@@ -28,14 +35,16 @@ from typing import Callable
 import msgpack
 import nacl.utils
 
-from .crypto import NONCE_LEN, decrypt, encrypt
-from .keys import Identity, verify
+from .crypto import NONCE_LEN, DecryptError, decrypt, encrypt, kdf
+from .keys import Identity, KeyMaterialError, verify, x25519
 from .padding import pad, unpad
 from .rooms import ROOM_ID_LEN
 from .tokens import member_token, room_signing_identity
 
 ROOM_KEY_LEN = 32
 MSG_DOMAIN = b"ppp-room-msg-v1"
+GRANT_CONTEXT = b"ppp-ble-grant-v1"
+GRANT_LEN = NONCE_LEN + ROOM_ID_LEN + ROOM_KEY_LEN + 16
 
 
 class RoomMessageError(ValueError):
@@ -95,3 +104,39 @@ def decrypt_message(room_key: bytes, room_id: bytes, nonce: bytes,
     if not verify(pk, _signed(room_id, sent_at, body), sig):
         raise RoomMessageError("bad sender signature")
     return RoomPlaintext(pk, sent_at, body)
+
+
+# --- knock / admit grant (§7.4) -------------------------------------------------------------------
+
+def new_knock_key() -> tuple[bytes, bytes]:
+    """(x25519 secret, x25519 public): the knocker's ephemeral pair, one per knock."""
+    from nacl.public import PrivateKey
+    sk = PrivateKey.generate()
+    return bytes(sk), bytes(sk.public_key)
+
+
+def _grant_key(my_x25519_sk: bytes, their_x25519_pk: bytes) -> bytes:
+    return kdf(x25519(my_x25519_sk, their_x25519_pk), GRANT_CONTEXT)
+
+
+def ble_grant_encrypt(admin_x25519_sk: bytes, knocker_eph_x25519_pk: bytes, room_id: bytes,
+                      room_key: bytes,
+                      randbytes: Callable[[int], bytes] = nacl.utils.random) -> bytes:
+    if len(room_id) != ROOM_ID_LEN or len(room_key) != ROOM_KEY_LEN:
+        raise ValueError("room_id is 16 bytes and room_key 32")
+    nonce = randbytes(NONCE_LEN)
+    return nonce + encrypt(room_id + room_key, nonce,
+                           _grant_key(admin_x25519_sk, knocker_eph_x25519_pk))
+
+
+def ble_grant_decrypt(knocker_eph_x25519_sk: bytes, admin_x25519_pk: bytes,
+                      grant: bytes) -> tuple[bytes, bytes]:
+    """(room_id, room_key); RoomMessageError if it is not a grant to this key pair."""
+    if len(grant) != GRANT_LEN:
+        raise RoomMessageError("a grant is 88 bytes")
+    try:
+        plain = decrypt(grant[NONCE_LEN:], grant[:NONCE_LEN],
+                        _grant_key(knocker_eph_x25519_sk, admin_x25519_pk))
+    except (DecryptError, KeyMaterialError) as e:
+        raise RoomMessageError("not a grant for this knock") from e
+    return plain[:ROOM_ID_LEN], plain[ROOM_ID_LEN:]

@@ -1,7 +1,8 @@
 """PPP test vectors (spec "Test vectors"): `python -m engine.ppp.vectors [--out DIR]`.
 
 Writes one JSON file per primitive into `test-vectors/` (repo root by default): keys, kdf,
-seal, wrap, event_id, sealed_event_id, delivery_token, member_token, padding, fingerprint.
+seal, wrap, event_id, sealed_event_id, delivery_token, member_token, room_grant, room_message,
+padding, fingerprint.
 Everything is deterministic: seeds are SHAKE-256("ppp-test-vector/" + label) and every random
 value the wrap draws comes from a SHAKE-256 stream of a label; each drawn value is written out
 explicitly, in draw order, so another implementation can replay it without our stream. All
@@ -20,6 +21,7 @@ import struct
 from pathlib import Path
 
 import msgpack
+from nacl import bindings
 
 from . import crypto, padding, tokens
 from .ids import event_id, sealed_event_id
@@ -202,6 +204,47 @@ def member_token_vectors(people) -> dict:
                  "§7.3 member tokens", vs)
 
 
+def grant_vectors(people) -> dict:
+    """§7.4 knock grant: alice admits carol's knock (an ephemeral X25519 pair of a label)."""
+    from . import room_crypto
+    room_id, room_key = vector_seed("room-id", 16), vector_seed("room-key")
+    admin, eph_sk = people["alice"], vector_seed("knock-eph")
+    eph_pk = bindings.crypto_scalarmult_base(eph_sk)
+    rng = Stream("grant")
+    grant = room_crypto.ble_grant_encrypt(admin.x25519_sk, eph_pk, room_id, room_key, rng)
+    shared = x25519(admin.x25519_sk, eph_pk)
+    return _file("grant = nonce (24) || XChaCha20-Poly1305(room_id || room_key, nonce, key = "
+                 "kdf(X25519(admin_x25519_sk, knocker_eph_x25519_pk), 'ppp-ble-grant-v1')), "
+                 "kdf as in kdf.json. The knocker opens it with its ephemeral secret and the "
+                 "admin's X25519 key (from admin_pubkey, Ed25519).", "§7.4 knock / admit",
+                 [{"admin_seed": _h(admin.seed), "admin_x25519_pk": _h(admin.x25519_pk),
+                   "knocker_eph_x25519_sk": _h(eph_sk), "knocker_eph_x25519_pk": _h(eph_pk),
+                   "shared_secret": _h(shared),
+                   "grant_key": _h(crypto.kdf(shared, room_crypto.GRANT_CONTEXT)),
+                   "room_id": _h(room_id), "room_key": _h(room_key), "nonce": _h(rng.draws[0]),
+                   "grant": _h(grant)}])
+
+
+def room_message_vectors(people) -> dict:
+    """A room message of this library's plaintext format (`room_crypto.py`)."""
+    from . import room_crypto
+    room_id, room_key = vector_seed("room-id", 16), vector_seed("room-key")
+    carol = people["carol"]
+    rng = Stream("room-message")
+    nonce, ct = room_crypto.encrypt_message(carol, room_key, room_id, "see you at the tower",
+                                            CREATED_AT, rng)
+    signer = tokens.room_signing_identity(carol, room_id)
+    return _file("Plaintext = MessagePack {1: member_signing_pk, 2: sent_at, 3: body, 4: sig}, "
+                 "sig = Ed25519('ppp-room-msg-v1' || room_id || u64be(sent_at) || body) by the "
+                 "per-room key; padded (padding.json), then XChaCha20-Poly1305 under room_key. "
+                 "randbytes draws, in order: the nonce, then the padding.",
+                 "§7.3 room messages (plaintext format: this library's)",
+                 [{"member_seed": _h(carol.seed), "member_signing_pk": _h(signer.pubkey),
+                   "room_id": _h(room_id), "room_key": _h(room_key), "sent_at": CREATED_AT,
+                   "body": "see you at the tower", "draws": [_h(d) for d in rng.draws],
+                   "nonce": _h(nonce), "ciphertext": _h(ct)}])
+
+
 def _msgpack_of_length(total: int) -> bytes:
     """A MessagePack bin object of exactly `total` bytes, its payload all 0x01 (so a naive
     scan for the delimiter would go wrong)."""
@@ -259,6 +302,8 @@ def generate() -> dict[str, dict]:
             "sealed_event_id.json": sealed_f,
             "delivery_token.json": delivery_token_vectors(people),
             "member_token.json": member_token_vectors(people),
+            "room_grant.json": grant_vectors(people),
+            "room_message.json": room_message_vectors(people),
             "padding.json": padding_vectors(), "fingerprint.json": fingerprint_vectors(people)}
 
 
