@@ -324,13 +324,30 @@ def cmd_ppp_room(args) -> None:
         url = _ppp_url(args)
         act = args.room_command
         if act == "create":
-            room = asyncio.run(R.create(url, me, args.lat, args.lon, ttl=args.ttl,
-                                        gated=not args.open, max_members=args.max_members,
-                                        ble=args.ble, out=args.out))
+            if args.group:
+                room = asyncio.run(R.create_group(url, me, gated=not args.open,
+                                                  max_members=args.max_members, out=args.out))
+            elif args.lat is None or args.lon is None:
+                raise ValueError("a room needs --lat and --lon (or --group)")
+            else:
+                room = asyncio.run(R.create(url, me, args.lat, args.lon, ttl=args.ttl,
+                                            gated=not args.open, max_members=args.max_members,
+                                            ble=args.ble, out=args.out))
             print(json.dumps({"room_id": room.room_id.hex(), "room_file": args.out}))
         elif act == "discover":
             for info in asyncio.run(R.discover(url, me, args.lat, args.lon)):
                 print(json.dumps(R.room_info_json(info)))
+        elif act == "knock":
+            room_id = bytes.fromhex(args.room_id)
+            if len(room_id) != 16:
+                raise ValueError("a room id is 32 hex characters")
+            room = asyncio.run(R.knock(url, me, room_id, args.out, handle=args.handle,
+                                       wait=args.wait))
+            print(json.dumps({"room_file": args.out, "member_token": my_member_token(
+                me, room.room_key, room.room_id).hex()}))
+        elif act == "join":
+            for line in asyncio.run(R.join(url, me, args.out_dir)):
+                print(json.dumps(line))
         else:
             room = R.RoomFile.read(args.room)
             if act == "token":
@@ -354,6 +371,13 @@ def cmd_ppp_room(args) -> None:
                                   "grace_until": reply["grace_until"], "room_file": args.out}))
             elif act == "revoke":
                 print(json.dumps({"revoked": asyncio.run(R.revoke(url, me, room))}))
+            elif act == "admit":
+                for line in asyncio.run(R.admit(url, me, room, count=args.count,
+                                                wait=args.wait)):
+                    print(json.dumps(line))
+            elif act == "invite":
+                eid = asyncio.run(R.invite(url, me, room, args.to, args.name))
+                print(json.dumps({"event_id": eid.hex(), "to": args.to.hex()}))
     _ppp_run(run)
 
 
@@ -369,9 +393,12 @@ def _add_room_parser(pp, url_help: str) -> None:
         p.add_argument("--url", help=url_help)
         p.set_defaults(func=cmd_ppp_room)
         return p
-    p = action("create", "create a room where you are; writes the room file", room_file=False)
-    p.add_argument("--lat", type=float, required=True)
-    p.add_argument("--lon", type=float, required=True)
+    p = action("create", "create a room where you are (or --group); writes the room file",
+               room_file=False)
+    p.add_argument("--lat", type=float)
+    p.add_argument("--lon", type=float)
+    p.add_argument("--group", action="store_true",
+                   help="a group (§7.6): no place, never discovered, lives until deleted")
     p.add_argument("--out", required=True, help="room file to create")
     p.add_argument("--ttl", type=int, default=86_400, help="seconds the room lives (default 1 day)")
     p.add_argument("--max-members", type=int, default=100, help="1-100 (default 100)")
@@ -394,6 +421,20 @@ def _add_room_parser(pp, url_help: str) -> None:
     p.add_argument("--grace", type=int, default=300, help="0-600 s (default 300)")
     p.add_argument("--out", required=True, help="new room file (the new key)")
     action("revoke", "admin: revoke every member token of the room")
+    p = action("knock", "ask a room's admin in (§7.4); writes the room file once admitted",
+               room_file=False)
+    p.add_argument("--room-id", required=True, help="the room id (32 hex), e.g. from discover")
+    p.add_argument("--handle", help="a name the admin sees with the knock")
+    p.add_argument("--out", required=True, help="room file to write")
+    p.add_argument("--wait", type=float, default=120.0, help="seconds (a knock lives 120)")
+    p = action("admit", "admin: wait for knocks and admit them (the key, encrypted to each)")
+    p.add_argument("--count", type=int, default=1, help="knocks to admit (default 1)")
+    p.add_argument("--wait", type=float, default=120.0, help="seconds to wait for each")
+    p = action("invite", "admin: send a GroupInvite (§7.6) to a contact")
+    p.add_argument("--to", required=True, type=_pubkey, help="contact public key (hex)")
+    p.add_argument("--name", default="", help="group name shown to the invitee")
+    p = action("join", "room files from the GroupInvites sent to you", room_file=False)
+    p.add_argument("--out-dir", required=True, help="where to write <room id>.json")
 
 
 def _add_ppp_parser(sub) -> None:

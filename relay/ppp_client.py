@@ -44,8 +44,8 @@ from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 from engine.ppp.ids import sealed_event_id
 from engine.ppp.keys import Identity
 from engine.ppp.tokens import recipient_delivery_token, sender_delivery_token
-from engine.ppp.wrap import (Kind, Opened, PresenceContent, Region, Rumor, TimeWindow,
-                             WrapError, unwrap, wrap)
+from engine.ppp.wrap import (GroupInviteContent, Kind, Opened, PresenceContent, Region,
+                             Rumor, TimeWindow, WrapError, unwrap, wrap)
 
 WS_PATH = "/v1/ws"
 NOTE_SUBMIT_PATH = "/v1/note/submit"
@@ -81,6 +81,11 @@ def http_base(url: str) -> str:
     u = urllib.parse.urlsplit(url)
     scheme = {"ws": "http", "wss": "https"}.get(u.scheme, u.scheme)
     return f"{scheme}://{u.netloc}"
+
+
+# Unsolicited room frames (C.4): kept in `PppClient.room_news`, never taken for a reply.
+ROOM_NEWS = frozenset({"ROOM_NOTIFY", "KEY_ROTATION_NOTIFY", "KNOCK_NOTIFY", "ADMITTED",
+                       "KICKED"})
 
 
 class PppClient:
@@ -125,7 +130,7 @@ class PppClient:
     async def _send(self, frame: bytes) -> None:
         await self._ws.send(frame)
 
-    async def _recv(self, *, until_notify: bool = False) -> dict:
+    async def _recv(self, *, until_notify: bool = False, until_news: bool = False) -> dict:
         """The next reply; NOTIFY frames on the way are counted, and returned only
         `until_notify`."""
         while True:
@@ -142,8 +147,10 @@ class PppClient:
                 raise PppError("relay sent malformed MessagePack") from e
             if not isinstance(m, dict) or not isinstance(m.get("cmd"), str):
                 raise PppError("relay sent a frame without cmd")
-            if m["cmd"] in ("ROOM_NOTIFY", "KEY_ROTATION_NOTIFY"):
+            if m["cmd"] in ROOM_NEWS:
                 self.room_news.append(m)
+                if until_news:
+                    return m
                 continue
             if m["cmd"] == "NOTIFY":
                 count = m.get("count", 0)
@@ -252,6 +259,42 @@ class PppClient:
         if not isinstance(msgs, list):
             raise PppError("ROOM_MESSAGES.messages must be a list")
         return msgs
+
+    async def knock(self, room_id: bytes, eph_pk: bytes, request_id: bytes,
+                    handle: str | None = None) -> bytes:
+        fields: dict[str, Any] = {"room_id": room_id, "knocker_eph_x25519_pk": eph_pk,
+                                  "request_id": request_id}
+        if handle is not None:
+            fields["handle"] = handle
+        return (await self._call(_pack("KNOCK", **fields), "KNOCK_OK"))["request_id"]
+
+    async def admit(self, room_id: bytes, request_id: bytes, grant: bytes | None) -> None:
+        fields: dict[str, Any] = {"room_id": room_id, "request_id": request_id}
+        if grant is not None:
+            fields["encrypted_grant"] = grant
+        await self._call(_pack("ADMIT", **fields), "ADMIT_OK")
+
+    async def create_group(self, room_id: bytes, *, gated: bool = True,
+                           max_members: int = 100) -> None:
+        await self._call(_pack("CREATE_GROUP", room_id=room_id, gated=gated,
+                               max_members=max_members, description_public=False),
+                         "GROUP_CREATED")
+
+    async def delete_group(self, room_id: bytes) -> None:
+        await self._call(_pack("DELETE_GROUP", room_id=room_id), "GROUP_DELETED")
+
+    async def wait_room_news(self, cmd: str, timeout: float | None = None) -> dict:
+        """The first unsolicited `cmd` frame (KNOCK_NOTIFY, ADMITTED, ...), heard already or
+        next. Only call it with no command outstanding."""
+        async def until():
+            while True:
+                for i, m in enumerate(self.room_news):
+                    if m["cmd"] == cmd:
+                        return self.room_news.pop(i)
+                m = await self._recv(until_news=True)
+                if m["cmd"] not in ROOM_NEWS:
+                    raise PppError(f"unexpected {m['cmd']} while waiting for {cmd}")
+        return await asyncio.wait_for(until(), timeout)
 
     async def wait_notify(self, timeout: float | None = None) -> int:
         """Wait for a NOTIFY (reads frames until one comes); returns the total seen so far.
@@ -444,6 +487,8 @@ class Received:
                        time_window={"starts_at": c.time_window.starts_at,
                                     "ends_at": c.time_window.ends_at,
                                     "timezone": c.time_window.timezone})
+        elif isinstance(r.content, GroupInviteContent):   # the key stays in the event
+            out.update(room_id=r.content.room_id.hex(), group_name=r.content.group_name)
         else:
             out["content"] = repr(r.content)
         out["expires_at"] = self.opened.giftwrap.expires_at

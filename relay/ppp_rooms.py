@@ -2,10 +2,13 @@
 
 A room file holds what a member needs: the room id and the symmetric room key, as JSON,
 created 0600 (the key reads every message of the room: handle it like a seed file). The
-admin's `create` writes it; until knock / admit and GroupInvite are served, the admin hands
-it to members out of band. A member prints its member token (`token`) for the admin, who
-registers it (`register`); then the member can send sealed (`send --sealed`: anonymous,
-only the token identifies it) or over its authenticated WebSocket, and `fetch` decrypts.
+admin's `create` writes it (`--group`: a group, §7.6). A newcomer gets it one of three ways:
+`knock` (§7.4: an ephemeral X25519 key to the relay; the admin, running `admit`, answers
+with the key encrypted to it), `join` (§7.6: a GroupInvite Gift Wrap the admin sent with
+`invite`), or out of band. The member prints its member token (`token`, also printed by
+`knock` and `join`) for the admin, who registers it (`register`); then the member can send
+sealed (`send --sealed`: anonymous, only the token identifies it) or over its authenticated
+WebSocket, and `fetch` decrypts.
 
 `discover` asks about the cell of a position and its eight neighbours at the discovery level
 (a map view's ~9 cells, appendix C.3), so a room just across a cell border is found too.
@@ -21,11 +24,14 @@ from pathlib import Path
 
 import s2sphere
 
-from engine.ppp.keys import Identity
-from engine.ppp.room_crypto import (RoomMessageError, decrypt_message, encrypt_message,
-                                    my_member_token, new_room_id, new_room_key)
+from engine.ppp.keys import Identity, x25519_public
+from engine.ppp.room_crypto import (RoomMessageError, ble_grant_decrypt, ble_grant_encrypt,
+                                    decrypt_message, encrypt_message, my_member_token,
+                                    new_knock_key, new_room_id, new_room_key)
+from engine.ppp.knocks import REQUEST_ID_LEN
+from engine.ppp.wrap import GroupInviteContent, Kind, Rumor, WrapError, unwrap, wrap
 
-from .ppp_client import PppClient, http_base, submit_room_sealed
+from .ppp_client import DEFAULT_TTL, PppClient, http_base, submit_room_sealed
 
 FINE_LEVEL = 16      # ~150 m: where the room is
 COARSE_LEVEL = 10    # ~10 km: the area it is found from
@@ -86,6 +92,94 @@ async def create(url: str, admin: Identity, lat: float, lon: float, *, ttl: int,
         Path(out).unlink(missing_ok=True)
         raise
     return room
+
+
+async def create_group(url: str, admin: Identity, *, gated: bool, max_members: int,
+                       out: str | Path) -> RoomFile:
+    room = RoomFile(new_room_id(), new_room_key())
+    room.write(out)
+    try:
+        async with await PppClient.connect(url, admin) as c:
+            await c.create_group(room.room_id, gated=gated, max_members=max_members)
+            await c.register_member_token(room.room_id,
+                                          my_member_token(admin, room.room_key, room.room_id))
+    except BaseException:
+        Path(out).unlink(missing_ok=True)
+        raise
+    return room
+
+
+async def knock(url: str, me: Identity, room_id: bytes, out: str | Path, *,
+                handle: str | None = None, wait: float = 120.0) -> RoomFile:
+    """KNOCK, wait for ADMITTED, open the grant, write the room file."""
+    eph_sk, eph_pk = new_knock_key()
+    async with await PppClient.connect(url, me) as c:
+        rid = await c.knock(room_id, eph_pk, os.urandom(REQUEST_ID_LEN), handle)
+        while True:
+            m = await c.wait_room_news("ADMITTED", wait)
+            if m.get("request_id") == rid:
+                break
+    if not isinstance(m.get("encrypted_grant"), bytes):
+        raise ValueError("admitted without a grant: ask the admin for the room key")
+    got_id, key = ble_grant_decrypt(eph_sk, x25519_public(m["admin_pubkey"]),
+                                    m["encrypted_grant"])
+    if got_id != room_id:
+        raise ValueError("the grant names another room")
+    room = RoomFile(room_id, key)
+    room.write(out)
+    return room
+
+
+async def admit(url: str, admin: Identity, room: RoomFile, *, count: int = 1,
+                wait: float = 120.0) -> list[dict]:
+    """Answer the next `count` knocks on the room (each: the room key encrypted to the
+    knock's ephemeral key); returns what each knock said (request id, handle)."""
+    done = []
+    async with await PppClient.connect(url, admin) as c:
+        while len(done) < count:
+            m = await c.wait_room_news("KNOCK_NOTIFY", wait)
+            if m.get("room_id") != room.room_id:
+                continue
+            grant = ble_grant_encrypt(admin.x25519_sk, m["knocker_eph_x25519_pk"],
+                                      room.room_id, room.room_key)
+            await c.admit(room.room_id, m["request_id"], grant)
+            done.append({"request_id": m["request_id"].hex(), "handle": m.get("handle")})
+    return done
+
+
+async def invite(url: str, admin: Identity, room: RoomFile, to: bytes, name: str) -> bytes:
+    """A GroupInvite (0x09) Gift Wrap to `to` (§7.6); returns its event id."""
+    now = int(time.time())
+    gw = wrap(Rumor(admin.pubkey, Kind.GROUP_INVITE,
+                    GroupInviteContent(room.room_id, room.room_key, name), now),
+              admin, to, created_at=now, expires_at=now + DEFAULT_TTL)
+    async with await PppClient.connect(url, admin) as c:
+        return await c.store(gw)
+
+
+async def join(url: str, me: Identity, out_dir: str | Path) -> list[dict]:
+    """Room files from the GroupInvites waiting for me (`<out_dir>/<room id>.json`); those
+    events are acked, everything else is left for `relay ppp receive`."""
+    out = []
+    async with await PppClient.connect(url, me) as c:
+        acks = []
+        for data in await c.fetch_all():
+            try:
+                opened = unwrap(data, me)
+            except WrapError:
+                continue
+            inv = opened.rumor.content
+            if not isinstance(inv, GroupInviteContent):
+                continue
+            path = Path(out_dir) / f"{inv.room_id.hex()}.json"
+            RoomFile(inv.room_id, inv.room_key).write(path, force=True)
+            acks.append(opened.giftwrap.event_id)
+            out.append({"room_id": inv.room_id.hex(), "group_name": inv.group_name,
+                        "from": opened.sender.hex(), "room_file": str(path),
+                        "member_token": my_member_token(me, inv.room_key, inv.room_id).hex()})
+        if acks:
+            await c.ack(acks)
+    return out
 
 
 async def discover(url: str, me: Identity, lat: float, lon: float) -> list[dict]:

@@ -451,6 +451,7 @@ def test_cli_walks_the_room_flow(spark, settings, tmp_path, capsys):
     authenticated and sealed, fetch decrypted, rotate, revoke."""
     from jobs.inbox_stream import start_inbox_stream
     from relay import cli
+    from relay import ppp_rooms as R
     from test_ppp_client import NodeThread
 
     def run(*argv) -> list[dict]:
@@ -469,7 +470,7 @@ def test_cli_walks_the_room_flow(spark, settings, tmp_path, capsys):
         capsys.readouterr()
         room = str(tmp_path / "room.json")
         (made,) = run("ppp", "room", "create", "--seed", admin, "--lat", str(ALEX[0]),
-                      "--lon", str(ALEX[1]), "--out", room, "--max-members", "5", *url)
+                      "--lon", str(ALEX[1]), "--out", room, "--max-members", "5", "--ble", *url)
         assert oct(os.stat(room).st_mode & 0o777) == "0o600"
         found = run("ppp", "room", "discover", "--seed", member, "--lat", str(NEAR[0]),
                     "--lon", str(NEAR[1]), *url)
@@ -498,6 +499,57 @@ def test_cli_walks_the_room_flow(spark, settings, tmp_path, capsys):
         assert s3["sequence_number"] == 3
         assert run("ppp", "room", "revoke", "--seed", admin, "--room", room, *url) == [
             {"revoked": 1}]
+
+        # Knock / admit from two terminals: the admin waits, a newcomer knocks.
+        import threading
+        from relay.ppp_client import read_seed
+        newcomer = str(tmp_path / "new.seed")
+        cli.main(["ppp", "keygen", "--out", newcomer])
+        capsys.readouterr()
+        admin_pk = read_seed(admin).pubkey
+        waiter = threading.Thread(target=cli.main, args=([
+            "ppp", "room", "admit", "--seed", admin, "--room", new_room, "--wait", "60",
+            *url],))
+        waiter.start()
+        deadline = time.monotonic() + 30
+        while admin_pk not in node.node.ppp.inbox.sessions:    # the admin is listening
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        got_room = str(tmp_path / "knocked.json")
+        cli.main(["ppp", "room", "knock", "--seed", newcomer, "--room-id", made["room_id"],
+                  "--handle", "dora", "--out", got_room, *url])
+        waiter.join(60)
+        lines = [__import__("json").loads(x) for x in capsys.readouterr().out.splitlines()]
+        admitted = next(x for x in lines if "handle" in x)
+        knocked = next(x for x in lines if "member_token" in x)
+        assert admitted["handle"] == "dora"
+        assert R.RoomFile.read(got_room) == R.RoomFile.read(new_room)   # the current key
+        assert run("ppp", "room", "register", "--seed", admin, "--room", new_room, "--token",
+                   knocked["member_token"], *url) == [{"registered": True}]
+        (s4,) = run("ppp", "room", "send", "--seed", newcomer, "--room", got_room, "--text",
+                    "knocked in", "--sealed", *url)
+        assert s4["sequence_number"] == 4
+
+        # A group by invitation (§7.6): GroupInvite Gift Wrap, join, register, send.
+        group = str(tmp_path / "group.json")
+        (g,) = run("ppp", "room", "create", "--group", "--seed", admin, "--out", group, *url)
+        member_pk = read_seed(member).pubkey.hex()
+        (inv,) = run("ppp", "room", "invite", "--seed", admin, "--room", group, "--to",
+                     member_pk, "--name", "climbers", *url)
+        deadline = time.monotonic() + 60
+        while True:                           # the invite reaches the inbox via the stream
+            joined = run("ppp", "room", "join", "--seed", member, "--out-dir", str(tmp_path),
+                         *url)
+            if joined or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert [(j["room_id"], j["group_name"]) for j in joined] == [(g["room_id"], "climbers")]
+        assert R.RoomFile.read(joined[0]["room_file"]) == R.RoomFile.read(group)
+        run("ppp", "room", "register", "--seed", admin, "--room", group, "--token",
+            joined[0]["member_token"], *url)
+        (s5,) = run("ppp", "room", "send", "--seed", member, "--room", joined[0]["room_file"],
+                    "--text", "hello group", "--sealed", *url)
+        assert s5["sequence_number"] == 1
     finally:
         node.close()
         query.stop()

@@ -165,6 +165,30 @@ class PresenceContent:
                    tuple(_b(r, "recipient", 32) for r in m["recipients"]))
 
 
+@dataclass(frozen=True)
+class GroupInviteContent:
+    """§4.3 GROUP_INVITE (0x09) payload: what a member needs to read and write a group (§7.6).
+    Keyed by the spec's field names, like PresenceContent."""
+    room_id: bytes           # 16 bytes
+    room_key: bytes          # 32 bytes
+    group_name: str
+
+    def __repr__(self) -> str:   # never the key
+        return f"GroupInviteContent({self.room_id.hex()}, key=<redacted>)"
+
+    def to_map(self) -> dict:
+        return {"room_id": _b(self.room_id, "room_id", 16),
+                "room_key": _b(self.room_key, "room_key", 32), "group_name": self.group_name}
+
+    @classmethod
+    def from_map(cls, m: Any) -> "GroupInviteContent":
+        m = _exact_keys(m, {"room_id", "room_key", "group_name"}, "group invite content")
+        if not isinstance(m["group_name"], str):
+            raise WrapError("group_name must be a string")
+        return cls(_b(m["room_id"], "room_id", 16), _b(m["room_key"], "room_key", 32),
+                   m["group_name"])
+
+
 def _pack(m: dict) -> bytes:
     return msgpack.packb(m, use_bin_type=True)
 
@@ -201,6 +225,8 @@ class Rumor:
         content = m[K_CONTENT]
         if kind == Kind.PRESENCE:
             content = PresenceContent.from_map(content)
+        elif kind == Kind.GROUP_INVITE:
+            content = GroupInviteContent.from_map(content)
         return cls(_b(m[K_SENDER], "sender", 32), kind, content,
                    _u(m[K_CREATED_AT], "created_at"))
 
