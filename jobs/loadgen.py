@@ -17,6 +17,10 @@ What one day holds at `scale=1` (volumes scale linearly, mailbox counts with its
     already expired and are rejected by the stream). This relay does not serve PPP yet; its
     rows are what makes TTL expiry visible within one day, since nothing with a 30-day TTL
     expires in a day;
+* PPP rooms (spec 004 §7): ~40 rooms around six European cities, each living 2 h to 3 days,
+  created through the PPP control plane (`delta_tables.ppp_control`) at their simulated
+  time, and ~1,500 room messages (protocol `ppp_room`, Zipf over the rooms, within each
+  room's life); room messages are never acked (they leave with their room's expiry);
 * 2,000 mailboxes, Zipf-skewed (s = 1.1): a few mailboxes get most of the traffic;
 * sizes padded to the buckets 256 / 1024 / 4096 / 16384 (55 / 28 / 10 / 4 %), 3 % unpadded;
 * 3 % client retries of an envelope that already landed, seconds to minutes later;
@@ -60,6 +64,7 @@ from delta_tables.group_commit import DeltaAppendTarget, LandingTarget
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, C, LANDING, LANDING_SOURCE
 from engine.heya.ids import event_id as heya_event_id
+from engine.ppp.rooms import ROOM_PROTOCOL
 from engine.trueseal.ids import event_id as trueseal_event_id
 from runtime.config import Settings
 
@@ -82,6 +87,11 @@ PPP_EXPIRED_ON_ARRIVAL = 0.01
 RETRY_SHARE = 0.03
 DORMANT_SHARE = 0.05
 BURST_SPREAD_S = 0.8          # receipts of one burst, then its group commit
+ROOMS_PER_DAY = 40
+ROOM_MESSAGES_PER_DAY = 1500
+ROOM_CITIES = ((52.5219, 13.4132), (48.8566, 2.3522), (51.5072, -0.1276),
+               (40.4168, -3.7038), (41.9028, 12.4964), (59.3293, 18.0686))
+ROOM_LIFE_H = (2, 6, 24, 72)
 
 
 def diurnal(hour: np.ndarray) -> np.ndarray:
@@ -223,6 +233,8 @@ class DayReport:
     end: datetime
     envelopes: int = 0            # distinct pushes
     retries: int = 0              # extra landings of an envelope that already landed
+    rooms: int = 0
+    room_messages: int = 0
     landing_commits: int = 0
     batches: int = 0
     inbox_rows: int = 0
@@ -236,6 +248,7 @@ class DayReport:
         return "\n".join([
             f"day                  {self.start:%Y-%m-%d %H:%M} -> {self.end:%Y-%m-%d %H:%M} UTC",
             f"pushes               {self.envelopes} (+{self.retries} client retries)",
+            f"rooms                {self.rooms}, {self.room_messages} room messages",
             f"landing commits      {self.landing_commits}",
             f"stream micro-batches {self.batches}",
             f"inbox rows           {self.inbox_rows}",
@@ -335,6 +348,13 @@ def generate_day(settings: Settings, *, day: str | None = None, hours: float = 2
             retry[C.EVENT_ID] = event_id(rng, p, row[C.MAILBOX], row[C.ENVELOPE])
         rows_by_burst[later].append(retry)
         report.retries += 1
+    report.rooms, room_rows = _room_traffic(layout, rng, start, end, scale)
+    for t, row in room_rows:
+        b = int(np.searchsorted(burst_epoch, t.timestamp()))
+        if b < len(bursts):
+            rows_by_burst[b].append(dict(row, **{C.RECEIVED_AT: bursts[b] + timedelta(
+                seconds=float(rng.uniform(0, BURST_SPREAD_S)))}))
+            report.room_messages += 1
     report.envelopes = n
     say(f"loadgen: {n} pushes (+{report.retries} retries) in {len(bursts)} bursts, "
         f"{start:%Y-%m-%d %H:%M} -> {end:%Y-%m-%d %H:%M} UTC")
@@ -397,6 +417,59 @@ def generate_day(settings: Settings, *, day: str | None = None, hours: float = 2
     return report
 
 
+def _room_traffic(layout: Layout, rng: np.random.Generator, start: datetime, end: datetime,
+                  scale: float) -> tuple[int, list[tuple[datetime, dict]]]:
+    """Rooms created through the PPP control plane at their simulated times; returns how
+    many, and landing rows of their messages (time, row), within each room's life and the
+    day."""
+    import asyncio
+
+    import msgpack
+
+    from delta_tables.ppp_control import PppControl
+    from engine.ppp.rooms import (TYPE_ROOM, Room, cell_token, room_envelope,
+                                  room_event_id)
+    k = max(8, int(ROOMS_PER_DAY * max(scale, 0.01) ** 0.5))
+    span = (end - start).total_seconds()
+    city_w = 1.0 / np.arange(1, len(ROOM_CITIES) + 1) ** ZIPF_S
+    rooms = []
+    for _ in range(k):
+        lat, lon = ROOM_CITIES[int(rng.choice(len(ROOM_CITIES), p=city_w / city_w.sum()))]
+        lat, lon = lat + float(rng.normal(0, 0.04)), lon + float(rng.normal(0, 0.06))
+        created = start.timestamp() + float(rng.uniform(0, 0.8 * span))
+        life = 3600 * float(rng.choice(ROOM_LIFE_H))
+        rooms.append(Room(rng.bytes(16), rng.bytes(32), TYPE_ROOM, cell_token(lat, lon, 16),
+                          cell_token(lat, lon, 10), bool(rng.random() < 0.7), False,
+                          bool(rng.random() < 0.5), 50, int(created), int(created + life)))
+    rooms.sort(key=lambda r: r.created_at)
+    clock = {"now": 0}
+
+    async def create() -> None:
+        control = PppControl(layout, fsync=False, clock=lambda: clock["now"])
+        await control.load()
+        for room in rooms:
+            clock["now"] = room.created_at * 1_000_000
+            await control.create_room(room, room.created_at)
+    asyncio.run(create())
+    m = max(40, int(ROOM_MESSAGES_PER_DAY * scale))
+    w = 1.0 / np.arange(1, k + 1) ** ZIPF_S
+    out = []
+    for i in rng.choice(k, size=m, p=w / w.sum()):
+        room = rooms[int(i)]
+        hi = min(room.expires_at, end.timestamp())
+        t = float(rng.uniform(room.created_at, hi)) if hi > room.created_at else hi
+        nonce = rng.bytes(24)
+        ct = rng.bytes(int(rng.choice(BUCKETS[:2], p=(0.8, 0.2))) + 16)
+        when = datetime.fromtimestamp(t, timezone.utc)
+        out.append((when, {
+            C.EVENT_ID: room_event_id(room.room_id, nonce, ct), C.PROTOCOL: ROOM_PROTOCOL,
+            C.MAILBOX: room.room_id, C.ENVELOPE: room_envelope(nonce, ct),
+            C.META: msgpack.packb(int(t)), C.RECEIVED_AT: when,
+            C.EXPIRES_AT: datetime.fromtimestamp(room.expires_at, timezone.utc)}))
+    out.sort(key=lambda x: x[0])
+    return k, out
+
+
 def _write_acks(layout: Layout, inbox: pa.Table, pop: Population, rng: np.random.Generator,
                 end: datetime) -> int:
     """One ack per envelope whose device got it before `end` and before it expired."""
@@ -405,7 +478,7 @@ def _write_acks(layout: Layout, inbox: pa.Table, pop: Population, rng: np.random
     rows = []
     for i in range(inbox.num_rows):
         key = (cols[C.PROTOCOL][i], cols[C.MAILBOX][i])
-        if key in pop.dormant:
+        if key in pop.dormant or key[0] == ROOM_PROTOCOL:   # room messages are never acked
             continue
         if rng.random() < pop.online.get(key, 0.5):
             delay = rng.lognormal(np.log(0.4), 0.7)           # delivered at once, acked

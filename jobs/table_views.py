@@ -13,7 +13,15 @@ notebook prints or plots from one, can show a key or an envelope:
     device    -> device_hash
 
 Views: inbox, acks, rejects, padding_audit, and landing (every generation still on disk, with
-its `landing_table` key and `landing_version`).
+its `landing_table` key and `landing_version`); and for PPP rooms (spec 004 §7):
+
+    rooms         one row per room or group the PPP control plane holds (expired rooms too,
+                  until compaction purges them): room_hash (as mailbox_hash of its messages),
+                  room_type, s2_cell_id, s2_coarse_id (S2 tokens: what discovery shows
+                  anyway; null for groups), gated, ble_enabled, max_members, member_count,
+                  created_at, expires_at. Never the admin's key.
+    room_traffic  the rooms' messages in the inbox by coarse cell and hour: messages, bytes,
+                  rooms with traffic.
 """
 
 from __future__ import annotations
@@ -97,12 +105,57 @@ def _version_rows(path: Path, version: int) -> pa.Table | None:
     return pa.concat_tables([pq.read_table(f, columns=LANDING.names) for f in files])
 
 
+ROOMS_SCHEMA = pa.schema([
+    ("room_hash", pa.string()), ("room_type", pa.string()), ("s2_cell_id", pa.string()),
+    ("s2_coarse_id", pa.string()), ("gated", pa.bool_()), ("ble_enabled", pa.bool_()),
+    ("max_members", pa.int32()), ("member_count", pa.int32()),
+    ("created_at", pa.timestamp("us", tz="UTC")), ("expires_at", pa.timestamp("us", tz="UTC"))])
+
+
+def read_rooms(layout: Layout) -> pa.Table:
+    """The PPP control plane's rooms, folded as the listener folds them (`ppp_state`)."""
+    from datetime import datetime, timezone
+
+    from delta_tables.ppp_state import load_state, table_paths
+    paths = table_paths(layout)
+    if not all((p / "_delta_log").exists() for p in paths.values()):
+        return ROOMS_SCHEMA.empty_table()
+    rooms = load_state(paths).rooms
+    ts = lambda s: datetime.fromtimestamp(s, timezone.utc)   # noqa: E731
+    return pa.Table.from_pylist([{
+        "room_hash": short_hash(r.room_id), "room_type": r.room_type, "s2_cell_id": r.fine,
+        "s2_coarse_id": r.coarse, "gated": r.gated, "ble_enabled": r.ble_enabled,
+        "max_members": r.max_members, "member_count": rooms.members(r.room_id),
+        "created_at": ts(r.created_at), "expires_at": ts(r.expires_at)}
+        for r in rooms.rooms.values()], schema=ROOMS_SCHEMA)
+
+
+ROOM_TRAFFIC = """
+    SELECT r.s2_coarse_id, date_trunc('HOUR', i.received_at) AS hour,
+           count(*) AS messages, sum(i.envelope_size) AS bytes,
+           count(DISTINCT r.room_hash) AS rooms
+    FROM inbox i JOIN rooms r ON i.mailbox_hash = r.room_hash
+    WHERE i.protocol = 'ppp_room'
+    GROUP BY r.s2_coarse_id, date_trunc('HOUR', i.received_at)"""
+
+
 def register_views(spark, data_dir: str | Path, landing: bool = True) -> dict[str, int]:
     """Create (or replace) the temp views; returns rows per view."""
     layout = Layout(data_dir)
     tables = {t.name: read_table(layout, t) for t in (INBOX, ACKS, REJECTS, PADDING_AUDIT)}
     if landing:
         tables["landing"] = read_landing(layout)
+    tables["rooms"] = read_rooms(layout)
     for name, table in tables.items():
-        spark.createDataFrame(table).createOrReplaceTempView(name)
-    return {name: t.num_rows for name, t in tables.items()}
+        spark.createDataFrame(table, schema=None if table.num_rows else
+                              _spark_schema(table.schema)).createOrReplaceTempView(name)
+    counts = {name: t.num_rows for name, t in tables.items()}
+    spark.sql(f"CREATE OR REPLACE TEMP VIEW room_traffic AS {ROOM_TRAFFIC}")
+    counts["room_traffic"] = spark.table("room_traffic").count()
+    return counts
+
+
+def _spark_schema(schema: pa.Schema):
+    """An empty table's Spark schema (createDataFrame cannot infer one from no rows)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    return from_arrow_schema(schema)

@@ -9,6 +9,7 @@ are left in pytest's tmp directory for a look.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.notebooks
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 CAPACITY_FIGURES = ["cap_traffic_per_hour", "cap_inbox_depth", "cap_latency", "cap_padding",
-                    "cap_ttl_vs_delivery", "cap_storage", "cap_mailbox_skew"]
+                    "cap_ttl_vs_delivery", "cap_storage", "cap_mailbox_skew", "cap_rooms"]
 OPERATIONS_FIGURES = ["ops_stream_progress", "ops_rejects_padding", "ops_compaction"]
 SCALE = 0.25          # ~5,000 pushes: enough for every plot, quick on 2 cores
 CELL_TIMEOUT = 300
@@ -99,6 +100,8 @@ def test_capacity_notebook(day, tmp_path, monkeypatch):
     assert images >= len(CAPACITY_FIGURES)          # shown inline too, not only saved
     text = outputs_text(nb)
     assert "no binary column in any view" in text
+    assert re.search(r"\d+ rooms \(\d+ active as of .*\), 0 groups; [1-9]\d* room messages "
+                     r"in [1-9]\d* coarse cells", text), "the rooms section found no rooms"
     leaked = [k for k in mailbox_hex(day) if k in text]
     assert not leaked, "a mailbox key appears in the notebook's output"
 
