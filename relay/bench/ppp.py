@@ -1,4 +1,5 @@
-"""PPP benchmarks for `relay bench`: `ppp_acked_stores_per_s` and `ppp_store_to_notify_ms`.
+"""PPP benchmarks for `relay bench`: `ppp_acked_stores_per_s`, `ppp_store_to_notify_ms`,
+`ppp_room_messages_per_s` and `ppp_room_store_to_notify_ms`.
 
 `run(settings, quick, spark=None) -> dict`, called by `run.py` with its settings.
 
@@ -18,6 +19,13 @@
    NOTIFY that covers it: landing commit, stream micro-batch, inbox tail, NOTIFY batch window.
    The window used is reported (`notify_window_ms`, default 0 here so the figure is the
    pipeline's own; the spec's 30 s default would add up to 30 s by design).
+3. Rooms (spec 004 §7), on that same `relay ingress` and stream: `ppp_room_store_to_notify_ms`
+   {p50, p99}: `LATENCY_SENDERS` senders STORE_ROOM into an open room at the latency rate,
+   one subscriber (it FETCH_ROOMed) times STORE_ROOM write -> the ROOM_NOTIFY covering it.
+   `ppp_room_messages_per_s`: `room_sockets` identities each send their minute's STORE_ROOM
+   budget (C.3 default, 30) pipelined into one room; ROOM_STORED replies / (last reply -
+   first send). ROOM_STORED carries the stream's sequence number, so every reply waits for
+   an inbox commit: this is a figure of the stream's cadence, not of the landing commit.
 
 Clients are written from the spec (msgpack maps, `websockets`, PyNaCl), no relay code.
 """
@@ -36,9 +44,10 @@ from .harness import child_ingress_and_stream, collect, p50_p99, port_of, rounde
 CT_SIZE = 1040          # a 1024-byte padding bucket + 16-byte tag (§8 buckets)
 WARMUP_EVENTS = 20
 QUICK = {"clients": 1, "sockets": 150, "stores": 60, "rate": 20, "latency_seconds": 10,
-         "lone_events": 50}
+         "lone_events": 50, "room_sockets": 50}
 FULL = {"clients": 1, "sockets": 600, "stores": 60, "rate": 50, "latency_seconds": 30,
-        "lone_events": 200}
+        "lone_events": 200, "room_sockets": 200}
+ROOM_STORES_PER_SOCKET = 30    # appendix C.3's default budget (STORE_ROOM is not listed)
 LATENCY_SENDERS = 40
 NOTIFY_WINDOW_MS = 0
 
@@ -257,6 +266,111 @@ async def _lone_worker(queue, port: int, count: int) -> None:
     queue.put({"ok": True, "acked_ms": acked, "delivered_ms": delivered, "ack_ms": ack_acked})
 
 
+def room_worker(queue, port: int, rate: float, seconds: float, sockets: int) -> None:
+    """Room latency, then room throughput (a spawned process)."""
+    try:
+        asyncio.run(_room_worker(queue, port, rate, seconds, sockets))
+    except Exception as exc:
+        queue.put({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+
+
+def _room_store(room_id: bytes) -> bytes:
+    import msgpack
+    return msgpack.packb({"cmd": "STORE_ROOM", "room_id": room_id, "nonce": os.urandom(24),
+                          "ciphertext": os.urandom(CT_SIZE)}, use_bin_type=True)
+
+
+async def _room_worker(queue, port, rate, seconds, sockets) -> None:
+    import msgpack
+    unpack = lambda b: msgpack.unpackb(b, raw=False)   # noqa: E731
+    admin, _ = await _login(port)
+    rooms = []
+    for _ in range(2):      # latency room, throughput room: open (not gated), 100 members
+        room_id = os.urandom(16)
+        await admin.send(msgpack.packb({
+            "cmd": "CREATE_ROOM", "room_id": room_id, "s2_cell_id": "47a851dff",
+            "s2_coarse_id": "47a851", "gated": False, "proximity_required": False,
+            "ble_enabled": False, "max_members": 100,
+            "expires_at": int(time.time()) + 3600}, use_bin_type=True))
+        assert unpack(await admin.recv())["cmd"] == "ROOM_CREATED"
+        rooms.append(room_id)
+    rx, _ = await _login(port)
+    await rx.send(msgpack.packb({"cmd": "FETCH_ROOM", "room_id": rooms[0], "since_id": 0},
+                                use_bin_type=True))
+    assert unpack(await rx.recv())["cmd"] == "ROOM_MESSAGES"
+    senders = [(await _login(port))[0] for _ in range(LATENCY_SENDERS)]
+    for ws in senders[:1]:     # warm-up, not timed
+        for _ in range(min(WARMUP_EVENTS, ROOM_STORES_PER_SOCKET)):
+            await ws.send(_room_store(rooms[0]))
+        for _ in range(min(WARMUP_EVENTS, ROOM_STORES_PER_SOCKET)):
+            await asyncio.wait_for(ws.recv(), 120)
+    heard = 0
+    while heard < min(WARMUP_EVENTS, ROOM_STORES_PER_SOCKET):
+        m = unpack(await asyncio.wait_for(rx.recv(), 120))
+        heard += m["count"] if m["cmd"] == "ROOM_NOTIFY" else 0
+    total = min(int(rate * seconds), (LATENCY_SENDERS - 1) * ROOM_STORES_PER_SOCKET)
+    sent: list[float] = []
+    lat: list[float] = []
+
+    async def receive():
+        while len(lat) < total:
+            m = unpack(await asyncio.wait_for(rx.recv(), 120))
+            if m["cmd"] == "ROOM_NOTIFY":
+                now = time.perf_counter()
+                for _ in range(m["count"]):
+                    lat.append((now - sent[len(lat)]) * 1000)
+
+    async def send():
+        t_next = time.perf_counter()
+        for i in range(total):
+            ws = senders[1 + i % (LATENCY_SENDERS - 1)]
+            await asyncio.sleep(max(0.0, t_next - time.perf_counter()))
+            frame = _room_store(rooms[0])
+            sent.append(time.perf_counter())
+            await ws.send(frame)
+            t_next += 1.0 / rate
+
+    async def drain(ws, k):     # ROOM_STORED replies (ROOM_NOTIFYs to the sender skipped)
+        while k:
+            k -= unpack(await asyncio.wait_for(ws.recv(), 120))["cmd"] != "ROOM_NOTIFY"
+
+    per = [len(range(j, total, LATENCY_SENDERS - 1)) for j in range(LATENCY_SENDERS - 1)]
+    await asyncio.gather(receive(), send(), *(drain(ws, k) for ws, k in zip(senders[1:], per)))
+    for ws in senders + [rx]:
+        await ws.close()
+
+    conns = []
+    for i in range(0, sockets, 50):
+        conns += [c for c, _ in await asyncio.gather(
+            *(_login(port) for _ in range(min(50, sockets - i))))]
+    frames = [[_room_store(rooms[1]) for _ in range(ROOM_STORES_PER_SOCKET)] for _ in conns]
+    t0 = time.time()
+
+    refused: dict[str, int] = {}
+
+    async def one(ws, fs):
+        for f in fs:
+            await ws.send(f)
+        ok = got = 0
+        while got < len(fs):
+            m = unpack(await asyncio.wait_for(ws.recv(), 120))
+            if m["cmd"] == "ROOM_NOTIFY":    # a sender is a subscriber too
+                continue
+            got += 1
+            if m["cmd"] == "ROOM_STORED":
+                ok += 1
+            else:
+                why = str(m.get("reason", m["cmd"])).split(" (request")[0]
+                refused[why] = refused.get(why, 0) + 1
+        return ok, time.time()
+
+    res = await asyncio.gather(*(one(ws, fs) for ws, fs in zip(conns, frames)))
+    for ws in conns + [admin]:
+        await ws.close()
+    queue.put({"ok": True, "latency_ms": lat, "stored": sum(r[0] for r in res),
+               "refused": refused, "first": t0, "last": max(r[1] for r in res)})
+
+
 def _latency(spark, settings, p: dict) -> dict:
     with child_ingress_and_stream(spark, settings) as (listening, query, sink, relay):
         queue = mp.get_context("spawn").Queue()
@@ -267,8 +381,29 @@ def _latency(spark, settings, p: dict) -> dict:
         worker = spawn(lone_worker, queue, port_of(listening, "ppp"), p["lone_events"])
         lone = collect(queue, [worker], 1, 300)[0]
         worker.join(timeout=10)
+        worker = spawn(room_worker, queue, port_of(listening, "ppp"), p["rate"],
+                       p["latency_seconds"], p["room_sockets"])
+        rooms = collect(queue, [worker], 1, p["latency_seconds"] + 600)[0]
+        worker.join(timeout=10)
     lat = res["latency_ms"]
-    return {**p50_p99(lat), "count": len(lat),
+    room_secs = rooms["last"] - rooms["first"]
+    room_figures = {
+        "ppp_room_messages_per_s": rounded(rooms["stored"] / room_secs, 0),
+        "room_throughput": {
+            "stored": rooms["stored"], "refused": rooms["refused"],
+            "seconds": rounded(room_secs, 2),
+            "sockets": p["room_sockets"], "stores_per_socket": ROOM_STORES_PER_SOCKET,
+            "method": ("on relay ingress (child) + the stream: authenticated WebSockets each "
+                       "sending its minute's STORE_ROOM budget pipelined into one open room; "
+                       "rate = ROOM_STORED replies (each after the inbox commit that numbered "
+                       "it) / (last reply - first send)")},
+        "ppp_room_store_to_notify_ms": {
+            **p50_p99(rooms["latency_ms"]), "count": len(rooms["latency_ms"]),
+            "rate_per_s": p["rate"], "notify_window_ms": settings.ppp.notify_window_ms,
+            "method": (f"{LATENCY_SENDERS - 1} sender WebSockets STORE_ROOM at an open-loop "
+                       "rate into one room; one subscriber (it FETCH_ROOMed); STORE_ROOM "
+                       "write -> the ROOM_NOTIFY covering it, counts matched in order")}}
+    return {**p50_p99(lat), "count": len(lat), "rooms": room_figures,
             "lone_client": {
                 "events": len(lone["acked_ms"]),
                 "store_to_stored_ms": p50_p99(lone["acked_ms"]),
@@ -310,4 +445,6 @@ def run(settings, quick: bool, spark=None) -> dict:
         s2.ppp.notify_window_ms = NOTIFY_WINDOW_MS
         s2.sync.enabled = False
         out["ppp_store_to_notify_ms"] = _latency(spark, s2, p)
+        rooms = out["ppp_store_to_notify_ms"].pop("rooms")
+        out.update(rooms)
     return out

@@ -14,7 +14,8 @@ in the module of what it measures:
 5. `push_to_deliver_ms` (`trueseal.py`): `relay ingress` and `relay egress` as child
    processes, the stream in this process, receive sessions timestamping each Deliver.
 6. `heya_sends_per_s`, `heya_send_to_have_ms` (`heya.py`).
-7. `ppp_acked_stores_per_s`, `ppp_store_to_notify_ms` (`ppp.py`).
+7. `ppp_acked_stores_per_s`, `ppp_store_to_notify_ms`, `ppp_room_messages_per_s`,
+   `ppp_room_store_to_notify_ms` (`ppp.py`).
 8. `sync_pushes_per_s`, `sync_push_to_notify_ms` (`sync.py`).
 9. `spark_floor` (`jobs/batch_profile.py`): a small micro-batch of the relay's stream against
    Spark's own floor, the same source and trigger with a no-op sink, over the same trickle.
@@ -104,6 +105,9 @@ def headline(res: dict) -> None:
     res["heya_send_to_have_ms"] = (res.get("heya") or {}).get("heya_send_to_have_ms")
     res["ppp_acked_stores_per_s"] = (res.get("ppp") or {}).get("ppp_acked_stores_per_s")
     res["ppp_store_to_notify_ms"] = (res.get("ppp") or {}).get("ppp_store_to_notify_ms")
+    res["ppp_room_messages_per_s"] = (res.get("ppp") or {}).get("ppp_room_messages_per_s")
+    res["ppp_room_store_to_notify_ms"] = (res.get("ppp") or {}).get(
+        "ppp_room_store_to_notify_ms")
     res["sync_pushes_per_s"] = (res.get("sync") or {}).get("sync_pushes_per_s")
     res["sync_push_to_notify_ms"] = (res.get("sync") or {}).get("sync_push_to_notify_ms")
     res["delta_append_ceiling_rows_per_s"] = ceiling
@@ -182,6 +186,10 @@ def _summary(res: dict) -> str:
                  f"(fsync on; {g('ppp', 'throughput', 'sockets')} WebSockets); store->NOTIFY "
                  f"ms p50 {pn.get('p50')}, p99 {pn.get('p99')} (notify window "
                  f"{pn.get('notify_window_ms')} ms)")
+    rn = res.get("ppp_room_store_to_notify_ms") or {}
+    lines.append(f"  ppp room messages/s     : {res.get('ppp_room_messages_per_s')} "
+                 f"(ROOM_STORED after the inbox commit); STORE_ROOM->ROOM_NOTIFY ms "
+                 f"p50 {rn.get('p50')}, p99 {rn.get('p99')}")
     sn = res.get("sync_push_to_notify_ms") or {}
     lines.append(f"  sync pushes/s           : {res.get('sync_pushes_per_s')} "
                  f"(each PUSH_ACK waits for its inbox commit); push->NOTIFY ms "
@@ -343,8 +351,8 @@ def main(args) -> int:
         res["interrupted"] = True
     # Headline fields first, then the details.
     head = ["mode", "trueseal_acked_pushes_per_s", "heya_sends_per_s", "heya_send_to_have_ms",
-            "ppp_acked_stores_per_s", "ppp_store_to_notify_ms",
-            "trueseal_headline_shape",
+            "ppp_acked_stores_per_s", "ppp_store_to_notify_ms", "ppp_room_messages_per_s",
+            "ppp_room_store_to_notify_ms", "trueseal_headline_shape",
             "trueseal_acked_pushes_per_s_by_shape", "push_to_deliver_ms", "stream_envelopes_per_s",
             "landing_commit_ms", "delta_append_ceiling_rows_per_s", "trueseal_vs_ceiling_ratio",
             "stream_vs_ceiling_ratio", "per_connection_vs_pipelined_ratio", "targets",
