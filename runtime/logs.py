@@ -105,6 +105,9 @@ EVENTS: dict[str, str] = {
     "ppp_http_auth_refused": "a PPP polling request had a bad/old/replayed signature "
                              "(request_id)",
     "ppp_sealed": "a sealed submission's coarse outcome (outcome only: no id, IP or token)",
+    "ppp_sealed_room": "a sealed room submission's coarse outcome (outcome only: no room, "
+                       "token or IP)",
+    "ppp_rooms_bootstrap": "the PPP room view was rebuilt (version, rows)",
     "ppp_client_closed": "a PPP connection was closed below the app (reason: head_timeout | "
                          "body_timeout | frame_timeout | write_timeout | auth_too_large, "
                          "suppressed)",
