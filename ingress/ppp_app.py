@@ -626,6 +626,24 @@ def build_app(server: PppServer) -> FastAPI:
     async def ws_endpoint(ws: WebSocket) -> None:
         await server.serve_ws(ws)
 
+    async def sealed_body(request: Request, outcome, rate_limited: str):
+        """(body, None) for a sealed submission within the body limit (refused before
+        parsing) and its client's per-IP budget (the trusted-proxy rule), else (None, the
+        refusing Response): the same first steps for notes (§6) and room messages (§7.3)."""
+        try:
+            body = await read_body(request, SEALED_BODY_LIMIT_BYTES)
+        except _Body:
+            return None, outcome("too_large", 413, _CLOSE)
+        except _Gone:
+            server.client_gone("sealed")
+            return None, Response(status_code=400)   # nobody reads it
+        peer = request.client.host if request.client else ""
+        ip = client_ip(peer, request.headers.getlist("x-forwarded-for"), server.trusted)
+        if not server.sealed_ip.allow(ip, server.monotonic()):
+            return None, outcome(rate_limited, 429,
+                                 {"Retry-After": str(SEALED_IP_RATE_LIMIT.window_secs)})
+        return body, None
+
     @app.post("/v1/note/submit", summary="Sealed Note submission (§6)",
               description="Anonymous: identified only by a registered delivery token. The body "
                           f"is refused past {SEALED_BODY_LIMIT_BYTES} bytes before parsing; "
@@ -647,19 +665,10 @@ def build_app(server: PppServer) -> FastAPI:
             if o != SealedOutcome.OK:
                 svc.count_refused(f"sealed_{o}")
             return Response(status_code=status, headers=headers)
-        try:
-            body = await read_body(request, SEALED_BODY_LIMIT_BYTES)
-        except _Body:
-            return outcome("too_large", 413, _CLOSE)
-        except _Gone:
-            server.client_gone("sealed")
-            return Response(status_code=400)   # nobody reads it
+        body, refused = await sealed_body(request, outcome, SealedOutcome.RATE_LIMITED)
+        if refused is not None:
+            return refused
         now = server.monotonic()
-        peer = request.client.host if request.client else ""
-        ip = client_ip(peer, request.headers.getlist("x-forwarded-for"), server.trusted)
-        if not server.sealed_ip.allow(ip, now):
-            return outcome(SealedOutcome.RATE_LIMITED, 429,
-                           {"Retry-After": str(SEALED_IP_RATE_LIMIT.window_secs)})
         try:
             note = P.decode_sealed_note(body)
         except P.ProtocolError:
@@ -698,19 +707,10 @@ def build_app(server: PppServer) -> FastAPI:
             if o != SealedRoomOutcome.OK:
                 svc.count_refused(f"sealed_room_{o}")
             return Response(status_code=status, headers=headers)
-        try:
-            body = await read_body(request, SEALED_BODY_LIMIT_BYTES)
-        except _Body:
-            return outcome("too_large", 413, _CLOSE)
-        except _Gone:
-            server.client_gone("sealed")
-            return Response(status_code=400)   # nobody reads it
+        body, refused = await sealed_body(request, outcome, "rate_limited")
+        if refused is not None:
+            return refused
         now = server.monotonic()
-        peer = request.client.host if request.client else ""
-        ip = client_ip(peer, request.headers.getlist("x-forwarded-for"), server.trusted)
-        if not server.sealed_ip.allow(ip, now):
-            return outcome("rate_limited", 429,
-                           {"Retry-After": str(SEALED_IP_RATE_LIMIT.window_secs)})
         try:
             sub = P.decode_sealed_room(body)
         except P.ProtocolError:

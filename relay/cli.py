@@ -400,7 +400,8 @@ def _add_room_parser(pp, url_help: str) -> None:
     p.add_argument("--group", action="store_true",
                    help="a group (§7.6): no place, never discovered, lives until deleted")
     p.add_argument("--out", required=True, help="room file to create")
-    p.add_argument("--ttl", type=int, default=86_400, help="seconds the room lives (default 1 day)")
+    p.add_argument("--ttl", type=int, default=86_400,
+                   help="seconds the room lives (default 1 day)")
     p.add_argument("--max-members", type=int, default=100, help="1-100 (default 100)")
     p.add_argument("--open", action="store_true",
                    help="not gated: any authenticated user may STORE_ROOM")

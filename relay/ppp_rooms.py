@@ -76,31 +76,28 @@ def room_info_json(info: dict) -> dict:
 
 async def create(url: str, admin: Identity, lat: float, lon: float, *, ttl: int, gated: bool,
                  max_members: int, ble: bool, out: str | Path) -> RoomFile:
-    room = RoomFile(new_room_id(), new_room_key())
     point = s2sphere.CellId.from_lat_lng(s2sphere.LatLng.from_degrees(lat, lon))
-    room.write(out)   # first: a room the relay has but nobody holds the key of is useless
-    try:
-        async with await PppClient.connect(url, admin) as c:
-            await c.create_room(room.room_id, point.parent(FINE_LEVEL).to_token(),
-                                point.parent(COARSE_LEVEL).to_token(),
-                                expires_at=int(time.time()) + ttl, gated=gated,
-                                ble_enabled=ble, max_members=max_members)
-            # The admin is a member too: its own token, so it can also send sealed.
-            await c.register_member_token(room.room_id,
-                                          my_member_token(admin, room.room_key, room.room_id))
-    except BaseException:
-        Path(out).unlink(missing_ok=True)
-        raise
-    return room
+    return await _new_room(url, admin, out, lambda c, room: c.create_room(
+        room.room_id, point.parent(FINE_LEVEL).to_token(), point.parent(COARSE_LEVEL).to_token(),
+        expires_at=int(time.time()) + ttl, gated=gated, ble_enabled=ble,
+        max_members=max_members))
 
 
 async def create_group(url: str, admin: Identity, *, gated: bool, max_members: int,
                        out: str | Path) -> RoomFile:
+    return await _new_room(url, admin, out, lambda c, room: c.create_group(
+        room.room_id, gated=gated, max_members=max_members))
+
+
+async def _new_room(url: str, admin: Identity, out: str | Path, create) -> RoomFile:
+    """A fresh id and key, the room file first (a room the relay has but nobody holds the
+    key of is useless), then `create(client, room)` and the admin's own member token (so it
+    can send sealed too); the file goes again if the relay refused."""
     room = RoomFile(new_room_id(), new_room_key())
     room.write(out)
     try:
         async with await PppClient.connect(url, admin) as c:
-            await c.create_group(room.room_id, gated=gated, max_members=max_members)
+            await create(c, room)
             await c.register_member_token(room.room_id,
                                           my_member_token(admin, room.room_key, room.room_id))
     except BaseException:

@@ -62,7 +62,7 @@ def test_decode_commands_from_the_c1_field_table():
     assert P.decode_command(pack({"cmd": "ACK", "event_ids": [b"a" * 32]})).event_ids == (
         b"a" * 32,)
     assert isinstance(P.decode_command(pack({"cmd": "FETCH_BACKUP"})), P.FetchBackup)
-    assert P.decode_command(pack({"cmd": "KNOCK"})) == P.Unsupported("KNOCK")
+    assert P.decode_command(pack({"cmd": "REGISTER_PUSH"})) == P.Unsupported("REGISTER_PUSH")
     for bad, reason in [(b"\xc1", "malformed MessagePack"), (pack([1]), "message is not a map"),
                         (pack({"cmd": "NOPE"}), "unknown command"),
                         (pack({"cmd": "FETCH", "since": -1}), "since must be an unsigned integer"),

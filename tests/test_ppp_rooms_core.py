@@ -91,7 +91,8 @@ def test_room_commands_decode_and_refuse_wrong_types():
                 {"expires_at": 1.5}, {"s2_cell_id": "a" * 65}):
         with pytest.raises(P.ProtocolError):
             P.decode_command(_frame(**(GOOD | bad)))
-    assert P.decode_command(_frame(cmd="FETCH_ROOM", room_id=b"r" * 16, since_id=-1)).since_id == -1
+    fetch = P.decode_command(_frame(cmd="FETCH_ROOM", room_id=b"r" * 16, since_id=-1))
+    assert fetch.since_id == -1
     with pytest.raises(P.ProtocolError):
         P.decode_command(_frame(cmd="FETCH_ROOM", room_id=b"r" * 16, since_id=True))
     with pytest.raises(P.ProtocolError):
@@ -102,7 +103,7 @@ def test_room_commands_decode_and_refuse_wrong_types():
                                 member_token=b"t" * 12, admin_signature=b"s" * 63))
     up = P.decode_command(_frame(cmd="UPDATE_ROOM", room_id=b"r" * 16, gated=None))
     assert up.gated is None and up.proximity_required is None
-    assert isinstance(P.decode_command(_frame(cmd="KNOCK")), P.Unsupported)
+    assert isinstance(P.decode_command(_frame(cmd="REGISTER_PUSH")), P.Unsupported)
     with pytest.raises(P.ProtocolError):
         P.decode_sealed_room(_frame(room_id=b"r" * 16, member_token=b"t" * 11,
                                     nonce=b"n" * 24, ciphertext=b"c"))

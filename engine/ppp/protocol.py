@@ -538,7 +538,8 @@ def room_created(room_id: bytes) -> Reply: return Reply("ROOM_CREATED", {"room_i
 def room_updated(room_id: bytes) -> Reply: return Reply("ROOM_UPDATED", {"room_id": room_id})
 def rooms(infos: list[dict]) -> Reply: return Reply("ROOMS", {"rooms": list(infos)})
 def token_registered() -> Reply: return Reply("TOKEN_REGISTERED")
-def tokens_revoked(count: int) -> Reply: return Reply("TOKENS_REVOKED", {"count": min(count, _U32)})
+def tokens_revoked(count: int) -> Reply:
+    return Reply("TOKENS_REVOKED", {"count": min(count, _U32)})
 
 
 def key_rotated(room_id: bytes, revoked_count: int, grace_until: int) -> Reply:

@@ -106,7 +106,7 @@ def decrypt_message(room_key: bytes, room_id: bytes, nonce: bytes,
     return RoomPlaintext(pk, sent_at, body)
 
 
-# --- knock / admit grant (§7.4) -------------------------------------------------------------------
+# --- knock / admit grant (§7.4) ---------------------------------------------------------------
 
 def new_knock_key() -> tuple[bytes, bytes]:
     """(x25519 secret, x25519 public): the knocker's ephemeral pair, one per knock."""

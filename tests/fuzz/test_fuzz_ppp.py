@@ -67,6 +67,13 @@ valid_commands = st.one_of(
         st.booleans(), st.integers(0, 2**32 - 1), u64),
     st.builds(lambda c: ({"cmd": "DISCOVER_ROOMS", "s2_cell_id": c}, P.DiscoverRooms(c)),
               st.text(max_size=16)),
+    st.builds(lambda r, e, q: ({"cmd": "KNOCK", "room_id": r, "knocker_eph_x25519_pk": e,
+                                "request_id": q}, P.Knock(r, e, q)), b16, b32, b16),
+    st.builds(lambda r, q, g: ({"cmd": "ADMIT", "room_id": r, "request_id": q,
+                                "encrypted_grant": g}, P.Admit(r, q, g)),
+              b16, b16, st.binary(max_size=88)),
+    st.builds(lambda r, pk: ({"cmd": "BAN_MEMBER", "room_id": r, "member_pubkey": pk},
+                             P.BanMember(r, pk)), b16, b32),
 )
 
 valid_notes = st.builds(
@@ -114,6 +121,10 @@ _FIELD_TYPES = {   # C.1 / C.6: field -> (type, exact size or None)
     P.DiscoverRooms: {"s2_cell_id": (str, None)},
     P.UpdateRoom: {"room_id": (bytes, 16)},
     P.RevokeTokens: {"room_id": (bytes, 16)},
+    P.Knock: {"room_id": (bytes, 16), "knocker_eph_x25519_pk": (bytes, 32)},
+    P.Admit: {"room_id": (bytes, 16), "request_id": (bytes, 16)},
+    P.BanMember: {"room_id": (bytes, 16), "member_pubkey": (bytes, 32)},
+    P.KickMember: {"room_id": (bytes, 16), "member_pubkey": (bytes, 32)},
     P.SealedNoteSubmit: {"delivery_token": (bytes, 12), "ephemeral_pk": (bytes, 32),
                          "nonce": (bytes, 24), "ciphertext": (bytes, None),
                          "created_at": (int, None), "expires_at": (int, None)},
@@ -170,7 +181,8 @@ def test_ppp_command_frames(case, implied):
                             P.DeregisterDeliveryToken, P.StoreBackup, P.FetchBackup,
                             P.DeleteBackup, P.Unsupported, P.CreateRoom, P.UpdateRoom,
                             P.DiscoverRooms, P.RegisterToken, P.RevokeTokens, P.RotateRoomKey,
-                            P.StoreRoom, P.FetchRoom)), type(cmd)
+                            P.StoreRoom, P.FetchRoom, P.Knock, P.Admit, P.CreateGroup,
+                            P.DeleteGroup, P.KickMember, P.BanMember)), type(cmd)
     raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     assert type(raw) is dict
     assert wire_map_len(data) == len(raw), "a key twice accepted"
