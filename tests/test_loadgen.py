@@ -36,7 +36,8 @@ def test_day_follows_the_streams_rules(day):
     settings, report = day
     inbox = table(settings, INBOX)
     assert inbox.num_rows == report.inbox_rows > 0
-    assert set(inbox.column(C.PROTOCOL).to_pylist()) == {"trueseal", "heya", "ppp"}
+    assert set(inbox.column(C.PROTOCOL).to_pylist()) == {"trueseal", "heya", "ppp",
+                                                         "ppp_room"}
     ids = inbox.column(C.EVENT_ID).to_pylist()
     assert len(ids) == len(set(ids))
     per: dict = {}
@@ -54,6 +55,24 @@ def test_day_follows_the_streams_rules(day):
     rej = table(settings, REJECTS)
     assert "heya" not in rej.filter(pc.equal(rej.column(C.REASON), "duplicate")) \
         .column(C.PROTOCOL).to_pylist()
+
+
+def test_day_has_rooms_made_through_the_control_plane(day):
+    """Rooms exist in the PPP control tables; their messages land within each room's life,
+    in rooms that exist, numbered from 1, and are never acked."""
+    from delta_tables.ppp_state import load_state, table_paths
+    settings, report = day
+    rooms = load_state(table_paths(Layout(settings.data_dir))).rooms.rooms
+    assert len(rooms) == report.rooms >= 8 and report.room_messages > 0
+    inbox = table(settings, INBOX)
+    msgs = inbox.filter(pc.equal(inbox.column(C.PROTOCOL), "ppp_room"))
+    assert 0 < msgs.num_rows <= report.room_messages
+    for m, recv in zip(msgs.column(C.MAILBOX).to_pylist(),
+                       msgs.column(C.RECEIVED_AT).to_pylist()):
+        room = rooms[m]
+        assert room.created_at - 1 <= recv.timestamp() <= room.expires_at + 1
+    acks = table(settings, ACKS)
+    assert "ppp_room" not in set(acks.column(C.PROTOCOL).to_pylist())
 
 
 def test_day_timings_are_realistic(day):
