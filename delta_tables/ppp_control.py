@@ -43,7 +43,7 @@ class PppControl(ControlTables):
         self.state = await asyncio.to_thread(load_state, paths)
         log.info("ppp control plane loaded", extra={
             "event": "ppp_control_loaded", "delivery_tokens": len(self.state.tokens),
-            "backups": len(self.state.backups)})
+            "backups": len(self.state.backups), "rooms": len(self.state.rooms.rooms)})
 
     def recipient_of(self, token: bytes) -> bytes | None:
         return self.state.recipient_of(token)

@@ -94,7 +94,8 @@ EVENTS: dict[str, str] = {
     "server_cert_created": "a listener's server certificate was created (listener, path)",
     "server_cert_recreated": "a listener's key without certificate was replaced by a new pair",
     # ppp (ingress process)
-    "ppp_control_loaded": "the PPP control tables were loaded (delivery_tokens, backups)",
+    "ppp_control_loaded": "the PPP control tables were loaded (delivery_tokens, backups, "
+                          "rooms)",
     "ppp_inbox_bootstrap": "the PPP inbox view was rebuilt (version, rows, pending)",
     "ppp_command_refused": "a PPP command got a failure reply (cmd, reason, request_id)",
     "ppp_command_failed": "a PPP command raised; answered as internal error (cmd, "
