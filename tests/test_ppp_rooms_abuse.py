@@ -2,6 +2,7 @@
 real WebSocket / HTTP clients (frames from C.1 / C.6), the knock queue's TTL with a moved
 clock, and DELETE_GROUP's commit point under kill -9.
 
+* DISCOVER_ROOMS: C.3's 120 per minute, exactly.
 * Sealed room submission: the per-IP budget (120 / 60 s) and the per-token budget (2 / 1 s)
   hit exactly; a body over 128 KiB refused before parsing (413); malformed MessagePack,
   wrong sizes, an unknown room, a bad token: refused, and nothing lands. Accepted messages
@@ -142,6 +143,12 @@ async def _abuse(settings):
         assert r["reason"].startswith("s2 cell coarser than level 8")
         assert (await a.call({"cmd": "FETCH_ROOM", "room_id": room_id, "since_id": 0}))[
             "cmd"] == "ROOM_MESSAGES"
+        # DISCOVER_ROOMS: 120 per minute per pubkey (C.3), exactly; the refused one says so.
+        d = await Ws.login(port, SigningKey.generate())
+        got = [(await d.call({"cmd": "DISCOVER_ROOMS", "s2_cell_id": "47a851"}))["cmd"]
+               for _ in range(121)]
+        assert got == ["ROOMS"] * 120 + ["STORE_FAIL"]
+        await d.close()
         await a.close()
     finally:
         await node.close()
