@@ -21,9 +21,10 @@ from engine.ppp.rooms import Room
 from .control import ControlTables, utc_micros
 from .layout import Layout
 from .ppp_state import BackupMeta, PppState, load_state, read_backup, ts
-from .schema_ppp import (OP_BAN, OP_CREATE, OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_REVOKE,
-                         OP_ROTATE, OP_STORE, OP_UPDATE, PPP_BACKUPS, PPP_DELIVERY_TOKENS,
-                         PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
+from .schema_ppp import (OP_BAN, OP_CLEAR, OP_CREATE, OP_DELETE, OP_DEREGISTER, OP_PUBLISH,
+                         OP_REGISTER, OP_REVOKE, OP_ROTATE, OP_STORE, OP_UPDATE, PPP_BACKUPS,
+                         PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_ROOM_TOKENS, PPP_ROOMS,
+                         PPP_TABLES, Q)
 
 log = logging.getLogger("relay.ingress.ppp")
 
@@ -179,3 +180,17 @@ class PppControl(ControlTables):
             Q.ROOM_ID: room_id, Q.TOKEN: token, Q.OP: op,
             Q.GRACE_UNTIL: None if grace_until is None else ts(grace_until), Q.AT: ts(at)}])
         self.state.room_token_row(op, room_id, token, grace_until, at)
+
+    # --- contact discovery (§9) ------------------------------------------------------------------
+    async def publish_hashes(self, pubkey: bytes, hashes, pepper_id: int) -> int:
+        """Replace the caller's published set (one commit: a clear row, a row per hash)."""
+        async with self.lock:
+            uniq = list(dict.fromkeys(hashes))
+            rows = [(OP_CLEAR, None)] + [(OP_PUBLISH, h) for h in uniq]
+            ats = [self.next_at(self.state) for _ in rows]
+            await self.write(PPP_DISCOVERY.name, [{
+                Q.PUBKEY: pubkey, Q.OP: op, Q.HASH: h, Q.PEPPER_ID: pepper_id, Q.AT: ts(at)}
+                for (op, h), at in zip(rows, ats)])
+            for (op, h), at in zip(rows, ats):
+                self.state.discovery_row(op, pubkey, h, pepper_id, at)
+            return len(uniq)

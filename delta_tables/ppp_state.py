@@ -20,10 +20,12 @@ from deltalake import DeltaTable
 
 from engine.ppp.rooms import Room
 
+from .discovery_state import DiscoveryState
 from .query import sql
 from .room_state import RoomState
 from .schema_ppp import (OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_STORE, PPP_BACKUPS,
-                         PPP_DELIVERY_TOKENS, PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
+                         PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_ROOM_TOKENS, PPP_ROOMS,
+                         PPP_TABLES, Q)
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,7 @@ class PppState:
     by_recipient: dict[bytes, set[bytes]] = field(default_factory=dict)
     backups: dict[bytes, BackupMeta] = field(default_factory=dict)
     rooms: RoomState = field(default_factory=RoomState)
+    discovery: DiscoveryState = field(default_factory=DiscoveryState)
     last_at: int = 0
 
     def __repr__(self) -> str:
@@ -93,13 +96,20 @@ class PppState:
         self._seen(at)
         self.rooms.token_row(op, room_id, token, grace_until, at)
 
+    def discovery_row(self, op: str, pubkey: bytes, hash_: bytes | None, pepper_id: int,
+                      at: int) -> None:
+        self._seen(at)
+        self.discovery.row(op, pubkey, hash_, pepper_id, at)
+
     def needed_at(self, now: float | None = None) -> dict[str, set[int]]:
         """Per table, the `at` of every row the state rests on; a compaction may delete the
-        rest (deregistered tokens, superseded and deleted backups, expired rooms)."""
+        rest (deregistered tokens, superseded and deleted backups, expired rooms, discovery
+        sets of past peppers)."""
         import time
         return {PPP_DELIVERY_TOKENS.name: {at for _, at in self.tokens.values()},
                 PPP_BACKUPS.name: {b.at for b in self.backups.values()},
-                **self.rooms.needed_at(time.time() if now is None else now)}
+                **self.rooms.needed_at(time.time() if now is None else now),
+                **self.discovery.needed_at()}
 
 
 def micros(col) -> list[int]:
@@ -124,6 +134,12 @@ def load_state(tables: dict[str, Path]) -> PppState:
                                        t.column(Q.VERSION).to_pylist(), micros(t.column(Q.AT))):
         state.backup_row(op, pubkey, version, at)
     _load_rooms(tables, state)
+    t = sql({"t": DeltaTable(str(tables[PPP_DISCOVERY.name]))},
+            f"SELECT {Q.OP}, {Q.PUBKEY}, {Q.HASH}, {Q.PEPPER_ID}, {Q.AT} FROM t ORDER BY {Q.AT}")
+    for op, pk, h, pid, at in zip(t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
+                                  t.column(Q.HASH).to_pylist(),
+                                  t.column(Q.PEPPER_ID).to_pylist(), micros(t.column(Q.AT))):
+        state.discovery_row(op, pk, h, pid, at)
     return state
 
 

@@ -11,7 +11,9 @@ folded into memory by the owner (the ingress node hosting the PPP listener) at s
 * rooms and groups (§7): a row per CREATE_ROOM / UPDATE_ROOM carrying the room's whole
   relay-visible record (its after-image), so the newest row of a room is all its state;
 * room member tokens (§7.3): registered, revoked, or marked by a key rotation with the end
-  of their grace period. Room *messages* are inbox rows (protocol `ppp_room`).
+  of their grace period. Room *messages* are inbox rows (protocol `ppp_room`);
+* contact discovery (§9): peppered identifier hashes -> the pubkey that published them,
+  filed under the pepper they were made with. Never an identifier, never the pepper.
 
 Tokens, pubkeys and ciphertext are binary columns: delta-rs writes no statistics for those
 into the Delta log, so a removed row's values leave with its data file. `at` orders a
@@ -46,6 +48,8 @@ class Q:
     CREATED_AT = "created_at"
     EXPIRES_AT = "expires_at"
     GRACE_UNTIL = "grace_until"
+    HASH = "hash"
+    PEPPER_ID = "pepper_id"
 
 
 OP_REGISTER = "register"
@@ -57,6 +61,8 @@ OP_UPDATE = "update"
 OP_REVOKE = "revoke"
 OP_ROTATE = "rotate"
 OP_BAN = "ban"
+OP_PUBLISH = "publish"
+OP_CLEAR = "clear"
 
 _AT = Column(Q.AT, "timestamp", doc="when; strictly increasing per writer; the row's key")
 
@@ -120,5 +126,18 @@ PPP_ROOM_TOKENS = TableDef(
     doc="REGISTER_TOKEN / REVOKE_TOKENS / ROTATE_ROOM_KEY / BAN_MEMBER, in order.",
 )
 
+PPP_DISCOVERY = TableDef(
+    "ppp_discovery", (
+        Column(Q.PUBKEY, "binary", doc="the publisher (the authenticated caller)"),
+        Column(Q.OP, "string", doc="clear (starts a publish: the set before is gone) | publish"),
+        Column(Q.HASH, "binary", nullable=True,
+               doc="BLAKE2b-256(normalized identifier, key = pepper) (§9); publish only"),
+        Column(Q.PEPPER_ID, "long", doc="the pepper the hashes were made with"),
+        _AT,
+    ),
+    dict(_COMMON),
+    doc="DISCOVERY_PUBLISH: a clear row and one row per hash, in one commit.",
+)
+
 PPP_TABLES = {t.name: t for t in (PPP_DELIVERY_TOKENS, PPP_BACKUPS, PPP_ROOMS,
-                                  PPP_ROOM_TOKENS)}
+                                  PPP_ROOM_TOKENS, PPP_DISCOVERY)}

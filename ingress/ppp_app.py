@@ -14,6 +14,7 @@
   once the stream has numbered the message (`ppp_rooms.py`).
 * Room commands over the WebSocket (§7): `ppp_rooms.RoomService`, with the room view
   (`egress/ppp_rooms.py`) fed by the same inbox tail as the PPP inbox view.
+* Contact discovery over the WebSocket (§9): `ppp_discovery.DiscoveryService`.
 * HTTP polling (§5.2): `POST /v1/events` (STORE), `GET /v1/events?since=` (FETCH),
   `POST /v1/events/ack` (ACK), authenticated by `Authorization: PPP-Ed25519 <pk>:<sig>`
   over body || timestamp (`X-PPP-Timestamp`, see `engine.ppp.protocol.http_auth`), with a
@@ -72,9 +73,11 @@ from engine.ppp.limits import (REQUEST_ID_LEN, SEALED_BODY_LIMIT_BYTES, SEALED_I
 from engine.ppp.session import Authenticated, Closing, CommandReceived, PppSession, Refused
 from engine.ratelimit import KeyedBudgets, SlidingWindowLimiter
 from runtime.config import PppConf, Settings
+from runtime.keys import load_or_create
 from runtime.listener import Listener
 
 from .ppp_conn import PppConn, PppHttpProtocol, PppWsProtocol
+from .ppp_discovery import PEPPER_SEED_FILE, DiscoveryService
 from .ppp_rooms import SealedRoomOutcome
 from .ppp_service import PppService, SealedOutcome
 
@@ -225,6 +228,10 @@ class PppServer(Listener):
                                   clock=clock, counters=self, room_view=self.rooms,
                                   room_sequence_timeout=self.conf.room_sequence_timeout_seconds,
                                   moderation=self.conf.moderation)
+        self.service.discovery = DiscoveryService(
+            self.control, load_or_create(settings.data_dir, PEPPER_SEED_FILE).private_bytes,
+            int(self.conf.discovery_pepper_rotation_hours * 3600), self.service._fail,
+            clock=clock, monotonic=monotonic)
         self.budgets = KeyedBudgets(command_budget)   # per pubkey, both transports (C.3)
         self.sealed_ip = SlidingWindowLimiter(SEALED_IP_RATE_LIMIT.max_count,
                                               SEALED_IP_RATE_LIMIT.window_secs)
@@ -324,6 +331,7 @@ class PppServer(Listener):
             self.sealed_token.sweep(mono)
             self.sealed_room_token.sweep(mono)
             self.service.rooms.knocks.sweep(now)
+            self.service.discovery.sweep()
             self._seen_sigs = {s: t for s, t in self._seen_sigs.items() if t > now}
 
     # --- below the app: connections, budgets, deadlines ------------------------------------------

@@ -58,6 +58,12 @@ def landing_row(event_id_: bytes, recipient: bytes, envelope: bytes, created_at:
     }
 
 
+def _address(session) -> str | None:
+    """The client address a WebSocket session is counted by (its admission ticket's)."""
+    ticket = getattr(getattr(session, "conn", None), "ticket", None)
+    return getattr(ticket, "address", None)
+
+
 class SealedOutcome:
     """Coarse outcomes of the sealed endpoint (§5.x: no request id, token or IP is logged)."""
     OK = "accepted"
@@ -90,6 +96,7 @@ class PppService:
         self.refused: dict[str, int] = {}
         self.refusal_lines = LogRate(REFUSAL_LOG_SECONDS)
         self.quiet = LogRate()   # storage failures: one line per 10 s while they last
+        self.discovery = None     # a DiscoveryService, set by the listener (ppp_app.py)
         self.rooms = None if room_view is None else RoomService(
             appender, room_view, control, self._fail, clock=clock,
             sequence_timeout=room_sequence_timeout, moderation=moderation, tell=self.tell)
@@ -100,6 +107,8 @@ class PppService:
         """`session`: the WebSocket connection asking (room subscriptions), if any."""
         if isinstance(cmd, P.RoomCommand) and self.rooms is not None:
             return await self.rooms.run(pubkey, cmd, request_id, session)
+        if isinstance(cmd, P.DiscoveryCommand) and self.discovery is not None:
+            return await self.discovery.run(pubkey, cmd, request_id, _address(session))
         if isinstance(cmd, P.Store):
             return await self.store(cmd.event, request_id)
         if isinstance(cmd, P.Fetch):

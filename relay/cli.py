@@ -381,6 +381,23 @@ def cmd_ppp_room(args) -> None:
     _ppp_run(run)
 
 
+def cmd_ppp_discover_contacts(args) -> None:
+    from .ppp_client import discover_contacts
+
+    def lines(path: str | None) -> list[str]:
+        if not path:
+            return []
+        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        return [x.strip() for x in text.splitlines() if x.strip() and not x.startswith("#")]
+
+    def run():
+        me = _ppp_identity(args.seed)
+        for line in asyncio.run(discover_contacts(_ppp_url(args), me, lines(args.contacts),
+                                                  list(args.publish or ()))):
+            print(json.dumps(line, ensure_ascii=False))
+    _ppp_run(run)
+
+
 def _add_room_parser(pp, url_help: str) -> None:
     room = pp.add_parser("room", help="rooms (§7): create, discover, members, messages")
     rp = room.add_subparsers(dest="room_command", required=True)
@@ -482,6 +499,16 @@ def _add_ppp_parser(sub) -> None:
     p.add_argument("--url", help=url_help)
     p.set_defaults(func=cmd_ppp_receive)
     _add_room_parser(pp, url_help)
+    p = pp.add_parser("discover-contacts",
+                      help="which of my contacts use this relay (§9: peppered hashes only)")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--contacts", help="file of phone numbers (+E.164) and e-mail addresses, "
+                                      "one per line ('-': stdin)")
+    p.add_argument("--publish", action="append", metavar="IDENTIFIER",
+                   help="my own phone number or e-mail, published (hashed) so contacts find "
+                        "me; repeat for each (a publish replaces the previous set)")
+    p.add_argument("--url", help=url_help)
+    p.set_defaults(func=cmd_ppp_discover_contacts)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -296,6 +296,24 @@ class PppClient:
                     raise PppError(f"unexpected {m['cmd']} while waiting for {cmd}")
         return await asyncio.wait_for(until(), timeout)
 
+    # --- contact discovery (§9) ----------------------------------------------------------------
+    async def discovery_pepper(self) -> dict:
+        """{pepper, pepper_id, rotates_at}."""
+        return await self._call(_pack("DISCOVERY_PEPPER"), "DISCOVERY_PEPPER")
+
+    async def discovery_publish(self, hashes: list[bytes], pepper_id: int) -> int:
+        return int((await self._call(_pack("DISCOVERY_PUBLISH", hashes=list(hashes),
+                                           pubkey=self.identity.pubkey, pepper_id=pepper_id),
+                                     "DISCOVERY_PUBLISHED"))["count"])
+
+    async def discovery_query(self, hashes: list[bytes], pepper_id: int) -> list[dict]:
+        m = await self._call(_pack("DISCOVERY_QUERY", hashes=list(hashes), pepper_id=pepper_id),
+                             "DISCOVERY_MATCHES")
+        matches = m.get("matches")
+        if not isinstance(matches, list):
+            raise PppError("DISCOVERY_MATCHES.matches must be a list")
+        return matches
+
     async def wait_notify(self, timeout: float | None = None) -> int:
         """Wait for a NOTIFY (reads frames until one comes); returns the total seen so far.
         Only call it with no command outstanding."""
@@ -376,6 +394,33 @@ async def submit_room_sealed(base_url: str, room_id: bytes, member_token: bytes,
         return int(msgpack.unpackb(resp, raw=False)["sequence_number"])
     except Exception as e:   # msgpack's errors, KeyError, TypeError
         raise PppError("relay sent no ROOM_STORED") from e
+
+
+async def discover_contacts(url: str, me: Identity, contacts: list[str],
+                            publish: list[str] = ()) -> list[dict]:
+    """§9's discovery cycle: fetch the pepper, (re-)publish my own identifiers under it,
+    ask about my contacts' (normalised and hashed here: nothing plain leaves this process),
+    and map the matches back to the identifiers I asked about."""
+    from engine.ppp.discovery import (MAX_QUERY_HASHES, IdentifierError, identifier_hash,
+                                      normalize)
+    asked: dict[bytes, str] = {}
+    out = []
+    async with await PppClient.connect(url, me) as c:
+        p = await c.discovery_pepper()
+        pepper, pid = p["pepper"], p["pepper_id"]
+        if publish:
+            await c.discovery_publish([identifier_hash(normalize(i), pepper) for i in publish],
+                                      pid)
+        for ident in contacts:
+            try:
+                asked[identifier_hash(normalize(ident), pepper)] = ident
+            except IdentifierError as e:
+                out.append({"identifier": ident, "error": str(e)})
+        hashes = list(asked)
+        for i in range(0, len(hashes), MAX_QUERY_HASHES):
+            for m in await c.discovery_query(hashes[i:i + MAX_QUERY_HASHES], pid):
+                out.append({"identifier": asked.get(m["hash"], "?"), "pubkey": m["pubkey"].hex()})
+    return out
 
 
 def _reason(body: bytes) -> str:

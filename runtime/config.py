@@ -242,6 +242,9 @@ class PppConf:
     # KICK_MEMBER / BAN_MEMBER (§7.7): off answers STORE_FAIL "feature disabled", as the
     # spec's shipped builds do; on, the room admin may kick and ban.
     moderation: bool = False
+    # Contact discovery (§9): the pepper rotates on this schedule; a client re-publishes its
+    # hashes under each new pepper (engine/ppp/discovery.py).
+    discovery_pepper_rotation_hours: float = 168.0
     # --- hostile clients (issue 19) ---
     # The request head must be complete this long after accept (and after the previous
     # response): the websockets client, browsers and http.client send the whole head in one

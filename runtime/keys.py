@@ -62,9 +62,10 @@ def key_path(data_dir: str | os.PathLike) -> Path:
     return Path(data_dir).resolve() / "keys" / TRUESEAL_KEY_FILE
 
 
-def load_or_create(data_dir: str | os.PathLike) -> RelayKey:
-    """The trueseal relay key under `data_dir`, created on first start."""
-    path = key_path(data_dir)
+def load_or_create(data_dir: str | os.PathLike, name: str = TRUESEAL_KEY_FILE) -> RelayKey:
+    """The trueseal relay key under `data_dir` (or another 32-byte secret of the relay's,
+    `<data>/keys/<name>`), created on first start."""
+    path = Path(data_dir).resolve() / "keys" / name
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     if not path.exists():
         _create(path)

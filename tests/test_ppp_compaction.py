@@ -67,7 +67,8 @@ def test_superseded_backups_and_deregistered_tokens_leave_delta(settings):
     lines: list[str] = []
     report = run_compaction(settings, progress=lines.append)
     assert report.ppp_control_removed == 10 and not report.skipped
-    assert any(line.startswith("ppp: 4 delivery-token rows, 6 backup rows and 0 room rows removed")
+    assert any(line.startswith("ppp: 4 delivery-token rows, 6 backup rows and 0 room and "
+                               "discovery rows removed")
                for line in lines)
     assert "ppp / sync control removed   10 / 0" in report.format()
 

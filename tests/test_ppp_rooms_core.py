@@ -183,3 +183,31 @@ def test_room_control_plane_survives_a_restart_and_compaction_purges_expired_roo
     tok = DeltaTable(str(table_paths(layout)[PPP_ROOM_TOKENS.name])).to_pyarrow_table()
     assert brief not in tok.column("room_id").to_pylist()
     assert t1 not in tok.column("token").to_pylist()                # before the revoke
+
+
+def test_discovery_sets_of_a_past_pepper_are_compacted_away(settings):
+    """A set filed under a pepper older than the newest any publisher used matches nothing:
+    compaction deletes its rows; the rest folds back the same."""
+    settings.compaction.vacuum_retention_hours = 0
+    layout = Layout(settings.data_dir)
+    layout.ensure_shared_tables()
+    a, b, c = os.urandom(32), os.urandom(32), os.urandom(32)
+    h1, h2, h3 = os.urandom(32), os.urandom(32), os.urandom(32)
+
+    async def publish():
+        ctl = PppControl(layout, fsync=False)
+        await ctl.load()
+        assert await ctl.publish_hashes(a, [h1, h1, h2], 7) == 2   # duplicates once
+        await ctl.publish_hashes(a, [h1], 7)                        # replaces a's set
+        await ctl.publish_hashes(b, [h2], 7)
+        await ctl.publish_hashes(c, [h3], 8)                        # the pepper moved on
+        return ctl.state.discovery
+    st = asyncio.run(publish())
+    assert st.matches([h1, h2, h3], 7) == [(h1, a), (h2, b)]
+    assert st.matches([h3], 8) == [(h3, c)]
+    run_compaction(settings)
+    after = load_state(table_paths(layout)).discovery
+    assert after.matches([h1, h2], 7) == [] and after.matches([h3], 8) == [(h3, c)]
+    from delta_tables.schema_ppp import PPP_DISCOVERY
+    rows = DeltaTable(str(table_paths(layout)[PPP_DISCOVERY.name])).to_pyarrow_table()
+    assert set(rows.column("pubkey").to_pylist()) == {c}

@@ -230,3 +230,17 @@ def test_room_message():
     assert b.crypto_sign_open(obj[4] + signed, obj[1]) == signed
     assert H(v["draws"][0]) == H(v["nonce"])
     assert pt[len(pt) - 1 - len(H(v["draws"][1])):-1] == H(v["draws"][1])   # the padding
+
+
+def test_discovery():
+    doc = load("discovery.json")
+    pepper = hashlib.blake2b(b"ppp-discovery-pepper-v1" + struct.pack(">Q", doc["pepper_id"]),
+                             digest_size=32, key=H(doc["pepper_seed"])).digest()
+    assert pepper.hex() == doc["pepper"]
+    expected = {"+49 (30) 1234-5678": "+493012345678", " +1 415.555.0100 ": "+14155550100",
+                "Alice.Liddell@Example.org": "aliceliddell@example.org",
+                "a.b+tag@x.org": "ab+tag@x.org"}
+    for v in doc["vectors"]:
+        assert v["normalized"] == expected[v["identifier"]]
+        assert hashlib.blake2b(v["normalized"].encode(), digest_size=32,
+                               key=pepper).hexdigest() == v["hash"]

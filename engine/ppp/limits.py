@@ -34,6 +34,10 @@ COMMAND_RATE_LIMITS: dict[str, RateBudget] = {
     "STORE_BACKUP": RateBudget(5, 3600),
     "FETCH_BACKUP": RateBudget(5, 3600),
     "DISCOVER_ROOMS": RateBudget(120, 60),
+    # Not in C.3 (contact discovery is §9 only): this relay's budgets against enumeration
+    # (§9 DR-03), with at most 500 hashes a query (`discovery.py`).
+    "DISCOVERY_QUERY": RateBudget(20, 3600),
+    "DISCOVERY_PUBLISH": RateBudget(10, 3600),
 }
 
 

@@ -18,6 +18,7 @@ from typing import Any
 import msgpack
 
 from .limits import DELIVERY_TOKEN_LEN, EVENT_ID_LEN, PUBKEY_LEN, SIGNATURE_LEN
+from .discovery import MAX_PUBLISH_HASHES, MAX_QUERY_HASHES
 from .knocks import REQUEST_ID_LEN as KNOCK_REQUEST_ID_LEN
 from .rooms import MEMBER_TOKEN_LEN, ROOM_ID_LEN, ROOM_NONCE_LEN, X25519_PK_LEN
 
@@ -254,6 +255,35 @@ class BanMember:
         return "BanMember()"
 
 
+# --- contact discovery (§9; not in appendix C) --------------------------------------------------
+
+@dataclass(frozen=True)
+class DiscoveryPepper:
+    """This relay's command for §9's "relay-provided, rotated" pepper (`discovery.py`)."""
+    name = "DISCOVERY_PEPPER"
+
+
+@dataclass(frozen=True)
+class DiscoveryPublish:
+    hashes: tuple[bytes, ...]
+    pubkey: bytes
+    pepper_id: int | None = None
+    name = "DISCOVERY_PUBLISH"
+
+    def __repr__(self) -> str:
+        return f"DiscoveryPublish({len(self.hashes)} hashes)"
+
+
+@dataclass(frozen=True)
+class DiscoveryQuery:
+    hashes: tuple[bytes, ...]
+    pepper_id: int | None = None
+    name = "DISCOVERY_QUERY"
+
+    def __repr__(self) -> str:
+        return f"DiscoveryQuery({len(self.hashes)} hashes)"
+
+
 @dataclass(frozen=True)
 class Unsupported:
     """A C.1 command this relay does not serve."""
@@ -267,8 +297,10 @@ class Unsupported:
 RoomCommand = (CreateRoom | UpdateRoom | DiscoverRooms | RegisterToken | RevokeTokens
                | RotateRoomKey | StoreRoom | FetchRoom | Knock | Admit | CreateGroup
                | DeleteGroup | KickMember | BanMember)
+DiscoveryCommand = DiscoveryPepper | DiscoveryPublish | DiscoveryQuery
 Command = (Auth | Store | Fetch | Ack | RegisterDeliveryToken | DeregisterDeliveryToken
-           | StoreBackup | FetchBackup | DeleteBackup | RoomCommand | Unsupported)
+           | StoreBackup | FetchBackup | DeleteBackup | RoomCommand | DiscoveryCommand
+           | Unsupported)
 
 # C.1 commands not served here: push (KICK_MEMBER / BAN_MEMBER are decoded, and refused
 # while `ppp.moderation` is off).
@@ -381,6 +413,15 @@ def _admit(m, c):
     return Admit(_room_id(m, c), _bytes(m, "request_id", c, KNOCK_REQUEST_ID_LEN), grant)
 
 
+def _hashes(m, c, top: int) -> tuple[bytes, ...]:
+    hs = m.get("hashes")
+    if not isinstance(hs, list) or not all(isinstance(h, bytes) and len(h) == 32 for h in hs):
+        raise ProtocolError("hashes must be a list of 32-byte hashes", c)
+    if len(hs) > top:
+        raise ProtocolError(f"at most {top} hashes", c)
+    return tuple(hs)
+
+
 def _member(cls):
     return lambda m, c: cls(_room_id(m, c), _bytes(m, "member_pubkey", c, PUBKEY_LEN))
 
@@ -403,6 +444,12 @@ _DECODERS = {
                                              _uint(m, "max_members", c, _U32)),
     "DELETE_GROUP": lambda m, c: DeleteGroup(_room_id(m, c)),
     "KICK_MEMBER": _member(KickMember), "BAN_MEMBER": _member(BanMember),
+    "DISCOVERY_PEPPER": lambda m, c: DiscoveryPepper(),
+    "DISCOVERY_PUBLISH": lambda m, c: DiscoveryPublish(
+        _hashes(m, c, MAX_PUBLISH_HASHES), _bytes(m, "pubkey", c, PUBKEY_LEN),
+        _uint(m, "pepper_id", c, optional=True)),
+    "DISCOVERY_QUERY": lambda m, c: DiscoveryQuery(
+        _hashes(m, c, MAX_QUERY_HASHES), _uint(m, "pepper_id", c, optional=True)),
 }
 
 
@@ -603,6 +650,21 @@ def member_banned(room_id: bytes, member: bytes) -> Reply:
 
 
 def kicked(room_id: bytes) -> Reply: return Reply("KICKED", {"room_id": room_id})
+
+
+def discovery_pepper(pepper: bytes, pepper_id: int, rotates_at: int) -> Reply:
+    return Reply("DISCOVERY_PEPPER", {"pepper": pepper, "pepper_id": pepper_id,
+                                      "rotates_at": rotates_at})
+
+
+def discovery_published(count: int, pepper_id: int) -> Reply:
+    return Reply("DISCOVERY_PUBLISHED", {"count": count, "pepper_id": pepper_id})
+
+
+def discovery_matches(matches: list[tuple[bytes, bytes]]) -> Reply:
+    """§9: matches: [{hash, pubkey}]."""
+    return Reply("DISCOVERY_MATCHES", {"matches": [{"hash": h, "pubkey": pk}
+                                                   for h, pk in matches]})
 
 
 def failure(cmd: str | None, reason: str) -> Reply:

@@ -2,7 +2,7 @@
 
 Writes one JSON file per primitive into `test-vectors/` (repo root by default): keys, kdf,
 seal, wrap, event_id, sealed_event_id, delivery_token, member_token, room_grant, room_message,
-padding, fingerprint.
+discovery, padding, fingerprint.
 Everything is deterministic: seeds are SHAKE-256("ppp-test-vector/" + label) and every random
 value the wrap draws comes from a SHAKE-256 stream of a label; each drawn value is written out
 explicitly, in draw order, so another implementation can replay it without our stream. All
@@ -245,6 +245,26 @@ def room_message_vectors(people) -> dict:
                    "nonce": _h(nonce), "ciphertext": _h(ct)}])
 
 
+def discovery_vectors() -> dict:
+    """§9 contact discovery: normalisation, the pepper schedule, the peppered hash."""
+    from . import discovery
+    seed = vector_seed("discovery-pepper-seed")
+    pid = 2923
+    pepper = discovery.pepper_for(seed, pid)
+    idents = ["+49 (30) 1234-5678", " +1 415.555.0100 ", "Alice.Liddell@Example.org",
+              "a.b+tag@x.org"]
+    return _file("pepper = BLAKE2b(32, in = 'ppp-discovery-pepper-v1' || u64be(pepper_id), "
+                 "key = pepper_seed); pepper_id = floor(unix_time / rotation_seconds). "
+                 "hash = BLAKE2b(32, in = normalized (UTF-8), key = pepper). Normalisation: "
+                 "whitespace removed and lowercased; phones: spaces, dashes, dots and "
+                 "parentheses removed, '+' and 8-15 digits (E.164); e-mail: dots removed from "
+                 "the local part.", "§9 contact discovery",
+                 [{"identifier": i, "normalized": discovery.normalize(i),
+                   "hash": _h(discovery.identifier_hash(discovery.normalize(i), pepper))}
+                  for i in idents],
+                 pepper_seed=_h(seed), pepper_id=pid, pepper=_h(pepper))
+
+
 def _msgpack_of_length(total: int) -> bytes:
     """A MessagePack bin object of exactly `total` bytes, its payload all 0x01 (so a naive
     scan for the delimiter would go wrong)."""
@@ -304,6 +324,7 @@ def generate() -> dict[str, dict]:
             "member_token.json": member_token_vectors(people),
             "room_grant.json": grant_vectors(people),
             "room_message.json": room_message_vectors(people),
+            "discovery.json": discovery_vectors(),
             "padding.json": padding_vectors(), "fingerprint.json": fingerprint_vectors(people)}
 
 

@@ -74,6 +74,11 @@ valid_commands = st.one_of(
               b16, b16, st.binary(max_size=88)),
     st.builds(lambda r, pk: ({"cmd": "BAN_MEMBER", "room_id": r, "member_pubkey": pk},
                              P.BanMember(r, pk)), b16, b32),
+    st.builds(lambda hs: ({"cmd": "DISCOVERY_QUERY", "hashes": hs},
+                          P.DiscoveryQuery(tuple(hs))), st.lists(b32, max_size=5)),
+    st.builds(lambda hs, pk, pid: ({"cmd": "DISCOVERY_PUBLISH", "hashes": hs, "pubkey": pk,
+                                    "pepper_id": pid}, P.DiscoveryPublish(tuple(hs), pk, pid)),
+              st.lists(b32, max_size=5), b32, u64),
 )
 
 valid_notes = st.builds(
@@ -182,7 +187,8 @@ def test_ppp_command_frames(case, implied):
                             P.DeleteBackup, P.Unsupported, P.CreateRoom, P.UpdateRoom,
                             P.DiscoverRooms, P.RegisterToken, P.RevokeTokens, P.RotateRoomKey,
                             P.StoreRoom, P.FetchRoom, P.Knock, P.Admit, P.CreateGroup,
-                            P.DeleteGroup, P.KickMember, P.BanMember)), type(cmd)
+                            P.DeleteGroup, P.KickMember, P.BanMember, P.DiscoveryPepper,
+                            P.DiscoveryPublish, P.DiscoveryQuery)), type(cmd)
     raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     assert type(raw) is dict
     assert wire_map_len(data) == len(raw), "a key twice accepted"
