@@ -288,10 +288,16 @@ def cmd_ppp_register_token(args) -> None:
 
 
 def cmd_ppp_send(args) -> None:
-    from .ppp_client import send_presence
+    from .ppp_client import send_blinded, send_presence
 
     def run():
         me = _ppp_identity(args.seed)
+        if args.blinded:
+            result = asyncio.run(send_blinded(
+                _ppp_url(args), me, args.to, args.text, sealed=args.sealed, lat=args.lat,
+                lon=args.lon, radius_m=args.radius, ttl=args.ttl))
+            print(json.dumps(result.to_json()))
+            return
         result = asyncio.run(send_presence(
             _ppp_url(args), me, args.to, args.text, sealed=args.sealed or bool(args.token),
             token=bytes.fromhex(args.token) if args.token else None, lat=args.lat,
@@ -301,11 +307,17 @@ def cmd_ppp_send(args) -> None:
 
 
 def cmd_ppp_receive(args) -> None:
-    from .ppp_client import receive
+    from .ppp_client import receive, receive_blinded
 
     def run():
         me = _ppp_identity(args.seed)
-        for r in asyncio.run(receive(_ppp_url(args), me, since=args.since, ack=args.ack)):
+        if args.blinded:
+            if not args.contact:
+                raise ValueError("--blinded needs --contact (one per contact)")
+            got = asyncio.run(receive_blinded(_ppp_url(args), me, args.contact, ack=args.ack))
+        else:
+            got = asyncio.run(receive(_ppp_url(args), me, since=args.since, ack=args.ack))
+        for r in got:
             if r.opened is not None and args.here:
                 region = getattr(r.opened.rumor.content, "region", None)
                 if region is not None:
@@ -488,6 +500,9 @@ def _add_ppp_parser(sub) -> None:
     p.add_argument("--sealed", action="store_true",
                    help="anonymous POST /v1/note/submit with the pair's delivery token")
     p.add_argument("--token", help="delivery token (24 hex) instead of the derived one")
+    p.add_argument("--blinded", action="store_true",
+                   help="to the recipient's blinded mailbox of today (its per-contact daily "
+                        "id, unlinkable by the relay); with --sealed, that mailbox's token")
     p.add_argument("--url", help=url_help)
     p.set_defaults(func=cmd_ppp_send)
     p = pp.add_parser("receive", help="fetch, unwrap, verify and print events (JSON lines)")
@@ -496,6 +511,10 @@ def _add_ppp_parser(sub) -> None:
     p.add_argument("--since", type=int, default=0, help="created_at lower bound (default 0)")
     p.add_argument("--here", type=float, nargs=2, metavar=("LAT", "LON"),
                    help="add 'inside': whether this point is in each event's region")
+    p.add_argument("--blinded", action="store_true",
+                   help="fetch my blinded mailboxes (today and yesterday) of each --contact")
+    p.add_argument("--contact", action="append", type=_pubkey, metavar="PUBKEY",
+                   help="a contact whose blinded mailboxes to fetch (repeat)")
     p.add_argument("--url", help=url_help)
     p.set_defaults(func=cmd_ppp_receive)
     _add_room_parser(pp, url_help)

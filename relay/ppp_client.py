@@ -469,13 +469,16 @@ def seed_file_too_open(path: str | Path) -> bool:
 
 def build_presence(sender: Identity, recipient_pk: bytes, text: str, *, lat: float = 0.0,
                    lon: float = 0.0, radius_m: int = 50_000, ttl: int = DEFAULT_TTL,
-                   now: int | None = None, timezone: str = "UTC") -> GiftWrap:
-    """A PRESENCE event to one recipient, discoverable from now until now + ttl."""
+                   now: int | None = None, timezone: str = "UTC",
+                   route_to: bytes | None = None) -> GiftWrap:
+    """A PRESENCE event to one recipient, discoverable from now until now + ttl (routed to
+    a blinded mailbox with `route_to`)."""
     now = int(time.time()) if now is None else now
     content = PresenceContent(uuid.uuid4().bytes, text, Region(float(lat), float(lon), radius_m),
                               TimeWindow(now, now + ttl, timezone), (recipient_pk,))
     rumor = Rumor(sender.pubkey, Kind.PRESENCE, content, now)
-    return wrap(rumor, sender, recipient_pk, created_at=now, expires_at=now + ttl)
+    return wrap(rumor, sender, recipient_pk, created_at=now, expires_at=now + ttl,
+                route_to=route_to)
 
 
 @dataclass
@@ -550,16 +553,62 @@ def _kind_name(kind: int) -> str:
         return f"0x{kind:02x}"
 
 
-def open_event(data: bytes, me: Identity) -> Received:
+def open_event(data: bytes, me: Identity, mailbox: bytes | None = None) -> Received:
     """Unwrap and verify one fetched event; failures become a Received with `error`."""
     try:
         gw = GiftWrap.decode(data)
     except GiftWrapError as e:
         return Received(b"", error=f"giftwrap: {e}")
     try:
-        return Received(gw.event_id, unwrap(gw, me))
+        return Received(gw.event_id, unwrap(gw, me, mailbox=mailbox))
     except WrapError as e:
         return Received(gw.event_id, error=str(e))
+
+
+async def send_blinded(url: str, sender: Identity, recipient_pk: bytes, text: str, *,
+                       sealed: bool = False, now: int | None = None,
+                       **presence) -> SendResult:
+    """A PRESENCE event routed to the recipient's blinded mailbox for today (or `now`'s
+    day): `engine/ppp/blinded.py`. Sealed: that mailbox's delivery token of the pair."""
+    from engine.ppp.blinded import epoch_of, mailbox_delivery_token, their_mailbox_id
+    now = int(time.time()) if now is None else now
+    mailbox_id = their_mailbox_id(sender, recipient_pk, epoch_of(now))
+    gw = build_presence(sender, recipient_pk, text, now=now, route_to=mailbox_id, **presence)
+    if sealed:
+        token = mailbox_delivery_token(sender, recipient_pk, mailbox_id)
+        return SendResult(await submit_sealed(http_base(url), token, gw), "sealed",
+                          len(gw.ciphertext))
+    async with await PppClient.connect(url, sender) as c:
+        return SendResult(await c.store(gw), "ws", len(gw.ciphertext))
+
+
+async def receive_blinded(url: str, me: Identity, contacts: list[bytes], *,
+                          now: int | None = None, ack: bool = False,
+                          days: int = 2) -> list[Received]:
+    """Each contact's blinded mailbox of today and the `days - 1` before (late arrivals), one
+    session each, authenticated as the mailbox; today's sealed delivery token is registered
+    from today's session (idempotent)."""
+    from engine.ppp.blinded import epoch_of, mailbox_delivery_token, my_mailbox
+    now = int(time.time()) if now is None else now
+    today = epoch_of(now)
+    out: list[Received] = []
+    for contact in contacts:
+        for ep in range(today - days + 1, today + 1):
+            box = my_mailbox(me, contact, ep)
+            async with await PppClient.connect(url, box) as c:
+                if ep == today:
+                    await c.register_delivery_token(
+                        mailbox_delivery_token(me, contact, box.pubkey))
+                got = [open_event(e, me, box.pubkey) for e in await c.fetch_all()]
+                ids = [r.event_id for r in got if r.opened is not None]
+                if ack and ids:
+                    await c.ack(ids)
+                    for r in got:
+                        r.acked = r.opened is not None
+                for r in got:
+                    r.extra["mailbox_epoch"] = ep
+                out.extend(got)
+    return out
 
 
 async def receive(url: str, me: Identity, *, since: int = 0, ack: bool = False

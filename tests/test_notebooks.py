@@ -100,6 +100,8 @@ def test_capacity_notebook(day, tmp_path, monkeypatch):
     assert images >= len(CAPACITY_FIGURES)          # shown inline too, not only saved
     text = outputs_text(nb)
     assert "no binary column in any view" in text
+    assert "mailboxes per UTC day" in text and re.search(r"\d{4}-\d\d-\d\d  ppp\s+\d+ "
+                                                         r"mailboxes", text)
     assert re.search(r"\d+ rooms \(\d+ active as of .*\), 0 groups; [1-9]\d* room messages "
                      r"in [1-9]\d* coarse cells", text), "the rooms section found no rooms"
     leaked = [k for k in mailbox_hex(day) if k in text]

@@ -244,3 +244,26 @@ def test_discovery():
         assert v["normalized"] == expected[v["identifier"]]
         assert hashlib.blake2b(v["normalized"].encode(), digest_size=32,
                                key=pepper).hexdigest() == v["hash"]
+
+
+def test_blinded_mailbox():
+    doc = load("blinded_mailbox.json")
+    bob_pk, bob_x, _ = _x(doc["recipient_seed"])
+    alice_pk, _, alice_sk = _x(doc["sender_seed"])
+    alice_x_pk = b.crypto_sign_ed25519_pk_to_curve25519(alice_pk)
+    shared = b.crypto_scalarmult(bob_x, alice_x_pk)
+    # Alice's side gives the same secret
+    assert b.crypto_scalarmult(b.crypto_sign_ed25519_sk_to_curve25519(alice_sk),
+                               b.crypto_sign_ed25519_pk_to_curve25519(bob_pk)) == shared
+    assert shared.hex() == doc["shared"]
+    ids = set()
+    for v in doc["vectors"]:
+        seed = hashlib.blake2b(b"ppp-blinded-mailbox-v1" + bob_pk + struct.pack(">Q", v["epoch"]),
+                               digest_size=32, key=shared).digest()
+        assert seed.hex() == v["mailbox_seed"]
+        pk, _ = b.crypto_sign_seed_keypair(seed)
+        assert pk.hex() == v["mailbox_id"]
+        assert hashlib.blake2b(pk + b"ppp-note-delivery-v1", digest_size=12,
+                               key=shared).hexdigest() == v["delivery_token"]
+        ids.add(pk)
+    assert len(ids) == 2

@@ -2,7 +2,7 @@
 
 Writes one JSON file per primitive into `test-vectors/` (repo root by default): keys, kdf,
 seal, wrap, event_id, sealed_event_id, delivery_token, member_token, room_grant, room_message,
-discovery, padding, fingerprint.
+discovery, blinded_mailbox, padding, fingerprint.
 Everything is deterministic: seeds are SHAKE-256("ppp-test-vector/" + label) and every random
 value the wrap draws comes from a SHAKE-256 stream of a label; each drawn value is written out
 explicitly, in draw order, so another implementation can replay it without our stream. All
@@ -265,6 +265,26 @@ def discovery_vectors() -> dict:
                  pepper_seed=_h(seed), pepper_id=pid, pepper=_h(pepper))
 
 
+def blinded_vectors(people) -> dict:
+    """Blinded daily mailboxes (`blinded.py`): Bob's mailbox for Alice's messages, two days."""
+    from . import blinded
+    alice, bob = people["alice"], people["bob"]
+    shared = x25519(bob.x25519_sk, alice.x25519_pk)
+    vs = []
+    for epoch in (20_419, 20_420):
+        box = blinded.my_mailbox(bob, alice.pubkey, epoch)
+        vs.append({"epoch": epoch, "mailbox_seed": _h(box.seed), "mailbox_id": _h(box.pubkey),
+                   "delivery_token": _h(blinded.mailbox_delivery_token(bob, alice.pubkey,
+                                                                       box.pubkey))})
+    return _file("shared = X25519(bob_x25519_sk, alice_x25519_pk) (= Alice's side); "
+                 "mailbox_seed = BLAKE2b(32, in = 'ppp-blinded-mailbox-v1' || recipient_pk || "
+                 "u64be(epoch), key = shared); mailbox_id = Ed25519 public key of the seed; "
+                 "delivery_token as delivery_token.json with recipient_pk = mailbox_id. "
+                 "epoch = floor(unix_time / 86400).", "metadata section, blinded mailboxes "
+                 "(this relay's design: the spec's formula is computable by the relay)", vs,
+                 recipient_seed=_h(bob.seed), sender_seed=_h(alice.seed), shared=_h(shared))
+
+
 def _msgpack_of_length(total: int) -> bytes:
     """A MessagePack bin object of exactly `total` bytes, its payload all 0x01 (so a naive
     scan for the delimiter would go wrong)."""
@@ -325,6 +345,7 @@ def generate() -> dict[str, dict]:
             "room_grant.json": grant_vectors(people),
             "room_message.json": room_message_vectors(people),
             "discovery.json": discovery_vectors(),
+            "blinded_mailbox.json": blinded_vectors(people),
             "padding.json": padding_vectors(), "fingerprint.json": fingerprint_vectors(people)}
 
 

@@ -290,8 +290,11 @@ def seal(rumor: Rumor, sender: Identity, recipient_pk: bytes,
 
 
 def wrap(rumor: Rumor, sender: Identity, recipient_pk: bytes, *, created_at: int,
-         expires_at: int, randbytes: Randbytes = nacl.utils.random) -> GiftWrap:
-    """All three layers: the GiftWrap to STORE (or to submit sealed) for `recipient_pk`."""
+         expires_at: int, randbytes: Randbytes = nacl.utils.random,
+         route_to: bytes | None = None) -> GiftWrap:
+    """All three layers: the GiftWrap to STORE (or to submit sealed) for `recipient_pk`.
+    `route_to`: the mailbox the relay files it under, when not the recipient's own key (a
+    blinded mailbox, `blinded.py`); the layers are still encrypted to `recipient_pk`."""
     if len(recipient_pk) != 32:
         raise WrapError("recipient must be a 32-byte Ed25519 public key")
     s = seal(rumor, sender, recipient_pk, randbytes)
@@ -302,7 +305,10 @@ def wrap(rumor: Rumor, sender: Identity, recipient_pk: bytes, *, created_at: int
     eph = Identity.from_seed(_draw(randbytes, 32))
     key = _layer_key(eph, recipient_pk, crypto.CTX_WRAP)
     nonce = _draw(randbytes, crypto.NONCE_LEN)
-    return GiftWrap(recipient_pk, eph.ed25519_pk, nonce, crypto.encrypt(padded, nonce, key),
+    if route_to is not None and len(route_to) != 32:
+        raise WrapError("a mailbox id is 32 bytes")
+    return GiftWrap(route_to or recipient_pk, eph.ed25519_pk, nonce,
+                    crypto.encrypt(padded, nonce, key),
                     _u(created_at, "created_at"), _u(expires_at, "expires_at"))
 
 
@@ -331,13 +337,14 @@ def open_seal(s: Seal, me: Identity) -> Rumor:
     return rumor
 
 
-def unwrap(event: GiftWrap | bytes, me: Identity) -> Opened:
-    """Open a GiftWrap addressed to `me`: layers 3 and 2, unpad, signature check."""
+def unwrap(event: GiftWrap | bytes, me: Identity, *, mailbox: bytes | None = None) -> Opened:
+    """Open a GiftWrap addressed to `me` (or routed to my blinded `mailbox`): layers 3 and
+    2, unpad, signature check."""
     try:
         gw = event if isinstance(event, GiftWrap) else GiftWrap.decode(event)
     except GiftWrapError as e:
         raise WrapError(f"giftwrap: {e}") from e
-    if gw.recipient != me.pubkey:
+    if gw.recipient != me.pubkey and (mailbox is None or gw.recipient != mailbox):
         raise WrapError("event is addressed to another recipient")
     try:
         key = crypto.kdf(me.dh(gw.ephemeral_pk), crypto.CTX_WRAP)
