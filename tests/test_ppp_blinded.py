@@ -27,7 +27,8 @@ from engine.ppp.giftwrap import GiftWrap
 from engine.ppp.keys import Identity
 from ingress.service import IngressNode
 from jobs.inbox_stream import start_inbox_stream
-from relay.ppp_client import receive, receive_blinded, send_blinded, send_presence
+from relay.ppp_client import (PppClient, receive, receive_blinded, send_blinded,
+                              send_presence)
 from runtime.keys import load_or_create
 
 TIMEOUT = 90.0
@@ -36,6 +37,7 @@ TIMEOUT = 90.0
 def test_two_users_two_days(spark, settings, caplog):
     settings.stream.trigger_interval_ms = 100
     settings.heya.enabled = False
+    settings.ppp.notify_window_ms = 100
     query, _ = start_inbox_stream(spark, settings, fsync=False)
     caplog.set_level(logging.INFO)
     alice, bob = Identity.generate(), Identity.generate()
@@ -46,6 +48,7 @@ def test_two_users_two_days(spark, settings, caplog):
     day1, day2 = out["days"]
     assert B.epoch_of(day2) == B.epoch_of(day1) + 1
     for day in (day1, day2):
+        assert out[("notified", day)] >= 1
         got = out[day]
         assert sorted(r.opened.rumor.content.message for r in got) == [
             f"sealed {day}", f"ws {day}"]
@@ -104,7 +107,12 @@ async def _scenario(settings, alice: Identity, bob: Identity) -> dict:
         for day in (day1, day2):
             # Bob's session of that day registers its sealed token first (empty fetch).
             assert await receive_blinded(url, bob, [alice.pubkey], now=day, days=1) == []
+            # ... and stays online as that day's mailbox: NOTIFY comes to the blinded id.
+            box = B.my_mailbox(bob, alice.pubkey, B.epoch_of(day))
+            online = await PppClient.connect(url, box)
             await send_blinded(url, alice, bob.pubkey, f"ws {day}", now=day)
+            out[("notified", day)] = await online.wait_notify(TIMEOUT)
+            await online.close()
             await send_blinded(url, alice, bob.pubkey, f"sealed {day}", now=day, sealed=True)
             got: list = []
             deadline = time.monotonic() + TIMEOUT
