@@ -45,7 +45,7 @@ def h(identifier: str, pepper: bytes) -> bytes:
 
 
 def test_publish_query_rotation_budgets_and_nothing_plain_on_disk(settings, tmp_path, capsys):
-    settings.ppp.discovery_pepper_rotation_hours = 4 / 3600       # 4 s
+    settings.ppp.discovery_pepper_rotation_hours = 6 / 3600       # 6 s
     settings.heya.enabled = False
     out = asyncio.run(_scenario(settings))
     assert out["pepper"]["cmd"] == "DISCOVERY_PEPPER" and len(out["pepper"]["pepper"]) == 32

@@ -195,9 +195,9 @@ async def _scenario(settings) -> dict:
         out["update"] = await a.call({"cmd": "UPDATE_ROOM", "room_id": room_id,
                                       "gated": True, "proximity_required": True})
 
-        # Rotation with a 3 s grace: the old token works until grace_until, not after.
+        # Rotation with a 6 s grace: the old token works until grace_until, not after.
         out["rotate"] = await a.call({"cmd": "ROTATE_ROOM_KEY", "room_id": room_id,
-                                      "grace_seconds": 3})
+                                      "grace_seconds": 6})
         assert out["rotate"]["cmd"] == "KEY_ROTATED", out["rotate"]
         out["rotation_notify"] = await recv_cmd(m, "KEY_ROTATION_NOTIFY")
         n4, c4 = encrypt_message(member, room_key, room_id, "in grace", int(time.time()))
