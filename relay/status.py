@@ -3,6 +3,8 @@
 From the tables (DataFusion through delta-rs; no Spark, no running relay needed):
   per protocol: inbox rows, pending (an envelope, not expired, not acked), the oldest pending
   envelope's age, acks, rejects by reason; landing lag in commits and seconds; bytes on disk.
+  PPP room messages (`ppp_room`) are never acked (they stay until their room's expiry), so
+  they have no pending count or age ("-").
 From each role's /metrics (`[metrics]` ports), when it answers: what that process counted
 since it started. A role that does not answer is shown as `down` (or `off` with port 0).
 """
@@ -13,6 +15,8 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+
+from engine.ppp.rooms import ROOM_PROTOCOL
 
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
@@ -25,10 +29,13 @@ from runtime import metrics
 from runtime.config import Settings, process_roles
 
 
+NEVER_ACKED = frozenset({ROOM_PROTOCOL})
+
+
 @dataclass
 class ProtocolStatus:
     inbox_rows: int = 0
-    pending: int = 0
+    pending: int | None = 0      # None: a protocol whose rows are never acked
     oldest_pending_s: float | None = None
     acks: int = 0
     rejects: dict[str, int] = field(default_factory=dict)
@@ -83,6 +90,9 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
               AND a.{C.SEQ} IS NULL
             GROUP BY i.{C.PROTOCOL}"""):
         s = get(r["p"])
+        if r["p"] in NEVER_ACKED:
+            s.pending = None
+            continue
         s.pending = r["n"]
         s.oldest_pending_s = (now - r["oldest"]).total_seconds() if r["oldest"] else None
     for r in _sql({"acks": acks}, f"SELECT {C.PROTOCOL} AS p, count(*) AS n FROM acks "
@@ -218,7 +228,8 @@ def format_status(st: Status) -> str:
     lines = [f"relay status  {st.at}  {st.data_dir}  (tables {_bytes(st.tables_bytes)})", "",
              "  protocol    inbox rows   pending  oldest pending     acks  rejects"]
     for p, s in st.protocols.items():
-        lines.append(f"  {p:<10} {s.inbox_rows:>11} {s.pending:>9}  {_age(s.oldest_pending_s):>14} "
+        pending = "-" if s.pending is None else s.pending
+        lines.append(f"  {p:<10} {s.inbox_rows:>11} {pending:>9}  {_age(s.oldest_pending_s):>14} "
                      f"{s.acks:>8}  {_kv(s.rejects)}")
     if not st.protocols:
         lines.append("  (no envelopes yet)")
