@@ -45,6 +45,7 @@ client's retry of the same bytes gets its number once it has one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from datetime import datetime, timezone
@@ -54,14 +55,16 @@ import msgpack
 from nacl.exceptions import CryptoError
 from nacl.signing import VerifyKey
 
+from delta_tables.ppp_control import PppControl
 from delta_tables.schema import C
 from egress.ppp_rooms import RoomInbox, Subscriber
 from engine.ppp import protocol as P
 from engine.ppp import rooms as R
 from engine.ppp.knocks import REQUEST_ID_LEN, Admission, Knock, KnockBook
 from engine.ppp.limits import MAX_EVENT_TTL_SECS
+from runtime.log_rate import LogRate
 
-from delta_tables.ppp_control import PppControl
+log = logging.getLogger("relay.ingress.ppp")
 
 # Reasons (stable texts: tests and clients match them).
 UNKNOWN_ROOM = "unknown room"
@@ -104,6 +107,7 @@ class RoomService:
         self.token_bytes = token_bytes
         self.knocks = KnockBook()
         self.stored = 0
+        self.quiet = LogRate()   # storage failures: one line per 10 s while they last
 
     async def run(self, pubkey: bytes, cmd: P.RoomCommand, rid: str,
                   session: Subscriber | None) -> P.Reply:
@@ -339,7 +343,11 @@ class RoomService:
                     C.RECEIVED_AT: datetime.fromtimestamp(now, timezone.utc),
                     C.EXPIRES_AT: datetime.fromtimestamp(
                         min(room.expires_at, int(now) + MAX_EVENT_TTL_SECS), timezone.utc)})
-            except Exception:
+            except Exception as exc:
+                if (dropped := self.quiet.allow("room_store_failed")) is not None:
+                    log.error("ppp room landing append failed", extra={
+                        "event": "ppp_store_failed", "error": type(exc).__name__,
+                        "suppressed": dropped})
                 return None, "storage unavailable"
             self.stored += 1
             try:
