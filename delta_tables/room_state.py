@@ -19,7 +19,7 @@ each row it writes with the methods the loader replays, so memory and a rebuild 
 * `ban` (BAN_MEMBER) adds a pubkey that may not knock, store or fetch; a revoke does not
   lift it (a ban outlives re-knocks), a new incarnation of the room id starts without.
 * Discovery index: rooms (never groups) by fine cell id, sorted, and by coarse cell id, so a
-  query is one range scan plus one lookup per level (`engine.ppp.rooms.matches`).
+  query is one range scan plus one lookup per level, which is `engine.ppp.rooms.matches`.
 * `needed_at`: the rows compaction keeps: each live room's newest row and its token rows
   since its last create or revoke, and its bans; a deleted group its delete row for as
   long as it is in `deleted`. An expired room needs nothing, so compaction purges its
@@ -32,7 +32,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from engine.ppp.limits import MAX_EVENT_TTL_SECS
-from engine.ppp.rooms import (MIN_DISCOVERY_LEVEL, TYPE_ROOM, Room, matches, parse_cell)
+from engine.ppp.rooms import MIN_DISCOVERY_LEVEL, TYPE_ROOM, Room, parse_cell
 
 from .schema_ppp import (OP_BAN, OP_CREATE, OP_DELETE, OP_REGISTER, OP_REVOKE, OP_ROTATE,
                          PPP_ROOM_TOKENS, PPP_ROOMS)
@@ -157,12 +157,10 @@ class RoomState:
         found.update(r for _, r in self._fine[lo:hi])
         for level in range(MIN_DISCOVERY_LEVEL, query.level() + 1):
             found.update(self._coarse.get(query.parent(level).id(), ()))
-        out = []
-        for r in found:
-            room = self.rooms[r]
-            if not room.expired(now) and matches(query, parse_cell(room.fine),
-                                                 parse_cell(room.coarse)):
-                out.append(room)
+        # The two lookups are `engine.ppp.rooms.matches` itself: a fine cell id within the
+        # query's range is a fine cell the query contains, and a coarse cell among the
+        # query's ancestors (from level 8, the coarsest a room may announce) contains it.
+        out = [self.rooms[r] for r in found if not self.rooms[r].expired(now)]
         out.sort(key=lambda room: (-room.created_at, room.room_id))
         return out[:limit]
 

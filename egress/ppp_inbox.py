@@ -56,6 +56,7 @@ from .envelope_cache import EnvelopeCache
 from .inbox_tail import read_protocol_rows
 from .inbox_view import Sessions
 from .pending import PendingEnvelope
+from .waiting import NotifyBatcher
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 from engine.ppp.ids import PROTOCOL
 
@@ -165,12 +166,10 @@ class PppInbox:   # an inbox_view.InboxView
         self.inbox_path = Path(inbox_path)
         self.acks_path = Path(acks_path)
         self.envelopes = EnvelopeCache(inbox_path, PROTOCOL, cache_bytes)
-        self.notify_window = notify_window
+        self._notices = NotifyBatcher(notify_window, self._flush_notify)
         self.known: dict[bytes, float] = {}     # event id -> expiry (unix s)
         self._boxes: dict[bytes, _Box] = {}
         self.sessions: Sessions[Session] = Sessions()     # by recipient pubkey
-        self._notify_counts: dict[bytes, int] = {}
-        self._timers: dict[bytes, asyncio.TimerHandle] = {}
         self.events_seen = 0
         self.notifies_sent = 0
         self.early_max_bytes = early_max_bytes
@@ -292,29 +291,16 @@ class PppInbox:   # an inbox_view.InboxView
 
     # --- NOTIFY batching -----------------------------------------------------------------------
     def _queue_notify(self, pubkey: bytes, count: int) -> None:
-        if pubkey not in self.sessions:
-            return
-        self._notify_counts[pubkey] = self._notify_counts.get(pubkey, 0) + count
-        if self.notify_window <= 0:
-            self._flush_notify(pubkey)
-        elif pubkey not in self._timers:
-            loop = asyncio.get_running_loop()
-            self._timers[pubkey] = loop.call_later(self.notify_window, self._flush_notify, pubkey)
+        if pubkey in self.sessions:
+            self._notices.add(pubkey, count)
 
-    def _flush_notify(self, pubkey: bytes) -> None:
-        self._timers.pop(pubkey, None)
-        count = self._notify_counts.pop(pubkey, 0)
-        if count <= 0:
-            return
+    def _flush_notify(self, pubkey: bytes, count: int) -> None:
         for s in self.sessions.of(pubkey):
             s.notify(count)
             self.notifies_sent += 1
 
     def cancel_timers(self) -> None:
-        for h in self._timers.values():
-            h.cancel()
-        self._timers.clear()
-        self._notify_counts.clear()
+        self._notices.cancel()
 
     # --- FETCH / ACK ---------------------------------------------------------------------------
     def fetch(self, pubkey: bytes, since: int, after: int | None, limit: int,

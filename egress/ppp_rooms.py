@@ -40,6 +40,7 @@ from engine.ppp.rooms import MAX_SUBSCRIPTIONS, ROOM_PROTOCOL
 from .envelope_cache import EnvelopeCache
 from .inbox_tail import read_protocol_rows
 from .pending import PendingEnvelope
+from .waiting import NotifyBatcher, Waiters
 
 log = logging.getLogger("relay.ingress.ppp")
 
@@ -84,14 +85,12 @@ class RoomInbox:   # an inbox_view.InboxView
         self.inbox_path = Path(inbox_path)
         self.acks_path = Path(acks_path)
         self.envelopes = EnvelopeCache(inbox_path, ROOM_PROTOCOL, cache_bytes)
-        self.notify_window = notify_window
         self._rooms: dict[bytes, _Room] = {}
         self._ids: dict[bytes, int] = {}          # event id -> cursor (its room's)
-        self._waiting: dict[bytes, list[asyncio.Future]] = {}
+        self._waiters = Waiters()
         self._subs: dict[bytes, set[Subscriber]] = {}        # room -> sessions
         self._subscribed: dict[Subscriber, set[bytes]] = {}  # session -> rooms
-        self._counts: dict[bytes, int] = {}
-        self._timers: dict[bytes, asyncio.TimerHandle] = {}
+        self._notices = NotifyBatcher(notify_window, self._flush)
         self.messages_seen = 0
         self.notifies_sent = 0
 
@@ -130,9 +129,7 @@ class RoomInbox:   # an inbox_view.InboxView
         room.messages[msg.cursor] = msg
         self._ids[msg.event_id] = msg.cursor
         self.envelopes.put(msg.seq, envelope)
-        for fut in self._waiting.pop(msg.event_id, ()):
-            if not fut.done():
-                fut.set_result(msg.cursor)
+        self._waiters.resolve(msg.event_id, msg.cursor)
         return True
 
     def add(self, protocol: str, mailbox: bytes, envelopes: Iterable[PendingEnvelope]) -> None:
@@ -154,23 +151,13 @@ class RoomInbox:   # an inbox_view.InboxView
     def sequence_of(self, event_id: bytes) -> int | None:
         return self._ids.get(event_id)
 
-    def waiter(self, event_id: bytes) -> asyncio.Future:
+    def wait(self, event_id: bytes) -> asyncio.Future:
         """Resolved with the message's sequence number when its inbox row arrives. Take it
         before landing the message: the row may arrive before the append returns."""
-        fut = asyncio.get_running_loop().create_future()
-        cur = self._ids.get(event_id)
-        if cur is not None:
-            fut.set_result(cur)
-        else:
-            self._waiting.setdefault(event_id, []).append(fut)
-        return fut
+        return self._waiters.wait(event_id, self._ids.get(event_id))
 
-    def give_up(self, event_id: bytes, fut: asyncio.Future) -> None:
-        mine = self._waiting.get(event_id)
-        if mine is not None and fut in mine:
-            mine.remove(fut)
-            if not mine:
-                del self._waiting[event_id]
+    def forget_waiter(self, event_id: bytes, fut: asyncio.Future) -> None:
+        self._waiters.forget(event_id, fut)
 
     # --- FETCH_ROOM ----------------------------------------------------------------------------
     def fetch(self, room_id: bytes, since_id: int, limit: int, now: float) -> list[RoomMessage]:
@@ -224,10 +211,7 @@ class RoomInbox:   # an inbox_view.InboxView
             for msg in room.messages.values():
                 self._ids.pop(msg.event_id, None)
                 self.envelopes.drop(msg.seq)
-        h = self._timers.pop(room_id, None)
-        if h is not None:
-            h.cancel()
-        self._counts.pop(room_id, None)
+        self._notices.drop(room_id)
 
     def subscribers(self, room_id: bytes) -> set[Subscriber]:
         return set(self._subs.get(room_id, ()))
@@ -242,33 +226,17 @@ class RoomInbox:   # an inbox_view.InboxView
         return told
 
     def _queue_notify(self, room_id: bytes, count: int) -> None:
-        if room_id not in self._subs:
-            return
-        self._counts[room_id] = self._counts.get(room_id, 0) + count
-        if self.notify_window <= 0:
-            self._flush(room_id)
-        elif room_id not in self._timers:
-            self._timers[room_id] = asyncio.get_running_loop().call_later(
-                self.notify_window, self._flush, room_id)
+        if room_id in self._subs:
+            self._notices.add(room_id, count)
 
-    def _flush(self, room_id: bytes) -> None:
-        self._timers.pop(room_id, None)
-        count = self._counts.pop(room_id, 0)
-        if count <= 0:
-            return
+    def _flush(self, room_id: bytes, count: int) -> None:
         for s in self.subscribers(room_id):
             s.room_notify(room_id, count)
             self.notifies_sent += 1
 
     def cancel_timers(self) -> None:
-        for h in self._timers.values():
-            h.cancel()
-        self._timers.clear()
-        self._counts.clear()
-        for futs in self._waiting.values():
-            for f in futs:
-                f.cancel()
-        self._waiting.clear()
+        self._notices.cancel()
+        self._waiters.cancel_all()
 
     def sweep(self, now: float, expired_rooms: Iterable[bytes] = ()) -> int:
         """Drop expired messages, and everything of rooms that expired (their subscribers

@@ -42,6 +42,7 @@ from delta_tables.schema import C
 from .envelope_cache import EnvelopeCache
 from .inbox_tail import read_protocol_rows
 from .pending import PendingEnvelope
+from .waiting import Waiters
 from engine.sync import PROTOCOL
 
 log = logging.getLogger("relay.ingress.sync")
@@ -119,7 +120,7 @@ class SyncInbox:   # an inbox_view.InboxView; sessions are kept with each group
         self.envelopes = EnvelopeCache(inbox_path, PROTOCOL, cache_bytes)   # the payloads
         self._groups: dict[bytes, _Group] = {}
         self._cursor_of: dict[bytes, int] = {}               # event_id -> cursor
-        self._waiters: dict[bytes, list[asyncio.Future]] = {}
+        self._waiters = Waiters()
         # (expires_at, group, cursor, event_id): blobs to drop once expired, soonest first
         self._expiry: list[tuple[datetime, bytes, int, bytes]] = []
         self._forget: deque[tuple[datetime, bytes, int]] = deque()  # (when, event_id, cursor)
@@ -197,9 +198,7 @@ class SyncInbox:   # an inbox_view.InboxView; sessions are kept with each group
                         len(env.envelope), env.expires_at)
             self._insert(mailbox, g, blob, env.envelope)
             fresh.append(blob)
-            for fut in self._waiters.pop(env.event_id, ()):
-                if not fut.done():
-                    fut.set_result(env.cursor)
+            self._waiters.resolve(env.event_id, env.cursor)
         if not fresh:
             return
         self.blobs_seen += len(fresh)
@@ -240,20 +239,10 @@ class SyncInbox:   # an inbox_view.InboxView; sessions are kept with each group
         return self._cursor_of.get(event_id)
 
     def wait(self, event_id: bytes) -> asyncio.Future:
-        fut = asyncio.get_running_loop().create_future()
-        known = self._cursor_of.get(event_id)
-        if known is not None:
-            fut.set_result(known)
-        else:
-            self._waiters.setdefault(event_id, []).append(fut)
-        return fut
+        return self._waiters.wait(event_id, self._cursor_of.get(event_id))
 
     def forget_waiter(self, event_id: bytes, fut: asyncio.Future) -> None:
-        mine = self._waiters.get(event_id)
-        if mine is not None and fut in mine:
-            mine.remove(fut)
-            if not mine:
-                del self._waiters[event_id]
+        self._waiters.forget(event_id, fut)
 
     # --- reads -----------------------------------------------------------------------------
     def top(self, group: bytes) -> int:

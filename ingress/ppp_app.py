@@ -67,7 +67,7 @@ from egress.ppp_rooms import RoomInbox
 from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.ppp import protocol as P
 from engine.ppp.ids import PROTOCOL
-from engine.ppp.rooms import ROOM_PROTOCOL, check_message
+from engine.ppp.rooms import ROOM_PROTOCOL
 from engine.ppp.limits import (REQUEST_ID_LEN, SEALED_BODY_LIMIT_BYTES, SEALED_IP_RATE_LIMIT,
                                SEALED_TOKEN_RATE_LIMIT, command_budget)
 from engine.ppp.session import Authenticated, Closing, CommandReceived, PppSession, Refused
@@ -715,25 +715,19 @@ def build_app(server: PppServer) -> FastAPI:
             if o != SealedRoomOutcome.OK:
                 svc.count_refused(f"sealed_room_{o}")
             return Response(status_code=status, headers=headers)
-        body, refused = await sealed_body(request, outcome, "rate_limited")
+        body, refused = await sealed_body(request, outcome, SealedRoomOutcome.RATE_LIMITED)
         if refused is not None:
             return refused
-        now = server.monotonic()
         try:
             sub = P.decode_sealed_room(body)
         except P.ProtocolError:
             return outcome(SealedRoomOutcome.INVALID, 400)
-        if check_message(sub.nonce, sub.ciphertext) is not None:   # §7.3: lengths first
-            return outcome(SealedRoomOutcome.INVALID, 400)
-        refused = svc.rooms.check_sealed(sub)
-        if refused is not None:
-            return outcome(refused, {SealedRoomOutcome.UNKNOWN_ROOM: 404,
-                                     SealedRoomOutcome.EXPIRED: 410}.get(refused, 401))
-        if not server.sealed_room_token.allow(sub.room_id + sub.member_token, now):
-            return outcome("rate_limited", 429,
-                           {"Retry-After": str(SEALED_TOKEN_RATE_LIMIT.window_secs)})
-        o, reply = await svc.rooms.sealed(sub)
+        now = server.monotonic()
+        o, reply = await svc.rooms.sealed(
+            sub, lambda key: server.sealed_room_token.allow(key, now))
         if reply is None:
+            if o == SealedRoomOutcome.RATE_LIMITED:
+                return outcome(o, 429, {"Retry-After": str(SEALED_TOKEN_RATE_LIMIT.window_secs)})
             return outcome(o, {SealedRoomOutcome.INVALID: 400, SealedRoomOutcome.TOKEN: 401,
                                SealedRoomOutcome.UNKNOWN_ROOM: 404,
                                SealedRoomOutcome.EXPIRED: 410,

@@ -82,6 +82,7 @@ class SealedRoomOutcome:
     UNKNOWN_ROOM = "unknown_room"
     EXPIRED = "room_expired"
     TOKEN = "token_rejected"
+    RATE_LIMITED = "rate_limited"
     INVALID = "invalid"
     PENDING = "pending"
     UNAVAILABLE = "unavailable"
@@ -183,41 +184,48 @@ class RoomService:
     # --- rooms -----------------------------------------------------------------------------------
     async def _create(self, pubkey: bytes, cmd: P.CreateRoom, rid: str,
                       session: Subscriber | None, now: float) -> P.Reply:
-        if not R.MIN_MEMBERS <= cmd.max_members <= R.MAX_MEMBERS:
-            return self.fail(cmd.name, f"max_members must be {R.MIN_MEMBERS}-{R.MAX_MEMBERS}",
-                             rid)
-        if cmd.expires_at <= now:
-            return self.fail(cmd.name, "expires_at must be in the future", rid)
-        try:
-            fine, coarse = R.parse_cell(cmd.s2_cell_id), R.parse_cell(cmd.s2_coarse_id)
-        except R.CellError as e:
-            return self.fail(cmd.name, e.args[0], rid)
-        why = R.check_placement(fine, coarse)
+        why = self._members_refused(cmd.max_members)
+        if why is None and cmd.expires_at <= now:
+            why = "expires_at must be in the future"
+        if why is None:
+            try:
+                fine, coarse = R.parse_cell(cmd.s2_cell_id), R.parse_cell(cmd.s2_coarse_id)
+                why = R.check_placement(fine, coarse)
+            except R.CellError as e:
+                why = e.args[0]
         if why is not None:
             return self.fail(cmd.name, why, rid)
-        room = R.Room(cmd.room_id, pubkey, R.TYPE_ROOM, fine.to_token(), coarse.to_token(),
-                      cmd.gated, cmd.proximity_required, cmd.ble_enabled, cmd.max_members,
-                      int(now), min(cmd.expires_at, int(now) + MAX_EVENT_TTL_SECS))
-        why = await self.control.create_room(room, now)
-        if why is not None:
-            return self.fail(cmd.name, why, rid)
-        if session is not None:
-            self.view.subscribe(room.room_id, session)
-        return P.room_created(room.room_id)
+        return await self._open(R.Room(
+            cmd.room_id, pubkey, R.TYPE_ROOM, fine.to_token(), coarse.to_token(), cmd.gated,
+            cmd.proximity_required, cmd.ble_enabled, cmd.max_members, int(now),
+            min(cmd.expires_at, int(now) + MAX_EVENT_TTL_SECS)), cmd.name, rid, session, now)
 
     async def _create_group(self, pubkey: bytes, cmd: P.CreateGroup, rid: str,
                             session: Subscriber | None, now: float) -> P.Reply:
-        if not R.MIN_MEMBERS <= cmd.max_members <= R.MAX_MEMBERS:
-            return self.fail(cmd.name, f"max_members must be {R.MIN_MEMBERS}-{R.MAX_MEMBERS}",
-                             rid)
-        group = R.Room(cmd.room_id, pubkey, R.TYPE_GROUP, None, None, cmd.gated, False, False,
-                       cmd.max_members, int(now), R.GROUP_EXPIRES_AT)
-        why = await self.control.create_room(group, now)
+        why = self._members_refused(cmd.max_members)
         if why is not None:
             return self.fail(cmd.name, why, rid)
+        return await self._open(R.Room(
+            cmd.room_id, pubkey, R.TYPE_GROUP, None, None, cmd.gated, False, False,
+            cmd.max_members, int(now), R.GROUP_EXPIRES_AT), cmd.name, rid, session, now)
+
+    @staticmethod
+    def _members_refused(max_members: int) -> str | None:
+        if R.MIN_MEMBERS <= max_members <= R.MAX_MEMBERS:
+            return None
+        return f"max_members must be {R.MIN_MEMBERS}-{R.MAX_MEMBERS}"
+
+    async def _open(self, room: R.Room, cmd: str, rid: str, session: Subscriber | None,
+                    now: float) -> P.Reply:
+        """A new room or group: durable, the creator's session subscribed, the reply."""
+        why = await self.control.create_room(room, now)
+        if why is not None:
+            return self.fail(cmd, why, rid)
         if session is not None:
-            self.view.subscribe(group.room_id, session)
-        return P.group_created(group.room_id)
+            self.view.subscribe(room.room_id, session)
+        if room.room_type == R.TYPE_GROUP:
+            return P.group_created(room.room_id)
+        return P.room_created(room.room_id)
 
     # --- knock / admit (§7.4) --------------------------------------------------------------------
     def _knock(self, pubkey: bytes, room: R.Room, cmd: P.Knock, rid: str,
@@ -294,37 +302,31 @@ class RoomService:
             return self.fail(cmd.name, why, rid)
         return P.room_stored(room.room_id, seq)
 
-    async def sealed(self, sub: P.SealedRoomSubmit) -> tuple[str, P.Reply | None]:
-        """POST /v1/room/submit after the caller's body limit and per-IP budget: (outcome,
-        ROOM_STORED). The per-token budget is the caller's too (it needs the token valid
-        first, `token_ok`)."""
+    async def sealed(self, sub: P.SealedRoomSubmit,
+                     token_allowed: Callable[[bytes], bool]) -> tuple[str, P.Reply | None]:
+        """POST /v1/room/submit after the caller's body limit and per-IP budget, in §7.3's
+        order: lengths, the room (known, not expired), the member token (grace period
+        respected), the per-token budget (`token_allowed(room_id + token)`, the caller's
+        limiter), then the landing: (outcome, ROOM_STORED or None)."""
         now = self.clock()
         if R.check_message(sub.nonce, sub.ciphertext) is not None:
             return SealedRoomOutcome.INVALID, None
-        refused = self.check_sealed(sub)
-        if refused is not None:
-            return refused, None
-        room = self.control.rooms.rooms[sub.room_id]
+        room = self.control.rooms.rooms.get(sub.room_id)
+        if room is None:
+            return SealedRoomOutcome.UNKNOWN_ROOM, None
+        if room.expired(now):
+            return SealedRoomOutcome.EXPIRED, None
+        if not self.control.rooms.token_valid(room.room_id, sub.member_token,
+                                              int(now * 1_000_000)):
+            return SealedRoomOutcome.TOKEN, None
+        if not token_allowed(sub.room_id + sub.member_token):
+            return SealedRoomOutcome.RATE_LIMITED, None
         seq, why = await self.land(room, sub.nonce, sub.ciphertext, now)
         if why == PENDING:
             return SealedRoomOutcome.PENDING, None
         if why is not None:
             return SealedRoomOutcome.UNAVAILABLE, None
         return SealedRoomOutcome.OK, P.room_stored(room.room_id, seq)
-
-    def check_sealed(self, sub: P.SealedRoomSubmit) -> str | None:
-        """The sealed submission's room and token (with the grace period): None or the
-        outcome refusing it."""
-        now = self.clock()
-        room = self.control.rooms.rooms.get(sub.room_id)
-        if room is None:
-            return SealedRoomOutcome.UNKNOWN_ROOM
-        if room.expired(now):
-            return SealedRoomOutcome.EXPIRED
-        if not self.control.rooms.token_valid(room.room_id, sub.member_token,
-                                              int(now * 1_000_000)):
-            return SealedRoomOutcome.TOKEN
-        return None
 
     async def land(self, room: R.Room, nonce: bytes, ciphertext: bytes,
                    now: float) -> tuple[int | None, str | None]:
@@ -333,7 +335,7 @@ class RoomService:
         known = self.view.sequence_of(eid)
         if known is not None:
             return known, None
-        fut = self.view.waiter(eid)
+        fut = self.view.wait(eid)
         try:
             try:
                 await self.appender.append({
@@ -357,4 +359,4 @@ class RoomService:
         finally:
             if not fut.done():
                 fut.cancel()
-            self.view.give_up(eid, fut)
+            self.view.forget_waiter(eid, fut)

@@ -211,3 +211,31 @@ def test_discovery_sets_of_a_past_pepper_are_compacted_away(settings):
     from delta_tables.schema_ppp import PPP_DISCOVERY
     rows = DeltaTable(str(table_paths(layout)[PPP_DISCOVERY.name])).to_pyarrow_table()
     assert set(rows.column("pubkey").to_pylist()) == {c}
+
+
+def test_the_discovery_index_answers_exactly_the_rule():
+    """`RoomState.discover` (range scan + ancestor lookups) returns exactly the live rooms
+    `rooms.matches` accepts, for query cells of every level around real places."""
+    from delta_tables.room_state import RoomState
+    from delta_tables.schema_ppp import OP_CREATE
+    rng = __import__("random").Random(5)
+    places = [ALEX, (52.53, 13.38), (48.8566, 2.3522), (52.97, 13.4132)]
+    st = RoomState()
+    now = time.time()
+    for i in range(60):
+        lat, lon = places[i % len(places)]
+        lat, lon = lat + rng.uniform(-0.2, 0.2), lon + rng.uniform(-0.3, 0.3)
+        fine_level, coarse_level = rng.choice((14, 16, 20)), rng.choice((8, 10, 12))
+        st.room_row(OP_CREATE, R.Room(os.urandom(16), b"a" * 32, R.TYPE_ROOM,
+                                      cell(lat, lon, fine_level).to_token(),
+                                      cell(lat, lon, coarse_level).to_token(), False, False,
+                                      False, 10, i, int(now) + (3600 if i % 7 else -1)), i)
+    found = 0
+    for lat, lon in places:
+        for level in range(8, 21, 2):
+            q = cell(lat + rng.uniform(-0.1, 0.1), lon + rng.uniform(-0.1, 0.1), level)
+            want = {r.room_id for r in st.rooms.values() if not r.expired(now)
+                    and R.matches(q, R.parse_cell(r.fine), R.parse_cell(r.coarse))}
+            assert {r.room_id for r in st.discover(q, now, 1000)} == want
+            found += len(want)
+    assert found > 20          # the queries did find rooms, by both kinds of match
