@@ -120,22 +120,31 @@ def ts(at: int) -> datetime:
     return datetime.fromtimestamp(at / 1_000_000, timezone.utc)
 
 
+def _read(tables: dict[str, Path], tdef, query: str) -> pa.Table:
+    """`query` over table `t`; a table not created yet (a data directory from before it
+    existed, or one no PPP listener has opened) reads as empty."""
+    path = tables[tdef.name]
+    if not (path / "_delta_log").exists():
+        return tdef.arrow_schema().empty_table()
+    return sql({"t": DeltaTable(str(path))}, query)
+
+
 def load_state(tables: dict[str, Path]) -> PppState:
     state = PppState()
-    t = sql({"t": DeltaTable(str(tables[PPP_DELIVERY_TOKENS.name]))},
-            f"SELECT {Q.OP}, {Q.TOKEN}, {Q.RECIPIENT}, {Q.AT} FROM t ORDER BY {Q.AT}")
+    t = _read(tables, PPP_DELIVERY_TOKENS,
+              f"SELECT {Q.OP}, {Q.TOKEN}, {Q.RECIPIENT}, {Q.AT} FROM t ORDER BY {Q.AT}")
     for op, token, recipient, at in zip(t.column(Q.OP).to_pylist(), t.column(Q.TOKEN).to_pylist(),
                                         t.column(Q.RECIPIENT).to_pylist(), micros(t.column(Q.AT))):
         state.token_row(op, token, recipient, at)
     # Metadata only: ciphertext stays on disk until a FETCH_BACKUP asks for it.
-    t = sql({"t": DeltaTable(str(tables[PPP_BACKUPS.name]))},
-            f"SELECT {Q.OP}, {Q.PUBKEY}, {Q.VERSION}, {Q.AT} FROM t ORDER BY {Q.AT}")
+    t = _read(tables, PPP_BACKUPS,
+              f"SELECT {Q.OP}, {Q.PUBKEY}, {Q.VERSION}, {Q.AT} FROM t ORDER BY {Q.AT}")
     for op, pubkey, version, at in zip(t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
                                        t.column(Q.VERSION).to_pylist(), micros(t.column(Q.AT))):
         state.backup_row(op, pubkey, version, at)
     _load_rooms(tables, state)
-    t = sql({"t": DeltaTable(str(tables[PPP_DISCOVERY.name]))},
-            f"SELECT {Q.OP}, {Q.PUBKEY}, {Q.HASH}, {Q.PEPPER_ID}, {Q.AT} FROM t ORDER BY {Q.AT}")
+    t = _read(tables, PPP_DISCOVERY,
+              f"SELECT {Q.OP}, {Q.PUBKEY}, {Q.HASH}, {Q.PEPPER_ID}, {Q.AT} FROM t ORDER BY {Q.AT}")
     for op, pk, h, pid, at in zip(t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
                                   t.column(Q.HASH).to_pylist(),
                                   t.column(Q.PEPPER_ID).to_pylist(), micros(t.column(Q.AT))):
@@ -150,7 +159,7 @@ def _secs(col) -> list[int]:
 def _load_rooms(tables: dict[str, Path], state: PppState) -> None:
     """Room and token rows replayed in one `at` order (a token row is about the room
     incarnation current when it was written)."""
-    r = sql({"t": DeltaTable(str(tables[PPP_ROOMS.name]))}, "SELECT * FROM t")
+    r = _read(tables, PPP_ROOMS, "SELECT * FROM t")
     cols = {c: r.column(c).to_pylist() for c in r.column_names
             if c not in (Q.CREATED_AT, Q.EXPIRES_AT, Q.AT)}
     rows: list[tuple[int, int, tuple]] = []
@@ -160,13 +169,12 @@ def _load_rooms(tables: dict[str, Path], state: PppState) -> None:
                     cols[Q.S2_CELL][i], cols[Q.S2_COARSE][i], cols[Q.GATED][i],
                     cols[Q.PROXIMITY][i], cols[Q.BLE][i], cols[Q.MAX_MEMBERS][i], created, expires)
         rows.append((at, 0, (cols[Q.OP][i], room)))
-    t = sql({"t": DeltaTable(str(tables[PPP_ROOM_TOKENS.name]))},
-            f"SELECT {Q.OP}, {Q.ROOM_ID}, {Q.TOKEN}, {Q.GRACE_UNTIL}, {Q.AT} FROM t")
-    grace = [None if g is None else int(g.timestamp() * 1_000_000)
-             for g in t.column(Q.GRACE_UNTIL).to_pylist()]
+    t = _read(tables, PPP_ROOM_TOKENS,
+              f"SELECT {Q.OP}, {Q.ROOM_ID}, {Q.TOKEN}, {Q.GRACE_UNTIL}, {Q.AT} FROM t")
     for op, room_id, token, g, at in zip(t.column(Q.OP).to_pylist(),
                                          t.column(Q.ROOM_ID).to_pylist(),
-                                         t.column(Q.TOKEN).to_pylist(), grace,
+                                         t.column(Q.TOKEN).to_pylist(),
+                                         micros(t.column(Q.GRACE_UNTIL)),   # nulls stay None
                                          micros(t.column(Q.AT))):
         rows.append((at, 1, (op, room_id, token, g)))
     rows.sort(key=lambda x: (x[0], x[1]))

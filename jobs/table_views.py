@@ -117,10 +117,7 @@ def read_rooms(layout: Layout) -> pa.Table:
     from datetime import datetime, timezone
 
     from delta_tables.ppp_state import load_state, table_paths
-    paths = table_paths(layout)
-    if not all((p / "_delta_log").exists() for p in paths.values()):
-        return ROOMS_SCHEMA.empty_table()
-    rooms = load_state(paths).rooms
+    rooms = load_state(table_paths(layout)).rooms
     ts = lambda s: datetime.fromtimestamp(s, timezone.utc)   # noqa: E731
     return pa.Table.from_pylist([{
         "room_hash": short_hash(r.room_id), "room_type": r.room_type, "s2_cell_id": r.fine,
@@ -147,15 +144,9 @@ def register_views(spark, data_dir: str | Path, landing: bool = True) -> dict[st
         tables["landing"] = read_landing(layout)
     tables["rooms"] = read_rooms(layout)
     for name, table in tables.items():
-        spark.createDataFrame(table, schema=None if table.num_rows else
-                              _spark_schema(table.schema)).createOrReplaceTempView(name)
+        spark.createDataFrame(table).createOrReplaceTempView(name)
     counts = {name: t.num_rows for name, t in tables.items()}
     spark.sql(f"CREATE OR REPLACE TEMP VIEW room_traffic AS {ROOM_TRAFFIC}")
     counts["room_traffic"] = spark.table("room_traffic").count()
     return counts
 
-
-def _spark_schema(schema: pa.Schema):
-    """An empty table's Spark schema (createDataFrame cannot infer one from no rows)."""
-    from pyspark.sql.pandas.types import from_arrow_schema
-    return from_arrow_schema(schema)
