@@ -23,8 +23,12 @@ from .layout import Layout
 from .ppp_state import BackupMeta, PppState, load_state, read_backup, ts
 from .schema_ppp import (OP_BAN, OP_CLEAR, OP_CREATE, OP_DELETE, OP_DEREGISTER, OP_PUBLISH,
                          OP_REGISTER, OP_REVOKE, OP_ROTATE, OP_STORE, OP_UPDATE, PPP_BACKUPS,
-                         PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_ROOM_TOKENS, PPP_ROOMS,
-                         PPP_TABLES, Q)
+                         PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS, PPP_ROOM_TOKENS,
+                         PPP_ROOMS, PPP_TABLES, Q)
+
+# A pubkey's push tokens (one per device it is active on: phone, tablet, watch, browsers).
+# Appendix C sets no cap; this one bounds what one identity can make the push job send.
+MAX_PUSH_TOKENS_PER_PUBKEY = 10
 
 log = logging.getLogger("relay.ingress.ppp")
 
@@ -48,6 +52,36 @@ class PppControl(ControlTables):
 
     def recipient_of(self, token: bytes) -> bytes | None:
         return self.state.recipient_of(token)
+
+    # --- push registrations (REGISTER_PUSH) ----------------------------------------------------
+    async def register_push(self, pubkey: bytes, platform: str, token: bytes) -> str | None:
+        """None when registered (again: idempotent), else the refusal reason."""
+        async with self.lock:
+            mine = self.state.push.get(pubkey, {})
+            if (platform, token) in mine:
+                return None
+            if (len(mine) >= MAX_PUSH_TOKENS_PER_PUBKEY
+                    and not any(t == token for _, t in mine)):
+                return "too many push tokens"
+            await self._push_change(OP_REGISTER, pubkey, platform, token)
+            return None
+
+    async def deregister_push(self, pubkey: bytes, platform: str, token: bytes) -> bool:
+        """The push job's removal of a token its provider called dead; False if it was gone."""
+        async with self.lock:
+            if (platform, token) not in self.state.push.get(pubkey, {}):
+                return False
+            await self._push_change(OP_DEREGISTER, pubkey, platform, token)
+            return True
+
+    def push_tokens(self, pubkey: bytes) -> list[tuple[str, bytes]]:
+        return self.state.push_tokens(pubkey)
+
+    async def _push_change(self, op: str, pubkey: bytes, platform: str, token: bytes) -> None:
+        at = self.next_at(self.state)
+        await self.write(PPP_PUSH_TOKENS.name, [{
+            Q.PUBKEY: pubkey, Q.PLATFORM: platform, Q.TOKEN: token, Q.OP: op, Q.AT: ts(at)}])
+        self.state.push_row(op, pubkey, platform, token, at)
 
     # --- delivery tokens (§6) ------------------------------------------------------------------
     async def register_token(self, recipient: bytes, token: bytes) -> str | None:

@@ -24,8 +24,8 @@ from .discovery_state import DiscoveryState
 from .query import sql
 from .room_state import RoomState
 from .schema_ppp import (OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_STORE, PPP_BACKUPS,
-                         PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_ROOM_TOKENS, PPP_ROOMS,
-                         PPP_TABLES, Q)
+                         PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS, PPP_ROOM_TOKENS,
+                         PPP_ROOMS, PPP_TABLES, Q)
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,8 @@ class PppState:
     backups: dict[bytes, BackupMeta] = field(default_factory=dict)
     rooms: RoomState = field(default_factory=RoomState)
     discovery: DiscoveryState = field(default_factory=DiscoveryState)
+    # pubkey -> {(platform, token): at}: REGISTER_PUSH, keyed (pubkey, token) (spec 004)
+    push: dict[bytes, dict[tuple[str, bytes], int]] = field(default_factory=dict)
     last_at: int = 0
 
     def __repr__(self) -> str:
@@ -71,6 +73,21 @@ class PppState:
             mine.discard(token)
             if not mine:
                 del self.by_recipient[recipient]
+
+    def push_row(self, op: str, pubkey: bytes, platform: str, token: bytes, at: int) -> None:
+        """A token is keyed by (pubkey, token): registering it again with another platform
+        replaces the platform."""
+        self._seen(at)
+        mine = self.push.setdefault(pubkey, {})
+        for key in [k for k in mine if k[1] == token]:
+            del mine[key]
+        if op == OP_REGISTER:
+            mine[(platform, token)] = at
+        if not mine:
+            del self.push[pubkey]
+
+    def push_tokens(self, pubkey: bytes) -> list[tuple[str, bytes]]:
+        return sorted(self.push.get(pubkey, {}))
 
     def backup_row(self, op: str, pubkey: bytes, version: int, at: int) -> None:
         self._seen(at)
@@ -107,6 +124,7 @@ class PppState:
         sets of past peppers)."""
         import time
         return {PPP_DELIVERY_TOKENS.name: {at for _, at in self.tokens.values()},
+                PPP_PUSH_TOKENS.name: {at for mine in self.push.values() for at in mine.values()},
                 PPP_BACKUPS.name: {b.at for b in self.backups.values()},
                 **self.rooms.needed_at(time.time() if now is None else now),
                 **self.discovery.needed_at()}
@@ -149,6 +167,13 @@ def load_state(tables: dict[str, Path]) -> PppState:
                                   t.column(Q.HASH).to_pylist(),
                                   t.column(Q.PEPPER_ID).to_pylist(), micros(t.column(Q.AT))):
         state.discovery_row(op, pk, h, pid, at)
+    t = _read(tables, PPP_PUSH_TOKENS, f"SELECT {Q.OP}, {Q.PUBKEY}, {Q.PLATFORM}, {Q.TOKEN}, "
+                                       f"{Q.AT} FROM t ORDER BY {Q.AT}")
+    for op, pk, platform, token, at in zip(
+            t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
+            t.column(Q.PLATFORM).to_pylist(), t.column(Q.TOKEN).to_pylist(),
+            micros(t.column(Q.AT))):
+        state.push_row(op, pk, platform, token, at)
     return state
 
 

@@ -13,7 +13,10 @@ folded into memory by the owner (the ingress node hosting the PPP listener) at s
 * room member tokens (§7.3): registered, revoked, or marked by a key rotation with the end
   of their grace period. Room *messages* are inbox rows (protocol `ppp_room`);
 * contact discovery (§9): peppered identifier hashes -> the pubkey that published them,
-  filed under the pepper they were made with. Never an identifier, never the pepper.
+  filed under the pepper they were made with. Never an identifier, never the pepper;
+* push registrations (REGISTER_PUSH): keyed (pubkey, token) as the spec asks, several per
+  pubkey; a row is deregistered when the provider says the token is dead (the push job asks
+  this process to, `ingress/push_desk.py`).
 
 Tokens, pubkeys and ciphertext are binary columns: delta-rs writes no statistics for those
 into the Delta log, so a removed row's values leave with its data file. `at` orders a
@@ -50,6 +53,7 @@ class Q:
     GRACE_UNTIL = "grace_until"
     HASH = "hash"
     PEPPER_ID = "pepper_id"
+    PLATFORM = "platform"
 
 
 OP_REGISTER = "register"
@@ -139,5 +143,17 @@ PPP_DISCOVERY = TableDef(
     doc="DISCOVERY_PUBLISH: a clear row and one row per hash, in one commit.",
 )
 
+PPP_PUSH_TOKENS = TableDef(
+    "ppp_push_tokens", (
+        Column(Q.PUBKEY, "binary", doc="the Ed25519 pubkey woken"),
+        Column(Q.PLATFORM, "string", doc="apns | fcm | webpush"),
+        Column(Q.TOKEN, "binary", doc="the provider's token (UTF-8), never logged"),
+        Column(Q.OP, "string", doc="register | deregister"),
+        _AT,
+    ),
+    dict(_COMMON),
+    doc="REGISTER_PUSH, and the push job's removal of tokens its provider calls dead.",
+)
+
 PPP_TABLES = {t.name: t for t in (PPP_DELIVERY_TOKENS, PPP_BACKUPS, PPP_ROOMS,
-                                  PPP_ROOM_TOKENS, PPP_DISCOVERY)}
+                                  PPP_ROOM_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS)}

@@ -51,6 +51,33 @@ def _envelopes(t: pa.Table) -> dict[tuple[str, bytes], list[PendingEnvelope]]:
     return out
 
 
+def read_appends(table: Path, first: int, last: int, columns: list[str],
+                 schema: pa.Schema) -> list[tuple[int, pa.Table]]:
+    """The files the `WRITE` commits `first..last` of a table added, as (version, rows):
+    the stream's appends; compaction's UPDATE/DELETE/OPTIMIZE commits rewrite rows a
+    follower already knows and are skipped. LookupError(version) when a commit or its file
+    is gone (the follower lagged past log retention or VACUUM): rebuild from a snapshot."""
+    out = []
+    for v in range(first, last + 1):
+        log_file = table / "_delta_log" / f"{v:020d}.json"
+        try:
+            actions = [json.loads(line) for line in log_file.read_text().splitlines()]
+        except FileNotFoundError:
+            raise LookupError(v)
+        op = next((a["commitInfo"].get("operation") for a in actions if "commitInfo" in a),
+                  None)
+        if op != "WRITE":
+            continue
+        for a in actions:
+            if "add" in a:
+                try:
+                    out.append((v, pq.read_table(table / a["add"]["path"],
+                                                 columns=columns).cast(schema)))
+                except FileNotFoundError:
+                    raise LookupError(v)
+    return out
+
+
 def read_protocol_rows(inbox_path: Path, acks_path: Path, protocol: str, columns: list[str],
                        row_filter: ds.Expression | None = None) -> tuple[int, pa.Table, pa.Array]:
     """A listener's bootstrap read of its own protocol: (inbox version read, the rows sorted by
@@ -118,25 +145,8 @@ class InboxTail:
         self.lag_versions = max(0, latest - self.version)
         if latest <= self.version:
             return None
-        tables = []
-        for v in range(self.version + 1, latest + 1):
-            log_file = self.inbox_path / "_delta_log" / f"{v:020d}.json"
-            try:
-                actions = [json.loads(line) for line in log_file.read_text().splitlines()]
-            except FileNotFoundError:
-                # Log cleaned up under us (we lagged past retention): rebuild from a snapshot.
-                raise LookupError(v)
-            op = next((a["commitInfo"].get("operation") for a in actions if "commitInfo" in a),
-                      None)
-            if op != "WRITE":
-                continue
-            for a in actions:
-                if "add" in a:
-                    try:
-                        tables.append(pq.read_table(self.inbox_path / a["add"]["path"],
-                                                    columns=_COLS).cast(_SCHEMA))
-                    except FileNotFoundError:
-                        raise LookupError(v)  # vacuumed before we read it: rebuild
+        tables = [t for _, t in read_appends(self.inbox_path, self.version + 1, latest,
+                                             _COLS, _SCHEMA)]
         self.version = latest
         return pa.concat_tables(tables) if tables else None
 

@@ -15,7 +15,8 @@ The listener composing a view with the ingress half of its protocol is in `ingre
 
 from __future__ import annotations
 
-from typing import Generic, Iterable, Protocol, TypeVar
+import time
+from typing import Generic, Hashable, Iterable, Protocol, TypeVar
 
 from .pending import PendingEnvelope
 
@@ -28,11 +29,34 @@ class InboxView(Protocol):
             envelopes: Iterable[PendingEnvelope]) -> None: ...
 
 
+class LastSeen:
+    """When each key's last session ended (unix seconds), for the push job: a device that
+    came back after its wake-up used it, so later news needs another (engine/push/coalesce.py).
+    Bounded: past `cap` keys the oldest departures are forgotten (a forgotten key reads as
+    "not seen since start", which only suppresses a second wake-up within one window)."""
+
+    def __init__(self, cap: int = 100_000, clock=time.time):
+        self.cap = cap
+        self.clock = clock
+        self._at: dict[Hashable, float] = {}
+
+    def left(self, key: Hashable) -> None:
+        self._at.pop(key, None)
+        self._at[key] = self.clock()
+        if len(self._at) > self.cap:
+            del self._at[next(iter(self._at))]
+
+    def get(self, key: Hashable) -> float | None:
+        return self._at.get(key)
+
+
 class Sessions(Generic[S]):
-    """The connected sessions of each key, to fan news out to."""
+    """The connected sessions of each key, to fan news out to, and when each key was last
+    online (`last_seen`)."""
 
     def __init__(self) -> None:
         self._by_key: dict[bytes, set[S]] = {}
+        self.last_seen = LastSeen()
 
     def register(self, key: bytes, session: S) -> None:
         self._by_key.setdefault(key, set()).add(session)
@@ -43,6 +67,7 @@ class Sessions(Generic[S]):
             mine.discard(session)
             if not mine:
                 del self._by_key[key]
+                self.last_seen.left(key)
 
     def of(self, key: bytes) -> set[S]:
         """A copy: a session may unregister while it is told."""

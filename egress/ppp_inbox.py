@@ -382,6 +382,12 @@ class PppInbox:   # an inbox_view.InboxView
             if box.early_acked.pop(e.event_id, None) is not None:
                 box.put_early(e)
 
+    def owed(self, pubkey: bytes, cursor: int) -> bool:
+        """Whether the recipient still has to fetch the event at `cursor`: unacked, or not in
+        this view yet (the push job may read the inbox before this process's tail does)."""
+        box = self._boxes.get(pubkey)
+        return box is None or cursor > box.max_cursor or cursor in box.events
+
     def pending_count(self, pubkey: bytes) -> int:
         """Unacked events with an inbox row (early ones are not counted)."""
         box = self._boxes.get(pubkey)

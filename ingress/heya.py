@@ -68,6 +68,9 @@ from engine.heya.session import HeyaSession, Phase
 from runtime import tls, tls_stream
 from runtime.config import Settings
 from runtime.listener import Listener
+from runtime.push_desk import PushDesk, desk_dir
+
+from .push_backends import HeyaDesk
 
 log = logging.getLogger("relay.ingress.heya")
 
@@ -137,6 +140,7 @@ class HeyaServer(Listener):
         self.clock = clock
         self.layout = Layout(settings.data_dir)
         self.control = HeyaControl(self.layout, fsync=fsync)
+        self.push_desk: PushDesk | None = None
         self.inbox = HeyaInbox(self.layout.inbox, self.control, cache_bytes=self.conf.cache_bytes)
         self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.inbox,
                               protocols={PROTOCOL})
@@ -187,9 +191,14 @@ class HeyaServer(Listener):
         self._tail_task = asyncio.create_task(
             self.tail.follow(self.settings, self._stop, "heya"),
             name="heya-inbox-tail")
+        self.push_desk = await PushDesk.open(desk_dir(self.settings.data_dir), "heya",
+                                             HeyaDesk(self.inbox, self.control))
         await super().start()
 
     async def close(self) -> None:
+        if self.push_desk is not None:
+            self.push_desk.close()
+            self.push_desk = None
         await super().close()
         self._stop.set()
         if self._tail_task is not None:

@@ -75,11 +75,13 @@ from engine.ratelimit import KeyedBudgets, SlidingWindowLimiter
 from runtime.config import PppConf, Settings
 from runtime.keys import load_or_create
 from runtime.listener import Listener
+from runtime.push_desk import PushDesk, desk_dir
 
 from .ppp_conn import PppConn, PppHttpProtocol, PppWsProtocol
 from .ppp_discovery import PEPPER_SEED_FILE, DiscoveryService
 from .ppp_rooms import SealedRoomOutcome
 from .ppp_service import PppService, SealedOutcome
+from .push_backends import PppDesk
 
 log = logging.getLogger("relay.ingress.ppp")
 
@@ -248,6 +250,7 @@ class PppServer(Listener):
         self._serve_task: asyncio.Task | None = None
         self._stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self.push_desk: PushDesk | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -262,6 +265,10 @@ class PppServer(Listener):
             asyncio.create_task(self.tail.follow(self.settings, self._stop, "ppp"),
                                 name="ppp-inbox-tail"),
             asyncio.create_task(self._sweep_loop(), name="ppp-sweep")]
+        desk = PppDesk(self.inbox, self.control)
+        if self.service.rooms is not None:
+            self.service.rooms.on_admin_offline = desk.knock
+        self.push_desk = await PushDesk.open(desk_dir(self.settings.data_dir), "ppp", desk)
         # Logging: uvicorn configures none (log_config=None: our root handler, runtime/logs.py)
         # and its loggers stay at WARNING: its INFO records are per connection and carry the
         # client's address ("127.0.0.1:48284 - "WebSocket /v1/ws" [accepted]").
@@ -298,6 +305,9 @@ class PppServer(Listener):
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()              # stop accepting
+        if self.push_desk is not None:
+            self.push_desk.close()
+            self.push_desk = None
         for task in list(self._opening):
             task.cancel()
         await asyncio.gather(*self._opening, return_exceptions=True)

@@ -105,6 +105,8 @@ class RoomService:
         self.sequence_timeout = sequence_timeout
         self.moderation = moderation
         self.tell = tell
+        # A knock whose admin has no WebSocket here: the push desk wakes the admin.
+        self.on_admin_offline: Callable[[bytes], None] = lambda admin: None
         self.token_bytes = token_bytes
         self.knocks = KnockBook()
         self.stored = 0
@@ -237,8 +239,9 @@ class RoomService:
                       cmd.handle, now)
         if not self.knocks.add(knock):
             return self.fail(cmd.name, "duplicate request id", rid)
-        self.tell(room.admin, P.knock_notify(room.room_id, knock.eph_pk, request_id,
-                                             knock.handle))
+        if not self.tell(room.admin, P.knock_notify(room.room_id, knock.eph_pk, request_id,
+                                                    knock.handle)):
+            self.on_admin_offline(room.admin)    # spec 004 §7.4: "or push fallback"
         return P.knock_ok(request_id)
 
     def _admit(self, pubkey: bytes, room: R.Room, cmd: P.Admit, rid: str,

@@ -31,6 +31,7 @@ from delta_tables.ppp_control import PppControl
 from delta_tables.schema import C
 from egress.ppp_inbox import PppInbox
 from engine.ppp import protocol as P
+from engine.push.platforms import TokenError, check_token
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 from engine.ppp.ids import PROTOCOL, sealed_event_id
 from engine.ppp.limits import (EVENT_ID_LEN, FETCH_PAGE_SIZE, MAX_ACK_IDS, MAX_BACKUP_SIZE,
@@ -123,6 +124,16 @@ class PppService:
         if isinstance(cmd, P.DeregisterDeliveryToken):
             await self.control.deregister_token(pubkey, cmd.delivery_token)
             return P.delivery_token_deregistered()
+        if isinstance(cmd, P.RegisterPush):
+            try:
+                check_token(cmd.platform, cmd.token)
+            except TokenError as e:
+                return self._fail("REGISTER_PUSH", f"bad push token: {e}", request_id)
+            why = await self.control.register_push(pubkey, cmd.platform,
+                                                   cmd.token.encode("utf-8"))
+            if why is not None:
+                return self._fail("REGISTER_PUSH", why, request_id)
+            return P.push_registered()
         if isinstance(cmd, P.StoreBackup):
             if len(cmd.ciphertext) > MAX_BACKUP_SIZE:
                 return self._fail("STORE_BACKUP", "backup too large", request_id)

@@ -64,7 +64,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, C
 from delta_tables.sync_control import SyncControl
 from egress.inbox_tail import InboxTail
-from egress.sync_inbox import SyncInbox, encode_meta
+from egress.sync_inbox import SyncInbox, decode_meta, encode_meta
 from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.fair_queue import FairQueue
 from engine.sync import ALPN, PROTOCOL, identity, limits
@@ -79,6 +79,9 @@ from runtime import tls, udp_endpoint
 from runtime.handshake_gate import LANES
 from runtime.listener import Listener
 from runtime.log_rate import LogRate
+from runtime.push_desk import PushDesk, desk_dir
+
+from .push_backends import SyncDesk
 
 log = logging.getLogger("relay.ingress.sync")
 logging.getLogger("quic").setLevel(logging.WARNING)   # aioquic logs connection ids per event
@@ -376,6 +379,7 @@ class SyncServer(Listener):
         self.layout = Layout(settings.data_dir)
         self.fsync = fsync
         self.control = SyncControl(self.layout, fsync=fsync)
+        self.push_desk: PushDesk | None = None
         self.inbox = SyncInbox(self.layout.inbox, self.layout.acks, cache_bytes=conf.cache_bytes)
         self.tail = InboxTail(self.layout.inbox, self.layout.acks, self.inbox,
                               protocols={PROTOCOL})
@@ -411,6 +415,8 @@ class SyncServer(Listener):
         self._tail_task = asyncio.create_task(
             self.tail.follow(self.settings, self._stop, "sync"),
             name="sync-inbox-tail")
+        self.push_desk = await PushDesk.open(desk_dir(self.settings.data_dir), "sync",
+                                             SyncDesk(self, decode_meta))
         conf = self.conf
         # max_stream_data: a client stream's window before HELLO (BoundedStreams); max_data
         # lets every stream fill its window after HELLO (aioquic raises it from there).
@@ -459,6 +465,9 @@ class SyncServer(Listener):
 
     async def close(self) -> None:
         """Stop accepting; pushes being stored finish (and are answered) first."""
+        if self.push_desk is not None:
+            self.push_desk.close()
+            self.push_desk = None
         for conn in list(self.conns):
             conn.draining = True
         pending = [t for c in self.conns for t in c.tasks]

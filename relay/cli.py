@@ -115,6 +115,13 @@ def cmd_egress(args) -> None:
     _run_async(lambda stop: service.run(settings, stop, _ready("egress")))
 
 
+def cmd_push(args) -> None:
+    from egress.push import job
+    settings = _settings(args)
+    logs.setup("push")
+    _run_async(lambda stop: job.main(settings, stop, _ready("push")))
+
+
 class _StopFlag:
     """A threading.Event set by the stop signals; `install` (re)takes them (pyspark replaces
     the SIGINT handler when it creates a SparkContext, so the stream calls it again then)."""
@@ -550,6 +557,8 @@ def main(argv: list[str] | None = None) -> None:
                         "(default: every enabled listener in this process)")
     p.set_defaults(func=cmd_ingress)
     sub.add_parser("egress", help="inbox -> clients").set_defaults(func=cmd_egress)
+    sub.add_parser("push", help="inbox -> push wake-ups of offline devices (APNs, FCM, "
+                                "Web Push)").set_defaults(func=cmd_push)
     p = sub.add_parser("stream", help="landing -> inbox (Spark)")
     p.add_argument("--available-now", action="store_true",
                    help="process what has landed, then exit")

@@ -154,6 +154,9 @@ def role_status(settings: Settings, role: str, timeout: float = 1.0) -> RoleStat
         n["runs"] = metrics.by_label(s, "relay_compaction_runs_total", "outcome")
         n["removed"] = metrics.by_label(s, "relay_compaction_removed_total", "kind")
         n["last_run_s"] = metrics.total(s, "relay_compaction_duration_seconds")
+    elif role == "push":
+        n["wakeups"] = metrics.by_label(s, "relay_push_wakeups_total", "outcome")
+        n["inbox_lag_versions"] = metrics.total(s, "relay_push_inbox_lag_versions")
     if role.startswith("ingress") or role == "egress":
         n["sessions"] = metrics.total(s, "relay_sessions_open")
     return RoleStatus(role, endpoint, "up", n)
@@ -218,6 +221,9 @@ def _role_line(r: RoleStatus) -> str:
                   f"{_kv(n['accepted'])} | rejected {_kv(n['rejected'])} | batch p50 "
                   f"{_ms(n['batch_p50_s'])} | in {n['input_rows_per_s']:.0f}/s "
                   f"processed {n['processed_rows_per_s']:.0f}/s")
+    elif r.role == "push":
+        detail = (f"wake-ups {_kv(n['wakeups'])} | "
+                  f"inbox lag {n['inbox_lag_versions']:g} commits")
     else:
         detail = (f"runs {_kv(n['runs'])} | removed {_kv(n['removed'])} | "
                   f"last run {n['last_run_s']:.1f}s")

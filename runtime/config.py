@@ -147,6 +147,7 @@ class MetricsConf:
     ingress_heya_port: int = 9705   # `relay ingress --protocol heya` (one process per protocol)
     ingress_ppp_port: int = 9706
     ingress_sync_port: int = 9707
+    push_port: int = 9708
 
     def port(self, role: str) -> int:
         """`role` as the process names itself: ingress, ingress-heya, egress, ..."""
@@ -388,6 +389,59 @@ class SyncConf:
 
 
 @dataclass
+class ApnsConf:
+    # Token (ES256 JWT) auth: the .p8 signing key from Apple's developer account, its key id,
+    # the team id, and the app's bundle id (apns-topic). Env: RELAY_APNS_KEY_FILE, ...
+    key_file: str = ""
+    key_id: str = ""
+    team_id: str = ""
+    topic: str = ""
+    url: str = "https://api.push.apple.com"    # sandbox: https://api.sandbox.push.apple.com
+    ca_file: str = ""                           # a private CA to trust (tests); "" = system
+
+
+@dataclass
+class FcmConf:
+    # FCM HTTP v1: a Google service-account JSON file (its token_uri is where OAuth2 tokens
+    # come from). Env: RELAY_FCM_SERVICE_ACCOUNT_FILE.
+    service_account_file: str = ""
+    url: str = "https://fcm.googleapis.com"
+    ca_file: str = ""
+
+
+@dataclass
+class WebPushConf:
+    # VAPID (RFC 8292): the relay's P-256 private key (PEM or raw base64url; created under
+    # <data>/keys/ when empty) and the contact the push services may reach ("mailto:...").
+    vapid_private_key_file: str = ""
+    vapid_subject: str = ""
+    # Subscription endpoints on loopback or private addresses are refused unless true (the
+    # relay would otherwise POST wherever a client points it).
+    allow_private_endpoints: bool = False
+    ca_file: str = ""
+
+
+@dataclass
+class PushConf:
+    # The push job (`relay push`, started by `relay up`): wakes offline devices whose owner
+    # has a registered push token. A platform with no credentials is recorded as `dry_run`
+    # in push_log, and the job says so at start.
+    enabled: bool = True
+    # At most one wake-up per device per window (spec 004's batching window, 30 s).
+    window_seconds: float = 30.0
+    # Retries of a 429 / 5xx / network error: up to this many attempts, full-jitter backoff
+    # from retry_base_ms doubling to retry_max_ms (or the provider's Retry-After).
+    max_attempts: int = 5
+    retry_base_ms: int = 500
+    retry_max_ms: int = 30000
+    request_timeout_seconds: float = 10.0
+    max_in_flight: int = 64      # provider requests at once
+    apns: ApnsConf = field(default_factory=ApnsConf)
+    fcm: FcmConf = field(default_factory=FcmConf)
+    webpush: WebPushConf = field(default_factory=WebPushConf)
+
+
+@dataclass
 class ProcessConf:
     # Descriptors the TCP listeners of a process leave free for Delta commits, logs and
     # /metrics: past the limit minus this, they stop accepting until descriptors free up.
@@ -408,6 +462,7 @@ class Settings:
     ppp: PppConf = field(default_factory=PppConf)
     sync: SyncConf = field(default_factory=SyncConf)
     metrics: MetricsConf = field(default_factory=MetricsConf)
+    push: PushConf = field(default_factory=PushConf)
     process: ProcessConf = field(default_factory=ProcessConf)
 
     @property
@@ -437,7 +492,8 @@ def process_roles(settings: Settings) -> list[str]:
     """The long-running processes `relay up` starts, by role name, in data-flow order."""
     ingress = ([ingress_role(p) for p in ingress_protocols(settings)]
                if settings.ingress.process_per_protocol else ["ingress"])
-    return ingress + ["stream", "egress", "compact"]
+    return ingress + ["stream", "egress"] + (["push"] if settings.push.enabled else []) + [
+        "compact"]
 
 
 # Environment overrides named by the issues; each maps to a dotted settings path.
@@ -462,6 +518,16 @@ ENV_OVERRIDES = {
     "RELAY_METRICS_PORT_EGRESS": "metrics.egress_port",
     "RELAY_METRICS_PORT_STREAM": "metrics.stream_port",
     "RELAY_METRICS_PORT_COMPACT": "metrics.compact_port",
+    "RELAY_METRICS_PORT_PUSH": "metrics.push_port",
+    "RELAY_APNS_KEY_FILE": "push.apns.key_file",
+    "RELAY_APNS_KEY_ID": "push.apns.key_id",
+    "RELAY_APNS_TEAM_ID": "push.apns.team_id",
+    "RELAY_APNS_TOPIC": "push.apns.topic",
+    "RELAY_APNS_URL": "push.apns.url",
+    "RELAY_FCM_SERVICE_ACCOUNT_FILE": "push.fcm.service_account_file",
+    "RELAY_FCM_URL": "push.fcm.url",
+    "RELAY_VAPID_PRIVATE_KEY_FILE": "push.webpush.vapid_private_key_file",
+    "RELAY_VAPID_SUBJECT": "push.webpush.vapid_subject",
 }
 
 

@@ -6,6 +6,7 @@ Each process serves its own registry on its own port (`[metrics]` in conf/relay.
     relay egress         :9702   delivered, acked, pending, acks group commits, sessions
     relay stream         :9703   micro-batches, rows, accepted / rejected, rates, landing lag
     relay compact --loop :9704   runs, what they removed, bytes on disk
+    relay push           :9708   wake-ups by platform and outcome, provider latency
 
 Names are `relay_<subsystem>_<what>[_<unit>]`, counters end in `_total`; labels are only
 `role`, `protocol`, `reason`, `table`, `listener`, `kind`, `outcome` — never a mailbox, key,
@@ -104,6 +105,17 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "relay_compaction_last_success_timestamp_seconds": (
         "gauge", (), "unix time of the last compaction run that finished"),
     "relay_tables_bytes": ("gauge", (), "bytes under <data>/tables after the last run"),
+    # push
+    "relay_push_wakeups_total": (
+        "counter", ("platform", "outcome"),
+        "wake-ups by final outcome (sent, unregistered, failed, retry_exhausted, dry_run, "
+        "unsupported)"),
+    "relay_push_attempts_total": (
+        "counter", ("platform", "outcome"), "provider requests by answer (sent, retry, ...)"),
+    "relay_push_provider_latency_seconds": (
+        "histogram", ("platform",), "one provider request, sent to answered"),
+    "relay_push_inbox_lag_versions": (
+        "gauge", (), "inbox versions committed that the push job has not read yet"),
 }
 
 COMMIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -352,6 +364,22 @@ def progress_rates(progress, rows: int | None, previous_start: float | None) -> 
     return BatchRates(rows, started, trigger,
                       rows / since if since and since > 0 else 0.0,
                       rows / trigger if trigger > 0 else 0.0)
+
+
+class PushMetrics:
+    """`relay push`: fed by `egress.push.job.PushJob`'s callbacks."""
+
+    def __init__(self, data_dir, registry: CollectorRegistry | None = None):
+        self.registry = reg = registry or new_registry("push", data_dir)
+        self.wakeups = Counter("relay_push_wakeups", _help("relay_push_wakeups_total"),
+                               ["platform", "outcome"], registry=reg)
+        self.attempts = Counter("relay_push_attempts", _help("relay_push_attempts_total"),
+                                ["platform", "outcome"], registry=reg)
+        self.latency = Histogram("relay_push_provider_latency_seconds",
+                                 _help("relay_push_provider_latency_seconds"), ["platform"],
+                                 buckets=COMMIT_BUCKETS, registry=reg)
+        self.lag = Gauge("relay_push_inbox_lag_versions",
+                         _help("relay_push_inbox_lag_versions"), registry=reg)
 
 
 class CompactionMetrics:

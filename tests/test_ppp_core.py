@@ -62,11 +62,15 @@ def test_decode_commands_from_the_c1_field_table():
     assert P.decode_command(pack({"cmd": "ACK", "event_ids": [b"a" * 32]})).event_ids == (
         b"a" * 32,)
     assert isinstance(P.decode_command(pack({"cmd": "FETCH_BACKUP"})), P.FetchBackup)
-    assert P.decode_command(pack({"cmd": "REGISTER_PUSH"})) == P.Unsupported("REGISTER_PUSH")
+    assert P.decode_command(pack({"cmd": "REGISTER_PUSH", "platform": "fcm", "token": "t"})) \
+        == P.RegisterPush("fcm", "t")
+    assert "secret-token" not in repr(P.RegisterPush("fcm", "secret-token"))   # never shown
     for bad, reason in [(b"\xc1", "malformed MessagePack"), (pack([1]), "message is not a map"),
                         (pack({"cmd": "NOPE"}), "unknown command"),
                         (pack({"cmd": "FETCH", "since": -1}), "since must be an unsigned integer"),
                         (pack({"cmd": "STORE", "event": "text"}), "event must be bytes"),
+                        (pack({"cmd": "REGISTER_PUSH", "platform": "fcm"}),
+                         "token must be a string"),
                         (pack({"cmd": "REGISTER_DELIVERY_TOKEN", "delivery_token": b"x" * 11}),
                          "delivery_token must be 12 bytes"),
                         (pack({"cmd": "FETCH", "since": 1}) + b"\x00", "malformed MessagePack")]:

@@ -47,7 +47,7 @@ def test_relay_up_serves_and_stops_cleanly(tmp_path):
     assert any(e["event"] == "shutting_down" for e in relay.events)
     assert [e["role"] for e in relay.events if e["event"] == "role_stopped"] == [
         "ingress-trueseal", "ingress-heya", "ingress-ppp", "ingress-sync", "stream", "egress",
-        "compact"]
+        "push", "compact"]
 
 
 async def _one_message(push, recv, relay_pub):

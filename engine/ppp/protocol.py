@@ -96,6 +96,16 @@ class DeregisterDeliveryToken:
 
 
 @dataclass(frozen=True)
+class RegisterPush:
+    platform: str
+    token: str
+    name = "REGISTER_PUSH"
+
+    def __repr__(self) -> str:   # a push token addresses one device: never shown
+        return f"RegisterPush({self.platform})"
+
+
+@dataclass(frozen=True)
 class StoreBackup:
     ciphertext: bytes
     name = "STORE_BACKUP"
@@ -299,12 +309,12 @@ RoomCommand = (CreateRoom | UpdateRoom | DiscoverRooms | RegisterToken | RevokeT
                | DeleteGroup | KickMember | BanMember)
 DiscoveryCommand = DiscoveryPepper | DiscoveryPublish | DiscoveryQuery
 Command = (Auth | Store | Fetch | Ack | RegisterDeliveryToken | DeregisterDeliveryToken
-           | StoreBackup | FetchBackup | DeleteBackup | RoomCommand | DiscoveryCommand
+           | RegisterPush | StoreBackup | FetchBackup | DeleteBackup | RoomCommand | DiscoveryCommand
            | Unsupported)
 
-# C.1 commands not served here: push (KICK_MEMBER / BAN_MEMBER are decoded, and refused
+# C.1 commands not served here: none (KICK_MEMBER / BAN_MEMBER are decoded, and refused
 # while `ppp.moderation` is off).
-UNSUPPORTED = frozenset({"REGISTER_PUSH"})
+UNSUPPORTED: frozenset[str] = frozenset()
 BACKUP_COMMANDS = frozenset({"STORE_BACKUP", "FETCH_BACKUP", "DELETE_BACKUP"})
 
 
@@ -368,6 +378,7 @@ def _ack(m, c):
 def _reg(m, c): return RegisterDeliveryToken(_bytes(m, "delivery_token", c, DELIVERY_TOKEN_LEN))
 def _dereg(m, c): return DeregisterDeliveryToken(_bytes(m, "delivery_token", c, DELIVERY_TOKEN_LEN))
 def _store_backup(m, c): return StoreBackup(_bytes(m, "ciphertext", c))
+def _register_push(m, c): return RegisterPush(_str(m, "platform", c, 16), _str(m, "token", c, 4096))
 
 
 def _room_id(m, c): return _bytes(m, "room_id", c, ROOM_ID_LEN)
@@ -429,6 +440,7 @@ def _member(cls):
 _DECODERS = {
     "AUTH": _auth, "STORE": _store, "FETCH": _fetch, "ACK": _ack,
     "REGISTER_DELIVERY_TOKEN": _reg, "DEREGISTER_DELIVERY_TOKEN": _dereg,
+    "REGISTER_PUSH": _register_push,
     "STORE_BACKUP": _store_backup, "FETCH_BACKUP": lambda m, c: FetchBackup(),
     "DELETE_BACKUP": lambda m, c: DeleteBackup(),
     "CREATE_ROOM": _create_room, "UPDATE_ROOM": _update_room,
@@ -566,6 +578,7 @@ def acked(count: int) -> Reply: return Reply("ACKED", {"count": min(count, _U32)
 def notify(count: int) -> Reply: return Reply("NOTIFY", {"count": min(count, _U32)})
 def delivery_token_registered() -> Reply: return Reply("DELIVERY_TOKEN_REGISTERED")
 def delivery_token_deregistered() -> Reply: return Reply("DELIVERY_TOKEN_DEREGISTERED")
+def push_registered() -> Reply: return Reply("PUSH_REGISTERED")
 
 
 def backup_stored(version: int, stored_at: int) -> Reply:
