@@ -270,3 +270,86 @@ async def _ppp_scenario(settings, node, job, prov):
     return {"carol": carol, "bob": bob,
             "secrets": [x.hex() for x in (bob, carol, dave, frank)] + [apns_bob, fcm_bob,
                                                                       apns_carol, fcm_dave]}
+
+
+def test_heya_and_sync_wakeups(spark, settings, tmp_path):
+    _base_settings(settings, tmp_path)
+    settings.ppp.enabled = False
+    query, _ = start_inbox_stream(spark, settings, fsync=False)
+    try:
+        asyncio.run(_heya_sync(settings, tmp_path))
+    finally:
+        query.stop()
+    final = [r for r in push_log(settings) if r["outcome"] not in ("intent",)]
+    assert {(r["protocol"], r["platform"], r["outcome"]) for r in final} == {
+        ("heya", "apns", "sent"), ("sync", "fcm", "sent"), ("sync", "webpush", "sent"),
+        ("sync", "apns", "unregistered")}
+
+
+async def _heya_sync(settings, tmp_path):
+    from delta_tables.heya_control import mint_inbox_tokens
+    from heya_client import Cert, HeyaClient, recv_line, send_line
+    from sync_client import Device, device_session, group_id, push, register_push
+
+    async with Providers(tmp_path) as prov:
+        prov.configure(settings)
+        (inbox_token,) = mint_inbox_tokens(Layout(settings.data_dir), fsync=False)
+        node = IngressNode(settings, fsync=False)
+        await node.start()
+        try:
+            async with JobRunner(settings):
+                # Heya: alice's mailbox with an iOS device token (IOSA), then offline.
+                port = node.heya.bound_port
+                alice, bob = Cert(tmp_path, "alice"), Cert(tmp_path, "bob")
+                a = await HeyaClient.connect(port, alice)
+                a.send(b"INCO " + inbox_token.hex().encode() + b"\n")
+                await a.expect(b"INCO ")
+                await a.read_exact(64)
+                await a.expect(b"\n")
+                a.send(b"AUTH 0 2220385707\n")
+                await a.expect(b"AUTH ")
+                t_hex = await a.read_exact(64)
+                await a.expect(b" 0 2220385707\n")
+                ios = os.urandom(32).hex()
+                a.send(b"IOSA " + ios.encode() + b"\n")
+                await a.expect(b"IOSA " + ios.encode() + b"\n")
+                a.send(b"QUIT\n")
+                assert await a.closed_by_server()
+                b = await HeyaClient.connect(port, bob)
+                for body in (b"one", b"two", b"three"):
+                    b.send(send_line(t_hex, body))
+                    await b.expect(recv_line(body))
+                await until(lambda: len(prov.requests_to(ios)) == 1, what="alice's iPhone woken")
+
+                # cursor-sync: device a pushes; b (FCM) and c (Web Push) are offline; d's
+                # APNs token is dead. a itself is never woken for its own blobs.
+                sport = node.sync.bound_port
+                g, da, db, dc, dd = group_id(b"push"), Device(), Device(), Device(), Device()
+                ca, _ = await device_session(sport, da, g, version=1)
+                exp = 2 ** 40
+                fcm_b, apns_a, apns_d = "fcm-b-" + os.urandom(8).hex(), os.urandom(32).hex(), \
+                    os.urandom(32).hex()
+                sub_c, _, _ = prov.webpush.subscription("c")
+                prov.apns.script.answers[apns_d] = [410]
+                assert await ca.request(register_push("apns", apns_a)) == ["Done", "RegisterPush"]
+                for dev, platform, token in ((db, "fcm", fcm_b), (dc, "webpush", sub_c),
+                                             (dd, "apns", apns_d)):
+                    c, _ = await device_session(sport, dev, g, admission=[
+                        da.id, exp, da.admit(g, dev.id, exp)])
+                    assert await c.request(register_push(platform, token)) == [
+                        "Done", "RegisterPush"]
+                    await c.close()
+                await until(lambda: len(node.sync.group_sessions(g)) == 1, what="b, c, d gone")
+                for n in range(1, 4):
+                    assert (await ca.request(push(n.to_bytes(16, "big"), b"blob", 0)))[0] == \
+                        "PushAck"
+                await until(lambda: all(len(prov.requests_to(t)) == 1
+                                        for t in (fcm_b, "c", apns_d)), what="b, c, d woken")
+                await until(lambda: (g, dd.id) not in node.sync.control.state.push,
+                            what="d's dead token deregistered")
+                await asyncio.sleep(1.0)
+                assert prov.requests_to(apns_a) == []          # the pushing device: never
+                assert [len(prov.requests_to(t)) for t in (fcm_b, "c", ios)] == [1, 1, 1]
+                await ca.close()
+        finally:
+            await node.close()

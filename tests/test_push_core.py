@@ -1,0 +1,125 @@
+"""The pure push core: the wake-up planner's rules, what provider answers mean, which tokens
+are well formed, what a wake-up carries."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+
+import pytest
+
+from engine.push import requests as R
+from engine.push.coalesce import Decision, WakePlanner
+from engine.push.outcomes import Outcome, backoff, classify, retry_after
+from engine.push.platforms import TokenError, check_token, parse_subscription
+
+D = b"device-1"
+
+
+def test_a_burst_wakes_once_and_a_returning_device_is_woken_again_once_per_window():
+    p = WakePlanner(30)
+    assert p.offer(D, 100.0, None) is Decision.SEND
+    p.sent(D, 100.0)
+    # the rest of the burst, the device never back: covered by that wake-up
+    assert [p.offer(D, t, None) for t in (101, 110, 129.9)] == [Decision.COVERED] * 3
+    assert p.offer(D, 115, last_seen=90.0) is Decision.COVERED     # seen before the wake-up
+    # it came back after the wake-up and left: this row is news, woken at the window's end
+    assert p.offer(D, 120, last_seen=112.0) is Decision.DEFER
+    assert p.offer(D, 121, last_seen=112.0) is Decision.DEFER      # joins the same one
+    assert p.due_at(D) == 130.0 and p.next_due() == 130.0
+    assert p.take_due(129.0) == [] and p.take_due(130.0) == [D]
+    p.sent(D, 130.0)
+    assert p.due_at(D) is None
+    assert p.offer(D, 170.0, None) is Decision.SEND                # a new window
+
+
+def test_restore_after_a_crash():
+    p = WakePlanner(30)
+    p.restore(D, 100.0)                              # sent, with its outcome recorded
+    assert p.offer(D, 105, None) is Decision.COVERED
+    q = WakePlanner(30)
+    q.restore(D, 100.0, unsure=True)                 # intent without outcome: send again
+    assert q.offer(D, 105, None) is Decision.SEND
+    q.sent(D, 105)
+    assert q.offer(D, 106, None) is Decision.COVERED
+    assert q.prune(200.0) == 1 and len(q) == 0
+
+
+def test_window_zero_wakes_for_every_row():
+    p = WakePlanner(0)
+    for t in (1.0, 1.0, 2.0):
+        assert p.offer(D, t, None) is Decision.SEND
+        p.sent(D, t)
+
+
+@pytest.mark.parametrize("platform,status,body,outcome", [
+    ("apns", 200, b"", Outcome.SENT),
+    ("apns", 410, b'{"reason":"Unregistered","timestamp":1}', Outcome.UNREGISTERED),
+    ("apns", 400, b'{"reason":"BadDeviceToken"}', Outcome.UNREGISTERED),
+    ("apns", 400, b'{"reason":"DeviceTokenNotForTopic"}', Outcome.UNREGISTERED),
+    ("apns", 400, b'{"reason":"PayloadTooLarge"}', Outcome.FAILED),
+    ("apns", 403, b'{"reason":"ExpiredProviderToken"}', Outcome.RETRY),
+    ("apns", 403, b'{"reason":"InvalidProviderToken"}', Outcome.FAILED),
+    ("apns", 429, b'{"reason":"TooManyRequests"}', Outcome.RETRY),
+    ("apns", 503, b"not json", Outcome.RETRY),
+    ("fcm", 200, b"{}", Outcome.SENT),
+    ("fcm", 404, b'{"error":{"status":"NOT_FOUND"}}', Outcome.UNREGISTERED),
+    ("fcm", 400, json.dumps({"error": {"status": "INVALID_ARGUMENT", "details": [
+        {"errorCode": "UNREGISTERED"}]}}).encode(), Outcome.UNREGISTERED),
+    ("fcm", 400, b'{"error":{"status":"INVALID_ARGUMENT"}}', Outcome.FAILED),
+    ("fcm", 401, b"{}", Outcome.RETRY),
+    ("fcm", 500, b"{}", Outcome.RETRY),
+    ("webpush", 201, b"", Outcome.SENT),
+    ("webpush", 404, b"", Outcome.UNREGISTERED),
+    ("webpush", 410, b"", Outcome.UNREGISTERED),
+    ("webpush", 413, b"", Outcome.FAILED),
+    ("webpush", 429, b"", Outcome.RETRY),
+    ("sms", 200, b"", Outcome.FAILED),
+])
+def test_provider_answers(platform, status, body, outcome):
+    assert classify(platform, status, body).outcome is outcome
+
+
+def test_credential_expiry_asks_for_a_refresh_and_retry_after_is_read():
+    assert classify("apns", 403, b'{"reason":"ExpiredProviderToken"}').refresh_credential
+    assert classify("fcm", 401).refresh_credential
+    assert retry_after("7", 0) == 7.0
+    assert retry_after("Wed, 21 Oct 2015 07:28:10 GMT", 1445412480.0) == 10.0
+    assert retry_after("soon", 0) is None and retry_after(None, 0) is None
+    rng = random.Random(1)
+    assert all(0 <= backoff(n, 0.5, 30, rng) <= min(30, 0.5 * 2 ** (n - 1)) for n in range(1, 12))
+
+
+def _b64(b: bytes) -> str:
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode()
+
+
+def test_tokens():
+    check_token("apns", "ab" * 32)
+    check_token("fcm", "dQw4w9WgXcQ:APA91b" + "x" * 140)
+    sub = json.dumps({"endpoint": "https://push.example/abc",
+                      "keys": {"p256dh": _b64(b"\x04" + b"k" * 64), "auth": _b64(b"a" * 16)}})
+    check_token("webpush", sub)
+    assert "push.example" not in repr(parse_subscription(sub))
+    for platform, token in [("apns", "xyz"), ("apns", "ab"), ("fcm", "has space"), ("fcm", ""),
+                            ("webpush", "[]"), ("webpush", "{}"), ("sms", "1"),
+                            ("webpush", sub.replace("https://", "ftp://")),
+                            ("webpush", sub.replace(_b64(b"a" * 16), _b64(b"a" * 15))),
+                            ("fcm", "x" * 4097)]:
+        with pytest.raises(TokenError):
+            check_token(platform, token)
+
+
+def test_a_wake_up_carries_nothing_but_the_wake():
+    collapse = R.collapse_id(b"dev", 123)
+    assert collapse == R.collapse_id(b"dev", 123) != R.collapse_id(b"dev", 124)
+    assert len(collapse) == 16
+    headers, body = R.apns(collapse, "org.example.app", 1000.0)
+    assert json.loads(body) == {"aps": {"alert": {"loc-key": "PPP_NEW_MESSAGE"},
+                                        "mutable-content": 1, "sound": "default"}}
+    assert headers["apns-collapse-id"] == collapse and headers["apns-expiration"] == "87400"
+    msg = json.loads(R.fcm("tok", collapse))["message"]
+    assert msg == {"token": "tok", "data": {"wake": "1"},
+                   "android": {"priority": "HIGH", "collapse_key": collapse, "ttl": "86400s"}}
+    assert R.webpush_headers(collapse)["Topic"] == collapse
