@@ -13,7 +13,7 @@ same collapse id, never loses the wake-up), then one final outcome per wake-up: 
 credentials for the platform), `unsupported` (a platform this relay cannot send to). A commit
 of outcomes carries the Delta app-transaction marker (`relay-push`, inbox version): every
 inbox row at or below it has had its wake-ups decided and recorded, so a restart reads on
-from there (delta_tables/... the same mechanism as the stream's exactly-once writes).
+from there: the mechanism of the stream's exactly-once writes (jobs/inbox_stream.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ PUSH_LOG = TableDef(
         Column(PL.WAKE_AT, "timestamp", doc="the wake-up's time; its collapse id's input"),
         Column(PL.LATENCY_MS, "long", nullable=True, doc="the last provider request"),
         Column(PL.INBOX_TO_PUSH_MS, "long", nullable=True,
-               doc="inbox commit of the row that caused it -> provider answer"),
+               doc="the inbox commit of the row that caused it (the commit's own "
+                   "timestamp) -> the provider's answer"),
     ),
     dict(_COMMON),
     doc="Push wake-ups: intents and outcomes (delta_tables/schema_push.py).",

@@ -14,6 +14,7 @@ import logging
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -51,10 +52,16 @@ def _envelopes(t: pa.Table) -> dict[tuple[str, bytes], list[PendingEnvelope]]:
     return out
 
 
+class Append(NamedTuple):
+    version: int
+    rows: pa.Table
+    committed: float | None     # the commit's own time (commitInfo.timestamp), unix s
+
+
 def read_appends(table: Path, first: int, last: int, columns: list[str],
-                 schema: pa.Schema) -> list[tuple[int, pa.Table]]:
-    """The files the `WRITE` commits `first..last` of a table added, as (version, rows):
-    the stream's appends; compaction's UPDATE/DELETE/OPTIMIZE commits rewrite rows a
+                 schema: pa.Schema) -> list[Append]:
+    """The files the `WRITE` commits `first..last` of a table added, one `Append` each: the
+    stream's appends; compaction's UPDATE/DELETE/OPTIMIZE commits rewrite rows a
     follower already knows and are skipped. LookupError(version) when a commit or its file
     is gone (the follower lagged past log retention or VACUUM): rebuild from a snapshot."""
     out = []
@@ -64,17 +71,17 @@ def read_appends(table: Path, first: int, last: int, columns: list[str],
             actions = [json.loads(line) for line in log_file.read_text().splitlines()]
         except FileNotFoundError:
             raise LookupError(v)
-        op = next((a["commitInfo"].get("operation") for a in actions if "commitInfo" in a),
-                  None)
-        if op != "WRITE":
+        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        if info.get("operation") != "WRITE":
             continue
+        stamp = info.get("timestamp")
         for a in actions:
             if "add" in a:
                 try:
-                    out.append((v, pq.read_table(table / a["add"]["path"],
-                                                 columns=columns).cast(schema)))
+                    rows = pq.read_table(table / a["add"]["path"], columns=columns).cast(schema)
                 except FileNotFoundError:
                     raise LookupError(v)
+                out.append(Append(v, rows, None if stamp is None else stamp / 1000))
     return out
 
 
@@ -145,8 +152,8 @@ class InboxTail:
         self.lag_versions = max(0, latest - self.version)
         if latest <= self.version:
             return None
-        tables = [t for _, t in read_appends(self.inbox_path, self.version + 1, latest,
-                                             _COLS, _SCHEMA)]
+        tables = [a.rows for a in read_appends(self.inbox_path, self.version + 1, latest,
+                                               _COLS, _SCHEMA)]
         self.version = latest
         return pa.concat_tables(tables) if tables else None
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 # `relay up`'s processes by default: one ingress per protocol (ingress.process_per_protocol)
 INGRESS_ROLES = ("ingress-trueseal", "ingress-heya", "ingress-ppp", "ingress-sync")
-ROLES = INGRESS_ROLES + ("stream", "egress", "compact")
+ROLES = INGRESS_ROLES + ("stream", "egress", "push", "compact")
 # the variable that sets a role's metrics port (ingress-trueseal uses ingress's: trueseal push)
 METRICS_PORT_VAR = {r: "RELAY_METRICS_PORT_" + ("INGRESS" if r == "ingress-trueseal" else
                                                 r.upper().replace("-", "_")) for r in ROLES}

@@ -2,7 +2,7 @@
 device twice within a window.
 
 `relay ingress`, `relay stream` and `relay push` run as real child processes
-(tests/crash_harness.RoleProc); the APNs provider is tests/push_providers.FakeApns in this
+(tests/crash_harness.RoleProc); the APNs provider is relay/bench/push_providers.FakeApns in this
 process (HTTP/2 over TLS, the job's production client), answering after a delay so that
 requests are in flight when the job dies. Recipients register an APNs token over PPP
 (REGISTER_PUSH) and stay offline; senders STORE a steady stream of events to them for
@@ -29,7 +29,6 @@ import os
 import random
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
@@ -37,7 +36,7 @@ from nacl.signing import SigningKey
 
 from crash_harness import RelayProcesses, log
 from ppp_wire import Ws, giftwrap
-from push_providers import FakeApns
+from relay.bench.push_providers import FakeApns
 
 pytestmark = pytest.mark.crash
 
@@ -74,17 +73,11 @@ ca_file = "{apns.cert}"
 
 
 class SlowApns(FakeApns):
-    """Answers after PROVIDER_DELAY, recording (arrival time, token, collapse id)."""
+    """Answers after PROVIDER_DELAY (each write of a connection waits that long)."""
 
-    def __init__(self, directory: Path):
-        super().__init__(directory)
-        self.arrivals: list[tuple[float, str, str]] = []
-
-    def _answer(self, headers, body):
-        self.arrivals.append((time.time(), headers[":path"].rsplit("/", 1)[-1],
-                              headers.get("apns-collapse-id", "")))
-        time.sleep(0)      # the delay is applied by the serving loop (below)
-        return super()._answer(headers, body)
+    @property
+    def arrivals(self) -> list[tuple[float, str, str]]:
+        return self.arrival_times
 
     async def _serve(self, reader, writer):
         orig = writer.drain

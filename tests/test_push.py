@@ -1,7 +1,7 @@
 """Push wake-ups end to end, all real: the ingress node (PPP over uvicorn, Heya over TLS,
 cursor-sync over QUIC), the Spark stream into the inbox, the push job (`egress/push/job.py`)
 with its production provider clients, and providers on loopback that answer as APNs, FCM
-and Web Push document (tests/push_providers.py: HTTP/2 + TLS + ES256 JWT for APNs, OAuth2
+and Web Push document (relay/bench/push_providers.py: HTTP/2 + TLS + ES256 JWT for APNs, OAuth2
 JWT-bearer + FCM v1 for FCM, RFC 8291 encrypted bodies for Web Push).
 
 PPP: bob registers a token on each platform (REGISTER_PUSH -> PUSH_REGISTERED), goes offline,
@@ -33,7 +33,7 @@ from egress.push.providers import providers
 from ingress.service import IngressNode
 from jobs.inbox_stream import start_inbox_stream
 
-from push_providers import FakeApns, FakeFcm, FakeWebPush
+from relay.bench.push_providers import FakeApns, FakeFcm, FakeWebPush
 from ppp_wire import Ws, giftwrap, unpack
 
 WAIT = 60.0

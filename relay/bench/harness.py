@@ -205,7 +205,7 @@ PORT_ENV = {"RELAY_TRUESEAL_PUSH_PORT": "0", "RELAY_TRUESEAL_RECEIVE_PORT": "0",
              "RELAY_HEYA_PORT": "0", "RELAY_SYNC_PORT": "0", "RELAY_PPP_PORT": "0",
              "RELAY_METRICS_PORT_INGRESS": "0",
              "RELAY_METRICS_PORT_EGRESS": "0", "RELAY_METRICS_PORT_STREAM": "0",
-             "RELAY_METRICS_PORT_COMPACT": "0"}
+             "RELAY_METRICS_PORT_COMPACT": "0", "RELAY_METRICS_PORT_PUSH": "0"}
 
 
 def settings_for(args, data_dir: Path) -> config.Settings:

@@ -17,7 +17,8 @@ in the module of what it measures:
 7. `ppp_acked_stores_per_s`, `ppp_store_to_notify_ms`, `ppp_room_messages_per_s`,
    `ppp_room_store_to_notify_ms` (`ppp.py`).
 8. `sync_pushes_per_s`, `sync_push_to_notify_ms` (`sync.py`).
-9. `spark_floor` (`jobs/batch_profile.py`): a small micro-batch of the relay's stream against
+9. `push_wakeups_per_s`, `inbox_commit_to_push_ms` (`push.py`).
+10. `spark_floor` (`jobs/batch_profile.py`): a small micro-batch of the relay's stream against
    Spark's own floor, the same source and trigger with a no-op sink, over the same trickle.
 
 Every section runs `rounds` times (3 unless `--rounds` says otherwise), the sections in this
@@ -52,7 +53,7 @@ from pathlib import Path
 
 from runtime import config
 
-from . import heya, ppp, sync, tables, trueseal
+from . import heya, ppp, push, sync, tables, trueseal
 from .rounds import median_of
 from .harness import (ENVELOPE_SIZE, machine, rounded, say, settings_for, stop_children,
                       stop_spark)
@@ -110,6 +111,8 @@ def headline(res: dict) -> None:
         "ppp_room_store_to_notify_ms")
     res["sync_pushes_per_s"] = (res.get("sync") or {}).get("sync_pushes_per_s")
     res["sync_push_to_notify_ms"] = (res.get("sync") or {}).get("sync_push_to_notify_ms")
+    res["push_wakeups_per_s"] = (res.get("push") or {}).get("push_wakeups_per_s")
+    res["inbox_commit_to_push_ms"] = (res.get("push") or {}).get("inbox_commit_to_push_ms")
     res["delta_append_ceiling_rows_per_s"] = ceiling
     if ceiling and ts.get("acked_per_s"):
         res["trueseal_vs_ceiling_ratio"] = round(ts["acked_per_s"] / ceiling, 3)
@@ -194,6 +197,11 @@ def _summary(res: dict) -> str:
     lines.append(f"  sync pushes/s           : {res.get('sync_pushes_per_s')} "
                  f"(each PUSH_ACK waits for its inbox commit); push->NOTIFY ms "
                  f"p50 {sn.get('p50')}, p99 {sn.get('p99')}")
+    ip = res.get("inbox_commit_to_push_ms") or {}
+    lines.append(f"  push wake-ups/s         : {res.get('push_wakeups_per_s')} (a backlog of "
+                 f"{g('push', 'push_backlog', 'devices')} offline devices, APNs over HTTP/2 on "
+                 f"loopback); inbox commit->provider answer ms p50 {ip.get('p50')}, "
+                 f"p99 {ip.get('p99')}")
     lines.append(f"  ratios                  : trueseal/ceiling "
                  f"{res.get('trueseal_vs_ceiling_ratio')}, "
                  f"stream/ceiling {res.get('stream_vs_ceiling_ratio')}")
@@ -315,6 +323,8 @@ def main(args) -> int:
             # sync.py: PUSH_ACK waits for the inbox commit: needs the stream
             one["sync"] = sec("sync", sync.run, settings_for(args, work / "sync"), quick,
                               spark)
+            # push.py: the push job after the inbox commit: needs the stream
+            one["push"] = sec("push", push.run, settings_for(args, work / "push"), quick, spark)
             if spark is not None:
                 from jobs import batch_profile
                 one["spark_floor"] = sec("spark floor", batch_profile.measure, spark,
@@ -352,7 +362,8 @@ def main(args) -> int:
     # Headline fields first, then the details.
     head = ["mode", "trueseal_acked_pushes_per_s", "heya_sends_per_s", "heya_send_to_have_ms",
             "ppp_acked_stores_per_s", "ppp_store_to_notify_ms", "ppp_room_messages_per_s",
-            "ppp_room_store_to_notify_ms", "trueseal_headline_shape",
+            "ppp_room_store_to_notify_ms", "push_wakeups_per_s", "inbox_commit_to_push_ms",
+            "trueseal_headline_shape",
             "trueseal_acked_pushes_per_s_by_shape", "push_to_deliver_ms", "stream_envelopes_per_s",
             "landing_commit_ms", "delta_append_ceiling_rows_per_s", "trueseal_vs_ceiling_ratio",
             "stream_vs_ceiling_ratio", "per_connection_vs_pipelined_ratio", "targets",

@@ -1,4 +1,5 @@
-"""Push providers on loopback, answering as their documentation says, for the push tests.
+"""Push providers on loopback, answering as their documentation says, for the push tests
+(tests/test_push.py, tests/test_crash_push.py) and `relay bench` (push.py).
 
 The relay's provider clients (egress/push/providers.py) are the production code path; only
 the base URLs in `conf` point here. Every request is recorded (path, headers, body), and
@@ -27,6 +28,7 @@ import ipaddress
 import json
 import os
 import ssl
+import time
 import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,6 +101,7 @@ class FakeApns:
             serialization.NoEncryption()))
         self.cert, self.key = self_signed(directory)
         self.requests: list[Request] = []
+        self.arrival_times: list[tuple[float, str, str]] = []   # (unix s, token, collapse id)
         self.script = Script(reasons={400: "BadDeviceToken", 410: "Unregistered",
                                       429: "TooManyRequests", 503: "ServiceUnavailable",
                                       500: "InternalServerError"})
@@ -130,6 +133,8 @@ class FakeApns:
     def _answer(self, headers: dict[str, str], body: bytes) -> tuple[int, dict, bytes]:
         path = headers[":path"]
         self.requests.append(Request(path, headers, body))
+        self.arrival_times.append((time.time(), path.rsplit("/", 1)[-1],
+                                   headers.get("apns-collapse-id", "")))
         try:
             auth = headers.get("authorization", "")
             assert auth.startswith("bearer ")
