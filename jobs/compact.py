@@ -11,6 +11,7 @@ One run, in order (each step prints one progress line, counts only):
                  highest-cursor row, kept as a tombstone so cursors never restart (which also
                  keeps the relay-wide max seq).
 3. acks          acks whose inbox row is gone, or older than the max TTL + grace, are deleted.
+   push_log      rows older than `push.log_retention_days` are deleted (jobs/compact_push.py).
 4. landing       sealed (not the node's newest) and fully consumed landing generations are
                  removed as whole directories.
 5. tables        OPTIMIZE (small-file compaction), checkpoint, expired-log cleanup and VACUUM on
@@ -52,6 +53,7 @@ from runtime.config import Settings
 
 from .compact_heya import compact_heya
 from .compact_ppp import compact_ppp
+from .compact_push import compact_push
 from .compact_step import (COMMIT_ATTEMPTS, SAME_MAILBOX, CompactionReport, LostRace,
                            ProtocolStep, S, T, human_bytes, maintain, merge, retry)
 from .compact_sync import compact_sync
@@ -117,6 +119,9 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
     for name, protocol_step in PROTOCOL_STEPS:
         step(name, lambda protocol_step=protocol_step: protocol_step(
             layout, report, target, conf.vacuum_retention_hours))
+    step("push_log", lambda: compact_push(layout, report, target,
+                                          conf.vacuum_retention_hours,
+                                          settings.push.log_retention_days, now))
     step("landing", landing)
     for tdef in (INBOX, ACKS, REJECTS, PADDING_AUDIT):
         step(f"tables/{tdef.name}",

@@ -66,6 +66,7 @@ class CompactionReport:
     heya_control_removed: int = 0  # Heya control rows no longer needed
     ppp_control_removed: int = 0   # PPP control rows no longer needed (jobs/compact_ppp.py)
     sync_control_removed: int = 0  # sync control rows no longer needed (jobs/compact_sync.py)
+    push_log_removed: int = 0      # push_log rows past push.log_retention_days
     files_compacted: int = 0      # small files rewritten by OPTIMIZE
     files_vacuumed: int = 0
     bytes_before: int = 0         # everything under <data>/tables
@@ -85,6 +86,7 @@ class CompactionReport:
             f"{self.heya_inbox_trimmed} ({self.heya_control_removed} control rows)",
             f"ppp / sync control removed   {self.ppp_control_removed} / "
             f"{self.sync_control_removed}",
+            f"push_log rows removed        {self.push_log_removed}",
             f"files compacted              {self.files_compacted}",
             f"files vacuumed               {self.files_vacuumed}",
             f"tables on disk               {human_bytes(self.bytes_before)} -> "

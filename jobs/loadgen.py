@@ -240,6 +240,7 @@ class DayReport:
     inbox_rows: int = 0
     rejected: dict[str, int] = field(default_factory=dict)
     acks: int = 0
+    wakeups: int = 0
     landing_dropped: int = 0
     seconds: float = 0.0
 
@@ -254,6 +255,7 @@ class DayReport:
             f"inbox rows           {self.inbox_rows}",
             f"rejected             {rej}",
             f"acks                 {self.acks}",
+            f"push wake-ups        {self.wakeups}",
             f"landing dropped      {self.landing_dropped} generation(s), sealed and consumed",
             f"took                 {self.seconds:.1f} s",
         ])
@@ -403,6 +405,7 @@ def generate_day(settings: Settings, *, day: str | None = None, hours: float = 2
 
     # -- devices come and go: acks ------------------------------------------------------------
     report.acks = _write_acks(layout, inbox, pop, rng, end)
+    report.wakeups = _write_push_log(layout, inbox, pop, rng, settings.push.window_seconds)
 
     # -- seal the day's landing, as the stream and compaction would ---------------------------
     layout.ensure_landing(conf.node_id, target.generation + 1)
@@ -501,6 +504,56 @@ def _write_acks(layout: Layout, inbox: pa.Table, pop: Population, rng: np.random
     for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(rows)]):
         target.commit(table.slice(int(lo), int(hi - lo)))
     return len(rows)
+
+
+PUSH_PLATFORMS = (("apns", 0.55), ("fcm", 0.40), ("webpush", 0.05))
+PUSH_OUTCOMES = (("sent", 0.965), ("unregistered", 0.02), ("retry_exhausted", 0.005),
+                 ("failed", 0.01))
+PUSH_REGISTERED = 0.8     # share of mailboxes with a push token (trueseal has none: spec 000)
+
+
+def _write_push_log(layout: Layout, inbox: pa.Table, pop: Population, rng: np.random.Generator,
+                    window: float) -> int:
+    """What `relay push` would have recorded: a wake-up per offline device per window, for
+    the PPP, Heya and cursor-sync rows of the day (push_log's schema, delta_tables/schema_push.py)."""
+    from delta_tables.schema_push import INTENT, PL, PUSH_LOG
+    cols = {c: inbox.column(c).to_pylist() for c in (C.PROTOCOL, C.MAILBOX, C.COMMITTED_AT)}
+    platforms, p_w = zip(*PUSH_PLATFORMS)
+    outcomes, o_w = zip(*PUSH_OUTCOMES)
+    last: dict[tuple[str, bytes], datetime] = {}
+    rows = []
+    for i in np.argsort(np.array([t.timestamp() for t in cols[C.COMMITTED_AT]]), kind="stable"):
+        key = (cols[C.PROTOCOL][i], cols[C.MAILBOX][i])
+        if key[0] not in ("ppp", "heya", "sync") or rng.random() < pop.online.get(key, 0.5):
+            continue
+        if int.from_bytes(hashlib.blake2b(key[1], digest_size=2).digest(), "big") \
+                >= PUSH_REGISTERED * 65536:
+            continue
+        at = cols[C.COMMITTED_AT][i]
+        if key in last and (at - last[key]).total_seconds() < window:
+            continue
+        last[key] = at
+        # a mailbox's device keeps its platform all day
+        u = int.from_bytes(hashlib.blake2b(key[1], digest_size=4, person=b"platform")
+                           .digest(), "big") / 2 ** 32
+        platform = platforms[int(np.searchsorted(np.cumsum(p_w), u, side="right"))]
+        took = float(rng.lognormal(np.log(60 if platform == "apns" else 90), 0.5))
+        to_push = float(rng.lognormal(np.log(150), 0.4)) + took
+        outcome = outcomes[int(rng.choice(len(outcomes), p=o_w))]
+        answered = at + timedelta(milliseconds=to_push)
+        base = {PL.PROTOCOL: key[0], PL.PLATFORM: platform,
+                PL.DEVICE: hashlib.blake2b(key[1], digest_size=16, key=b"loadgen").digest(),
+                PL.TRIGGER: "message", PL.WAKE_AT: at + timedelta(milliseconds=to_push - took)}
+        rows.append({**base, PL.AT: base[PL.WAKE_AT], PL.OUTCOME: INTENT, PL.REASON: None,
+                     PL.ATTEMPTS: 0, PL.LATENCY_MS: None, PL.INBOX_TO_PUSH_MS: None})
+        rows.append({**base, PL.AT: answered, PL.OUTCOME: outcome, PL.REASON: None,
+                     PL.ATTEMPTS: 1 if outcome != "retry_exhausted" else 5,
+                     PL.LATENCY_MS: int(took), PL.INBOX_TO_PUSH_MS: int(to_push)})
+    if rows:
+        path = layout.ensure_tables({PUSH_LOG.name: PUSH_LOG})[PUSH_LOG.name]
+        DeltaAppendTarget(path, PUSH_LOG, fsync=False).commit(
+            pa.Table.from_pylist(rows, schema=PUSH_LOG.arrow_schema()))
+    return len(rows) // 2
 
 
 @dataclass

@@ -22,6 +22,9 @@ its `landing_table` key and `landing_version`); and for PPP rooms (spec 004 §7)
                   created_at, expires_at. Never the admin's key.
     room_traffic  the rooms' messages in the inbox by coarse cell and hour: messages, bytes,
                   rooms with traffic.
+
+and for push wake-ups, `push_log` (delta_tables/schema_push.py) with its device hashed again
+(device_hash): time, protocol, platform, trigger, outcome, attempts, latencies.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from deltalake import DeltaTable
 from delta_tables.landing_lag import latest_version
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, INBOX, LANDING, PADDING_AUDIT, REJECTS, C, TableDef
+from delta_tables.schema_push import PUSH_LOG
 
 HASH_HEX = 12
 _HASHED = {C.MAILBOX: "mailbox_hash", C.EVENT_ID: "event_hash", C.DEVICE: "device_hash"}
@@ -143,6 +147,7 @@ def register_views(spark, data_dir: str | Path, landing: bool = True) -> dict[st
     if landing:
         tables["landing"] = read_landing(layout)
     tables["rooms"] = read_rooms(layout)
+    tables["push_log"] = read_table(layout, PUSH_LOG)
     for name, table in tables.items():
         spark.createDataFrame(table).createOrReplaceTempView(name)
     counts = {name: t.num_rows for name, t in tables.items()}

@@ -436,6 +436,8 @@ class PushConf:
     retry_max_ms: int = 30000
     request_timeout_seconds: float = 10.0
     max_in_flight: int = 64      # provider requests at once
+    # push_log rows (two per wake-up) are kept this long by `relay compact`.
+    log_retention_days: float = 30.0
     apns: ApnsConf = field(default_factory=ApnsConf)
     fcm: FcmConf = field(default_factory=FcmConf)
     webpush: WebPushConf = field(default_factory=WebPushConf)

@@ -387,7 +387,8 @@ class CompactionMetrics:
 
     KINDS = ("tombstoned_acked", "expired_deleted", "acks_removed", "landing_dropped",
              "files_compacted", "files_vacuumed", "heya_inbox_deleted", "heya_inbox_trimmed",
-             "heya_control_removed", "ppp_control_removed", "sync_control_removed")
+             "heya_control_removed", "ppp_control_removed", "sync_control_removed",
+             "push_log_removed")
 
     def __init__(self, data_dir, registry: CollectorRegistry | None = None):
         self.registry = reg = registry or new_registry("compact", data_dir)

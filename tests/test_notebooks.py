@@ -20,7 +20,7 @@ pytestmark = pytest.mark.notebooks
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 CAPACITY_FIGURES = ["cap_traffic_per_hour", "cap_inbox_depth", "cap_latency", "cap_padding",
-                    "cap_ttl_vs_delivery", "cap_storage", "cap_mailbox_skew", "cap_rooms"]
+                    "cap_ttl_vs_delivery", "cap_storage", "cap_mailbox_skew", "cap_rooms", "cap_push"]
 OPERATIONS_FIGURES = ["ops_stream_progress", "ops_rejects_padding", "ops_compaction"]
 SCALE = 0.25          # ~5,000 pushes: enough for every plot, quick on 2 cores
 CELL_TIMEOUT = 300
@@ -104,6 +104,7 @@ def test_capacity_notebook(day, tmp_path, monkeypatch):
                                                          r"mailboxes", text)
     assert re.search(r"\d+ rooms \(\d+ active as of .*\), 0 groups; [1-9]\d* room messages "
                      r"in [1-9]\d* coarse cells", text), "the rooms section found no rooms"
+    assert re.search(r"[1-9]\d* wake-ups recorded", text), "the push section found no wake-ups"
     leaked = [k for k in mailbox_hex(day) if k in text]
     assert not leaked, "a mailbox key appears in the notebook's output"
 

@@ -34,7 +34,7 @@ def on_disk(root: Path) -> bytes:
 
 def fold(layout: Layout):
     st = load_state(table_paths(layout))
-    return st.tokens, st.by_recipient, st.backups
+    return st.tokens, st.by_recipient, st.backups, st.push
 
 
 def test_superseded_backups_and_deregistered_tokens_leave_delta(settings):
@@ -42,6 +42,7 @@ def test_superseded_backups_and_deregistered_tokens_leave_delta(settings):
     layout = Layout(settings.data_dir)
     layout.ensure_shared_tables()
     t1, t2, t3 = os.urandom(12), os.urandom(12), os.urandom(12)
+    dead_push, live_push = os.urandom(32).hex().encode(), os.urandom(20).hex().encode()
     b = {k: blob(k) for k in ("p1v1", "p1v2", "p1v3", "p2", "p3old", "p3new")}
 
     async def control_plane():
@@ -60,17 +61,21 @@ def test_superseded_backups_and_deregistered_tokens_leave_delta(settings):
         await c.store_backup(P3, b["p3old"])
         assert await c.delete_backup(P3)
         assert (await c.store_backup(P3, b["p3new"])).version == 1
+        # push tokens: a dead one the push job deregistered leaves with its register row
+        assert await c.register_push(R1, "apns", dead_push) is None
+        assert await c.register_push(R1, "fcm", live_push) is None
+        assert await c.deregister_push(R1, "apns", dead_push)
     asyncio.run(control_plane())
     before = fold(layout)
     assert before[2][P1].version == 3 and P2 not in before[2]
 
     lines: list[str] = []
     report = run_compaction(settings, progress=lines.append)
-    assert report.ppp_control_removed == 10 and not report.skipped
-    assert any(line.startswith("ppp: 4 delivery-token rows, 6 backup rows and 0 room and "
-                               "discovery rows removed")
+    assert report.ppp_control_removed == 12 and not report.skipped
+    assert any(line.startswith("ppp: 4 delivery-token rows, 6 backup rows, 0 room and "
+                               "discovery rows and 2 push-token rows removed")
                for line in lines)
-    assert "ppp / sync control removed   10 / 0" in report.format()
+    assert "ppp / sync control removed   12 / 0" in report.format()
 
     assert fold(layout) == before
     paths = table_paths(layout)
@@ -81,8 +86,8 @@ def test_superseded_backups_and_deregistered_tokens_leave_delta(settings):
         assert b[gone] not in disk, f"backup {gone} is still on disk"
     for kept in ("p1v3", "p3new"):
         assert b[kept] in disk
-    assert t3 not in disk and P2 not in disk
-    assert t1 in disk and t2 in disk
+    assert t3 not in disk and P2 not in disk and dead_push not in disk
+    assert t1 in disk and t2 in disk and live_push in disk
     for log_file in layout.tables.rglob("_delta_log/*.json"):
         text = log_file.read_text()
         for secret in (t1, t2, t3, R1, R2, P1, P2, P3):
