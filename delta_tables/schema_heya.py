@@ -90,8 +90,8 @@ HEYA_PUSH_TOKENS = TableDef(
         _AT,
     ),
     dict(_COMMON),
-    doc="iOS push registrations per mailbox (IOSA / IOSD / DALL). Stored and listed (IOSL); "
-        "sending pushes is not implemented yet.",
+    doc="iOS push registrations per mailbox (IOSA / IOSD / DALL), listed by IOSL; the push "
+        "job wakes them through APNs (egress/push/) and IOSDs a token APNs calls dead.",
 )
 
 HEYA_TRIMS = TableDef(

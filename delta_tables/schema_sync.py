@@ -6,7 +6,8 @@ tables whose rows are events, folded at start by `delta_tables/sync_state.py`:
 
 * `sync_members`: who belongs to which group (create, join with the admitter, revoke);
 * `sync_device_acks`: how far each device acknowledged its group's blobs (DELETE needs all);
-* `sync_push`: push-notification registrations (stored; sending is a later issue).
+* `sync_push`: push-notification registrations; the push job (egress/push/) wakes offline
+  devices through them and unregisters a token its provider calls dead.
 
 Ids, keys and push tokens are binary columns (no min/max statistics in the Delta log).
 """

@@ -118,6 +118,14 @@ def cmd_egress(args) -> None:
 def cmd_push(args) -> None:
     from egress.push import job
     settings = _settings(args)
+    if args.vapid_public_key:
+        # What a web app passes to PushManager.subscribe() as applicationServerKey.
+        import base64
+
+        from egress.push.providers import WebPush
+        key = WebPush(settings.push.webpush, settings.data_dir, 1.0).public_key
+        print(base64.urlsafe_b64encode(key).rstrip(b"=").decode())
+        return
     logs.setup("push")
     _run_async(lambda stop: job.main(settings, stop, _ready("push")))
 
@@ -557,8 +565,12 @@ def main(argv: list[str] | None = None) -> None:
                         "(default: every enabled listener in this process)")
     p.set_defaults(func=cmd_ingress)
     sub.add_parser("egress", help="inbox -> clients").set_defaults(func=cmd_egress)
-    sub.add_parser("push", help="inbox -> push wake-ups of offline devices (APNs, FCM, "
-                                "Web Push)").set_defaults(func=cmd_push)
+    p = sub.add_parser("push", help="inbox -> push wake-ups of offline devices (APNs, FCM, "
+                                    "Web Push)")
+    p.add_argument("--vapid-public-key", action="store_true",
+                   help="print the relay's VAPID public key (base64url; created if missing) "
+                        "for web apps' applicationServerKey, and exit")
+    p.set_defaults(func=cmd_push)
     p = sub.add_parser("stream", help="landing -> inbox (Spark)")
     p.add_argument("--available-now", action="store_true",
                    help="process what has landed, then exit")

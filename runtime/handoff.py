@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -37,7 +35,8 @@ from typing import Callable
 
 import msgpack
 
-from runtime.inbox_signal import Registrations, register, registered
+from runtime.inbox_signal import Registrations
+from runtime.local_socket import PrivateUnixServer
 
 VERSION = 1
 _LENGTH = struct.Struct(">I")
@@ -82,23 +81,6 @@ def decode(data: bytes) -> Handoff | None:
         return Handoff(protocol, mailbox, eid, _EPOCH + micros * _MICROSECOND, envelope)
     except (ValueError, TypeError, OverflowError, msgpack.UnpackException):
         return None
-
-
-def _remove_dead(directory: Path) -> None:
-    """Registrations of receivers that died without closing (kill -9), with the socket
-    directories they made: removed when a new receiver opens."""
-    if not directory.is_dir():
-        return
-    for entry, alive in registered(directory):
-        if alive:
-            continue
-        try:
-            sock_dir = Path(entry.read_text()).parent
-        except OSError:
-            continue
-        if sock_dir.name.startswith(TMP_PREFIX) and sock_dir.parent == Path(tempfile.gettempdir()):
-            shutil.rmtree(sock_dir, ignore_errors=True)
-        entry.unlink(missing_ok=True)
 
 
 class HandoffSender:
@@ -189,31 +171,23 @@ class HandoffReceiver:
         self.directory = Path(directory)
         self.name = name
         self.deliver = deliver
-        self._tmp: str | None = None
-        self.path: Path | None = None
-        self._server: asyncio.AbstractServer | None = None
-        self._readers: set[asyncio.Task] = set()
+        self._server: PrivateUnixServer | None = None
         self.received = 0
         self.malformed = 0
+
+    @property
+    def path(self) -> Path | None:
+        """The registration file naming the socket."""
+        return None if self._server is None else self._server.path
 
     @classmethod
     async def open(cls, directory: Path, name: str,
                    deliver: Callable[[Handoff], None]) -> "HandoffReceiver":
         r = cls(directory, name, deliver)
-        _remove_dead(r.directory)
-        r._tmp = tempfile.mkdtemp(prefix=TMP_PREFIX)      # mode 0700: this user only
-        sock_path = os.path.join(r._tmp, "s")
-        try:
-            r._server = await asyncio.start_unix_server(r._serve, path=sock_path)
-        except OSError:
-            shutil.rmtree(r._tmp, ignore_errors=True)
-            raise
-        r.path = register(r.directory, name, sock_path)
+        r._server = await PrivateUnixServer.open(r.directory, name, TMP_PREFIX, r._serve)
         return r
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._readers.add(task)
         try:
             while True:
                 (n,) = _LENGTH.unpack(await reader.readexactly(_LENGTH.size))
@@ -230,17 +204,8 @@ class HandoffReceiver:
             # (cancelled: the receiver is closing; asyncio would log a handler's cancellation)
             pass
         finally:
-            self._readers.discard(task)
             writer.close()
 
     def close(self) -> None:
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
         if self._server is not None:
-            self._server.close()
-            self._server = None
-        for task in list(self._readers):
-            task.cancel()
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+            self._server.close()       # idempotent; `path` still names what was removed

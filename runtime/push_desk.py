@@ -29,16 +29,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 import struct
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import msgpack
 
-from runtime.inbox_signal import Registrations, register
+from runtime.inbox_signal import Registrations
+from runtime.local_socket import PrivateUnixServer
 
 log = logging.getLogger("relay.push_desk")
 VERSION = 1
@@ -94,22 +93,16 @@ class PushDesk:
         self.directory = Path(directory)
         self.protocol = protocol
         self.backend = backend
-        self._tmp: str | None = None
-        self.path: Path | None = None
-        self._server: asyncio.AbstractServer | None = None
-        self._conns: set[asyncio.Task] = set()
+        self._server: PrivateUnixServer | None = None
+
+    @property
+    def path(self) -> Path | None:
+        return None if self._server is None else self._server.path
 
     @classmethod
     async def open(cls, directory: Path, protocol: str, backend: DeskBackend) -> "PushDesk":
         d = cls(directory, protocol, backend)
-        d._tmp = tempfile.mkdtemp(prefix=TMP_PREFIX)     # mode 0700: this user only
-        sock = os.path.join(d._tmp, "s")
-        try:
-            d._server = await asyncio.start_unix_server(d._serve, path=sock)
-        except OSError:
-            shutil.rmtree(d._tmp, ignore_errors=True)
-            raise
-        d.path = register(d.directory, protocol, sock)
+        d._server = await PrivateUnixServer.open(d.directory, protocol, TMP_PREFIX, d._serve)
         return d
 
     async def _answer(self, req) -> object:
@@ -130,8 +123,6 @@ class PushDesk:
         raise ValueError("unknown op")
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        self._conns.add(task)
         try:
             while True:
                 req = await _read(reader)
@@ -143,18 +134,11 @@ class PushDesk:
             log.warning("push desk request refused", extra={
                 "event": "push_desk_refused", "error": type(e).__name__})
         finally:
-            self._conns.discard(task)
             writer.close()
 
     def close(self) -> None:
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
         if self._server is not None:
-            self._server.close()
-        for task in list(self._conns):
-            task.cancel()
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._server.close()       # idempotent; `path` still names what was removed
 
 
 class DeskUnavailable(Exception):

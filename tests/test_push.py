@@ -20,7 +20,6 @@ import os
 import time
 
 import http_ece
-import pytest
 from deltalake import DeltaTable
 from nacl.signing import SigningKey
 

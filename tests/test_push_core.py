@@ -123,3 +123,28 @@ def test_a_wake_up_carries_nothing_but_the_wake():
     assert msg == {"token": "tok", "data": {"wake": "1"},
                    "android": {"priority": "HIGH", "collapse_key": collapse, "ttl": "86400s"}}
     assert R.webpush_headers(collapse)["Topic"] == collapse
+
+
+def test_web_push_refuses_private_endpoints_and_prints_its_vapid_key(tmp_path):
+    """A subscription is a URL a client chose: the relay does not POST to loopback or
+    private addresses unless told to (SSRF); the VAPID key is made once and kept."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from egress.push.providers import WebPush
+    from runtime.config import WebPushConf
+    sub = json.dumps({"endpoint": "https://127.0.0.1:9/wp/x",
+                      "keys": {"p256dh": _b64(b"\x04" + b"k" * 64), "auth": _b64(b"a" * 16)}})
+    wp = WebPush(WebPushConf(vapid_subject="mailto:ops@example.org"), str(tmp_path), 1.0)
+    ans = asyncio.run(wp.send(sub.encode(), "c0ffee"))
+    assert ans.outcome is Outcome.UNREGISTERED and ans.reason == "endpoint not allowed"
+    http = sub.replace("https://127.0.0.1:9", "http://push.example")
+    assert asyncio.run(wp.send(http.encode(), "c0ffee")).outcome is Outcome.UNREGISTERED
+    asyncio.run(wp.close())
+    key = (tmp_path / "keys" / "vapid_private.pem")
+    assert key.exists() and key.stat().st_mode & 0o077 == 0
+    out = subprocess.run([sys.executable, "-m", "relay.cli", "--data-dir", str(tmp_path),
+                          "push", "--vapid-public-key"], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert base64.urlsafe_b64decode(out + "=" * (-len(out) % 4)) == wp.public_key
