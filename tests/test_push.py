@@ -240,6 +240,29 @@ async def _ppp_scenario(settings, node, job, prov):
     assert r["cmd"] == "KNOCK_OK"
     await until(lambda: len(prov.requests_to(apns_frank)) == 1, what="frank woken by a knock")
 
+    # 6. Woken, online within the window (he fetched), offline again, news: one more
+    #    wake-up, at the end of the window, not at once.
+    gina_sk = SigningKey.generate()
+    gina, apns_gina = bytes(gina_sk.verify_key), os.urandom(32).hex()
+    g = await Ws.login(port, gina_sk)
+    assert (await g.call({"cmd": "REGISTER_PUSH", "platform": "apns", "token": apns_gina}))[
+        "cmd"] == "PUSH_REGISTERED"
+    await g.close()
+    await until(lambda: gina not in node.ppp.inbox.sessions, what="gina offline")
+    gw, _ = giftwrap(gina)
+    assert (await a.call({"cmd": "STORE", "event": gw}))["cmd"] == "STORED"
+    await until(lambda: len(prov.requests_to(apns_gina)) == 1, what="gina woken")
+    first = prov.apns.arrival_times[-1][0]
+    g = await Ws.login(port, gina_sk)
+    await g.close()
+    await until(lambda: gina not in node.ppp.inbox.sessions, what="gina offline again")
+    gw, _ = giftwrap(gina)
+    assert (await a.call({"cmd": "STORE", "event": gw}))["cmd"] == "STORED"
+    await until(lambda: len(prov.requests_to(apns_gina)) == 2, what="gina's deferred wake-up")
+    second = [t for t, tok, _ in prov.apns.arrival_times if tok == apns_gina][-1]
+    assert second - first >= settings.push.window_seconds - 0.5
+    assert job.stats.decided["defer"] >= 1
+
     # The payloads: wake signals only.
     secrets = [bob, carol, dave, frank, bytes(alice_sk.verify_key), gid] + [
         eid for _, eid in wraps] + [unpack(gw)[4][:32] for gw, _ in wraps]

@@ -148,3 +148,24 @@ def test_web_push_refuses_private_endpoints_and_prints_its_vapid_key(tmp_path):
                           "push", "--vapid-public-key"], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert base64.urlsafe_b64decode(out + "=" * (-len(out) % 4)) == wp.public_key
+
+
+def test_apns_never_puts_a_non_hex_token_into_its_request_path(tmp_path):
+    import asyncio
+
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from egress.push.providers import Apns
+    from runtime.config import ApnsConf
+    key = tmp_path / "k.p8"
+    key.write_bytes(ec.generate_private_key(ec.SECP256R1()).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    # an unroutable URL: a request would fail as a network error (RETRY), not UNREGISTERED
+    apns = Apns(ApnsConf(key_file=str(key), key_id="K", team_id="T", url="https://192.0.2.1"),
+                0.5)
+    for token in (b"../../3/device/x?y", b"", "é".encode()):
+        ans = asyncio.run(apns.send(token, "c0ffee"))
+        assert ans.outcome is Outcome.UNREGISTERED and "not hex" in ans.reason
+    asyncio.run(apns.close())

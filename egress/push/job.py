@@ -42,7 +42,7 @@ from delta_tables.schema import C, INBOX
 from delta_tables.schema_push import INTENT, PL, PUSH_LOG
 from engine.push import requests as R
 from engine.push.coalesce import Decision, WakePlanner
-from engine.push.outcomes import Outcome, backoff
+from engine.push.outcomes import Answer, Outcome, backoff
 from runtime.inbox_signal import InboxSignal, signal_dir
 from runtime.keys import load_or_create
 from runtime.push_desk import DeskClient, DeskUnavailable, Device, desk_dir
@@ -358,7 +358,10 @@ class PushJob:
                 attempts += 1
                 async with self._sem:
                     t0 = time.monotonic()
-                    ans = await prov.send(w.device.token, collapse)
+                    try:
+                        ans = await prov.send(w.device.token, collapse)
+                    except Exception as e:      # a bug or a library's surprise: not retried
+                        ans = Answer(Outcome.FAILED, f"error:{type(e).__name__}")
                     latency = time.monotonic() - t0
                 if self.metrics is not None:
                     self.metrics.attempts.labels(w.device.platform, ans.outcome.value).inc()

@@ -41,6 +41,7 @@ log = logging.getLogger("relay.push")
 APNS_JWT_SECONDS = 50 * 60
 FCM_SCOPE = "https://www.googleapis.com/auth/firebase.messaging"
 VAPID_KEY_FILE = "vapid_private.pem"
+HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 def _client(ca_file: str, timeout: float) -> httpx.AsyncClient:
@@ -106,6 +107,10 @@ class Apns(Provider):
         return self._token[0]
 
     async def send(self, token: bytes, collapse: str) -> Answer:
+        # A token goes into the request path: anything but hex (a Heya IOSA may be any
+        # visible ASCII) is not a device token, and is never sent.
+        if not (token and all(c in HEX for c in token)):
+            return Answer(Outcome.UNREGISTERED, "BadDeviceToken (not hex)")
         headers, body = R.apns(collapse, self.conf.topic, time.time())
         headers["authorization"] = f"bearer {self._bearer()}"
         url = f"{self.conf.url.rstrip('/')}/3/device/{token.decode('ascii', 'replace')}"
