@@ -10,7 +10,7 @@
     relay status      the relay at a glance: tables, landing lag, each process's /metrics
     relay loadgen     fill a data directory with a realistic synthetic day
     relay bench       measure throughput and latency, write a JSON results file
-    relay ppp         PPP client: keygen, register-token, send, receive, fingerprint
+    relay ppp         PPP client: keygen, register-token, register-push, send, receive, fingerprint
 """
 
 from __future__ import annotations
@@ -302,6 +302,17 @@ def cmd_ppp_register_token(args) -> None:
     _ppp_run(run)
 
 
+def cmd_ppp_register_push(args) -> None:
+    from .ppp_client import register_push
+
+    def run():
+        token = args.token if args.token is not None else open(args.token_file).read().strip()
+        asyncio.run(register_push(_ppp_url(args), _ppp_identity(args.seed), args.platform,
+                                  token))
+        print(json.dumps({"registered": True, "platform": args.platform}))   # never the token
+    _ppp_run(run)
+
+
 def cmd_ppp_send(args) -> None:
     from .ppp_client import send_blinded, send_presence
 
@@ -503,6 +514,17 @@ def _add_ppp_parser(sub) -> None:
     p.add_argument("--contact", required=True, type=_pubkey, help="contact public key (hex)")
     p.add_argument("--url", help=url_help)
     p.set_defaults(func=cmd_ppp_register_token)
+    p = pp.add_parser("register-push",
+                      help="wake this identity's device through APNs, FCM or Web Push while it "
+                           "is offline (REGISTER_PUSH)")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--platform", required=True, choices=["apns", "fcm", "webpush"])
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--token", help="the device token (APNs hex, FCM registration token)")
+    g.add_argument("--token-file", help="a file holding the token (a Web Push subscription's "
+                                        "JSON, say)")
+    p.add_argument("--url", help=url_help)
+    p.set_defaults(func=cmd_ppp_register_push)
     p = pp.add_parser("send", help="send a PRESENCE event (WebSocket STORE, or sealed HTTP)")
     p.add_argument("--seed", required=True)
     p.add_argument("--to", required=True, type=_pubkey, help="recipient public key (hex)")

@@ -206,6 +206,11 @@ class PppClient:
         await self._call(_pack("REGISTER_DELIVERY_TOKEN", delivery_token=token),
                          "DELIVERY_TOKEN_REGISTERED")
 
+    async def register_push(self, platform: str, token: str) -> None:
+        """REGISTER_PUSH: wake this identity's device through `platform` when it is offline."""
+        await self._call(_pack("REGISTER_PUSH", platform=platform, token=token),
+                         "PUSH_REGISTERED")
+
     async def deregister_delivery_token(self, token: bytes) -> None:
         await self._call(_pack("DEREGISTER_DELIVERY_TOKEN", delivery_token=token),
                          "DELIVERY_TOKEN_DEREGISTERED")
@@ -509,6 +514,11 @@ async def register_token(url: str, me: Identity, contact_pk: bytes) -> bytes:
     async with await PppClient.connect(url, me) as c:
         await c.register_delivery_token(token)
     return token
+
+
+async def register_push(url: str, me: Identity, platform: str, token: str) -> None:
+    async with await PppClient.connect(url, me) as c:
+        await c.register_push(platform, token)
 
 
 @dataclass
