@@ -156,6 +156,20 @@ EVENTS: dict[str, str] = {
     "compaction_run": "a compaction run finished (counts per kind, bytes_after, ms)",
     "compaction_failed": "a compaction run failed; the next one is on schedule (error)",
     "compaction_conflict": "a compaction commit lost a race and is retried (debug)",
+    # push wake-ups (egress/push/job.py, runtime/push_desk.py)
+    "push_started": "the push job restored its place (inbox_version, marker, unsure, "
+                    "window_seconds, dry_run: platforms without credentials)",
+    "push_dry_run": "a platform has no credentials: its wake-ups are recorded, not sent "
+                    "(platform, why)",
+    "push_outcome": "a wake-up was not delivered (platform, outcome, reason, attempts, "
+                    "protocol); never the token",
+    "push_rebuild": "the push job lagged past the inbox log and read its snapshot",
+    "push_step_failed": "a push step failed and is retried (failures, error)",
+    "push_stop_unrecorded": "outcomes could not be recorded at stop; a restart re-sends "
+                            "under the same collapse ids (error)",
+    "push_stopped": "the push job stopped (rows, outcomes)",
+    "push_desk_refused": "a push desk got a request it could not read; that connection ends "
+                         "(error)",
     # keys, metrics
     "key_created": "the relay's static key was created (path)",
     "key_mode_fixed": "the key file was readable by others; mode set to 0600 (path, mode)",
