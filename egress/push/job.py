@@ -232,9 +232,24 @@ class PushJob:
         how many wake-ups were started."""
         rows = self.held + await asyncio.to_thread(self._read_new)
         self.held = []
+        try:
+            started = await self._decide_and_send(rows)
+        except BaseException:
+            # Nothing was sent for these rows (sends start only after their intents are
+            # durable, the last thing that can fail): keep them all for the next step.
+            self.held = rows
+            raise
+        await self._drop_dead()
+        await self._commit_outcomes()
+        self.planner.prune(self.clock())
+        self.unsure = {k: v for k, v in self.unsure.items() if k in self.planner}
+        return started
+
+    async def _decide_and_send(self, rows: list[Row]) -> int:
         self.stats.rows += len(rows)
         now = self.clock()
         wakes: dict[bytes, Wake] = {}
+        held: list[Row] = []
         by_protocol: dict[str, list[Row]] = {}
         for r in rows:
             by_protocol.setdefault(r.protocol, []).append(r)
@@ -243,19 +258,17 @@ class PushJob:
                 answers = await self.desks.wake(
                     protocol, [(r.mailbox, r.cursor, r.meta) for r in mine])
             except DeskUnavailable:
-                self.held.extend(mine)
+                held.extend(mine)
                 continue
             for r, devices in zip(mine, answers):
                 for d in devices:
                     self._offer(wakes, Wake(self.device_key(protocol, d), protocol, d,
                                             "message", r.version, r.committed_at), now)
-        self.stats.held = len(self.held)
         await self._knocks(wakes, now)
         await self._due(wakes, now)
         started = await self._send_all(list(wakes.values()), now)
-        await self._drop_dead()
-        await self._commit_outcomes()
-        self.planner.prune(now)
+        self.held = held
+        self.stats.held = len(held)
         return started
 
     def _offer(self, wakes: dict[bytes, Wake], w: Wake, now: float) -> None:
@@ -267,8 +280,9 @@ class PushJob:
             wakes[w.key] = w
         elif decision is Decision.DEFER:
             old = self.deferred.get(w.key)
-            v = w.version if old is None or old[2] is None else min(old[2], w.version or 0)
-            self.deferred[w.key] = (w.protocol, w.device.owner, v)
+            versions = [v for v in (old[2] if old else None, w.version) if v is not None]
+            self.deferred[w.key] = (w.protocol, w.device.owner,
+                                    min(versions) if versions else None)
 
     async def _knocks(self, wakes: dict[bytes, Wake], now: float) -> None:
         try:

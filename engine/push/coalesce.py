@@ -51,6 +51,9 @@ class WakePlanner:
     def __len__(self) -> int:
         return len(self._devices)
 
+    def __contains__(self, device: bytes) -> bool:
+        return device in self._devices
+
     def offer(self, device: bytes, now: float, last_seen: float | None) -> Decision:
         """A row for `device`'s owner, who is offline; `last_seen`: when the owner's last
         session ended (None: not seen since this listener started)."""
