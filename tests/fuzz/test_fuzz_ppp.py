@@ -47,7 +47,8 @@ valid_commands = st.one_of(
               st.binary(max_size=200)),
     st.just(({"cmd": "FETCH_BACKUP"}, P.FetchBackup())),
     st.just(({"cmd": "DELETE_BACKUP"}, P.DeleteBackup())),
-    st.sampled_from(sorted(P.UNSUPPORTED)).map(lambda c: ({"cmd": c}, P.Unsupported(c))),
+    st.builds(lambda p, t: ({"cmd": "REGISTER_PUSH", "platform": p, "token": t},
+                            P.RegisterPush(p, t)), st.text(max_size=16), st.text(max_size=200)),
     # rooms (§7, C.1)
     st.builds(lambda r, n, ct: ({"cmd": "STORE_ROOM", "room_id": r, "nonce": n,
                                  "ciphertext": ct}, P.StoreRoom(r, n, ct)),
@@ -113,6 +114,7 @@ _FIELD_TYPES = {   # C.1 / C.6: field -> (type, exact size or None)
     P.Fetch: {"since": (int, None), "cursor": (int, None)},
     P.RegisterDeliveryToken: {"delivery_token": (bytes, 12)},
     P.DeregisterDeliveryToken: {"delivery_token": (bytes, 12)},
+    P.RegisterPush: {"platform": (str, None), "token": (str, None)},
     P.StoreBackup: {"ciphertext": (bytes, None)},
     P.StoreRoom: {"room_id": (bytes, 16), "nonce": (bytes, 24), "ciphertext": (bytes, None)},
     P.FetchRoom: {"room_id": (bytes, 16)},
@@ -183,7 +185,7 @@ def test_ppp_command_frames(case, implied):
                                     and pack_name(expected) != implied), e.reason
         return
     assert isinstance(cmd, (P.Auth, P.Store, P.Fetch, P.Ack, P.RegisterDeliveryToken,
-                            P.DeregisterDeliveryToken, P.StoreBackup, P.FetchBackup,
+                            P.DeregisterDeliveryToken, P.RegisterPush, P.StoreBackup, P.FetchBackup,
                             P.DeleteBackup, P.Unsupported, P.CreateRoom, P.UpdateRoom,
                             P.DiscoverRooms, P.RegisterToken, P.RevokeTokens, P.RotateRoomKey,
                             P.StoreRoom, P.FetchRoom, P.Knock, P.Admit, P.CreateGroup,
