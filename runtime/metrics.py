@@ -9,9 +9,9 @@ Each process serves its own registry on its own port (`[metrics]` in conf/relay.
     relay push           :9708   wake-ups by platform and outcome, provider latency
 
 Names are `relay_<subsystem>_<what>[_<unit>]`, counters end in `_total`; labels are only
-`role`, `protocol`, `reason`, `table`, `listener`, `kind`, `outcome` — never a mailbox, key,
-address or anything derived from an envelope. `METRICS` below is the catalogue (README and
-`relay status` read it).
+`role`, `protocol`, `reason`, `table`, `listener`, `kind`, `outcome`, `platform` — never a
+mailbox, key, token, address or anything derived from an envelope. `METRICS` below is the
+catalogue (README and `relay status` read it).
 
 Hot paths do not touch Prometheus. Shells and jobs keep plain counters that were already there
 or cost one integer add (`Listener.accepted / rejected / connections`, `MailboxHub.delivered_by
