@@ -107,11 +107,12 @@ class SyncDesk(_NoPending):
             except Exception:
                 sender = None
         out: list[Device] = []
-        for group, device in [k for k in state.push if k[0] == mailbox]:
-            if (device == sender or self.server.online(group, device)
-                    or state.acked_cursor(group, device) >= cursor):
+        for device in sorted(state.members.get(mailbox, ())):   # the group's few devices
+            if ((mailbox, device) not in state.push or device == sender
+                    or self.server.online(mailbox, device)
+                    or state.acked_cursor(mailbox, device) >= cursor):
                 continue
-            out.extend(self._devices(group, device))
+            out.extend(self._devices(mailbox, device))
         return out
 
     def owner(self, owner: bytes) -> tuple[bool, list[Device]]:

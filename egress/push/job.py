@@ -56,6 +56,7 @@ PROTOCOLS = ("ppp", "heya", "sync")
 DEVICE_KEY_FILE = "push_device.key"
 MARKER_EVERY_SECONDS = 5.0       # an advanced marker with no outcome rows is committed this often
 DRAIN_SECONDS = 5.0              # on stop, in-flight requests get this long to finish
+DESK_BATCH = 2000                # rows per desk request (a first start's backlog can be large)
 _COLS = [C.PROTOCOL, C.MAILBOX, C.CURSOR, C.META, C.COMMITTED_AT, C.ENVELOPE]
 _SCHEMA = pa.schema([INBOX.arrow_schema().field(c) for c in _COLS])
 
@@ -253,7 +254,9 @@ class PushJob:
         by_protocol: dict[str, list[Row]] = {}
         for r in rows:
             by_protocol.setdefault(r.protocol, []).append(r)
-        for protocol, mine in by_protocol.items():
+        batches = [(p, mine[i:i + DESK_BATCH]) for p, mine in by_protocol.items()
+                   for i in range(0, len(mine), DESK_BATCH)]
+        for protocol, mine in batches:
             try:
                 answers = await self.desks.wake(
                     protocol, [(r.mailbox, r.cursor, r.meta) for r in mine])
