@@ -122,8 +122,8 @@ def cmd_push(args) -> None:
         # What a web app passes to PushManager.subscribe() as applicationServerKey.
         import base64
 
-        from egress.push.providers import WebPush
-        key = WebPush(settings.push.webpush, settings.data_dir, 1.0).public_key
+        from egress.push.providers import vapid_key, vapid_public_key
+        key = vapid_public_key(vapid_key(settings.push.webpush, settings.data_dir))
         print(base64.urlsafe_b64encode(key).rstrip(b"=").decode())
         return
     logs.setup("push")

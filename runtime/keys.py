@@ -89,26 +89,30 @@ def _load(path: Path) -> RelayKey:
 
 
 def _create(path: Path) -> None:
-    """Write a fresh key to a private temp file, then link it into place: the link fails if
-    another process got there first (we then load theirs), and nobody ever reads a
-    half-written key."""
-    key = RelayKey.generate()
+    if write_secret_file(path, (RelayKey.generate().private_bytes.hex() + "\n").encode()):
+        log.info("created relay key", extra={"event": "key_created", "path": str(path)})
+
+
+def write_secret_file(path: Path, data: bytes) -> bool:
+    """Write a fresh secret to a private temp file (0600, fsync'ed), then link it into place:
+    the link fails if another process got there first (False: load theirs), and nobody ever
+    reads a half-written secret. The directory is fsync'ed after the link."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        with os.fdopen(fd, "w", encoding="ascii") as fh:
-            fh.write(key.private_bytes.hex() + "\n")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         try:
             os.link(tmp, path)
         except FileExistsError:
-            return
+            return False
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-        log.info("created relay key", extra={"event": "key_created", "path": str(path)})
+        return True
     finally:
         tmp.unlink(missing_ok=True)

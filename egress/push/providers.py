@@ -23,7 +23,6 @@ import asyncio
 import ipaddress
 import json
 import logging
-import os
 import socket
 import ssl
 import time
@@ -36,6 +35,7 @@ from engine.push import requests as R
 from engine.push.outcomes import Answer, Outcome, classify, retry_after
 from engine.push.platforms import APNS, FCM, WEBPUSH, TokenError, parse_subscription
 from runtime.config import ApnsConf, FcmConf, WebPushConf
+from runtime.keys import write_secret_file
 
 log = logging.getLogger("relay.push")
 APNS_JWT_SECONDS = 50 * 60
@@ -185,26 +185,13 @@ class WebPush(Provider):
     configured = True
 
     def __init__(self, conf: WebPushConf, data_dir: str, timeout: float):
-        from py_vapid import Vapid02
         self.conf = conf
-        path = Path(conf.vapid_private_key_file) if conf.vapid_private_key_file else (
-            Path(data_dir).resolve() / "keys" / VAPID_KEY_FILE)
-        if not path.exists():
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            v = Vapid02()
-            v.generate_keys()
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(v.private_pem())
-        self.vapid = Vapid02.from_file(str(path))
+        self.vapid = vapid_key(conf, data_dir)
         self.client = _client(conf.ca_file, timeout)
 
     @property
     def public_key(self) -> bytes:
-        """The applicationServerKey browsers subscribe with (uncompressed P-256)."""
-        from cryptography.hazmat.primitives import serialization
-        return self.vapid.public_key.public_bytes(
-            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint)
+        return vapid_public_key(self.vapid)
 
     async def send(self, token: bytes, collapse: str) -> Answer:
         import http_ece
@@ -228,6 +215,27 @@ class WebPush(Provider):
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def vapid_key(conf: WebPushConf, data_dir: str):
+    """The relay's VAPID key (a py_vapid Vapid02): `vapid_private_key_file`, else
+    `<data>/keys/vapid_private.pem`, created on first use (as the relay's other secrets)."""
+    from py_vapid import Vapid02
+    path = Path(conf.vapid_private_key_file) if conf.vapid_private_key_file else (
+        Path(data_dir).resolve() / "keys" / VAPID_KEY_FILE)
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fresh = Vapid02()
+        fresh.generate_keys()
+        write_secret_file(path, fresh.private_pem())
+    return Vapid02.from_file(str(path))
+
+
+def vapid_public_key(vapid) -> bytes:
+    """The applicationServerKey browsers subscribe with (uncompressed P-256)."""
+    from cryptography.hazmat.primitives import serialization
+    return vapid.public_key.public_bytes(serialization.Encoding.X962,
+                                         serialization.PublicFormat.UncompressedPoint)
 
 
 def providers(conf, data_dir: str) -> dict[str, Provider]:
