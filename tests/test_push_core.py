@@ -169,3 +169,18 @@ def test_apns_never_puts_a_non_hex_token_into_its_request_path(tmp_path):
         ans = asyncio.run(apns.send(token, "c0ffee"))
         assert ans.outcome is Outcome.UNREGISTERED and "not hex" in ans.reason
     asyncio.run(apns.close())
+
+
+def test_prune_forgets_in_wake_up_order_and_keeps_what_is_due():
+    p = WakePlanner(10)
+    for dev, t in ((b"a", 0.0), (b"b", 5.0), (b"c", 7.0)):
+        p.offer(dev, t, None)
+        p.sent(dev, t)
+    p.sent(b"a", 8.0)                                   # woken again: now the newest
+    assert p.offer(b"b", 9.0, last_seen=6.0) is Decision.DEFER     # due at 15
+    assert p.prune(16.0) == 0                           # b is due; c (7) still inside
+    assert p.prune(17.5) == 1 and b"c" not in p and b"a" in p
+    assert p.take_due(17.5) == [b"b"] and p.next_due() == 15.0
+    p.cancel(b"b")
+    assert p.next_due() is None
+    assert p.prune(20.0) == 2 and len(p) == 0

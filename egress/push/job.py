@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from delta_tables.group_commit import DirectAppendTarget, fsync_version
+from delta_tables.landing_lag import latest_version
 from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX
 from delta_tables.schema_push import INTENT, PL, PUSH_LOG
@@ -152,22 +153,16 @@ class PushJob:
         t = dt.to_pyarrow_dataset().to_table(
             columns=[PL.DEVICE, PL.OUTCOME, PL.WAKE_AT],
             filter=pc.field(PL.WAKE_AT) > since)
-        intents: dict[bytes, int] = {}
-        finished: set[tuple[bytes, int]] = set()
-        wakes = pc.cast(t.column(PL.WAKE_AT), pa.int64()).to_pylist()
-        for dev, outcome, at in zip(t.column(PL.DEVICE).to_pylist(),
-                                    t.column(PL.OUTCOME).to_pylist(), wakes):
-            if outcome == INTENT:
-                intents[dev] = max(intents.get(dev, 0), at)
-            else:
-                finished.add((dev, at))
-                if (dev, at) not in intents:
-                    self.planner.restore(dev, at / 1e6)
-        for dev, at in intents.items():
-            unsure = (dev, at) not in finished
+        rows = sorted(zip(pc.cast(t.column(PL.WAKE_AT), pa.int64()).to_pylist(),
+                          t.column(PL.DEVICE).to_pylist(), t.column(PL.OUTCOME).to_pylist()))
+        finished = {(dev, at) for at, dev, outcome in rows if outcome != INTENT}
+        for at, dev, outcome in rows:          # in time order, as the planner asks
+            unsure = outcome == INTENT and (dev, at) not in finished
             self.planner.restore(dev, at / 1e6, unsure=unsure)
             if unsure:
                 self.unsure[dev] = at
+            else:                              # a later wake-up of the device settled it
+                self.unsure.pop(dev, None)
         self.version = self.marker
 
     async def start(self) -> None:
@@ -211,7 +206,6 @@ class PushJob:
         return version, self._rows(t, version)
 
     def _read_new(self) -> list[Row]:
-        from delta_tables.landing_lag import latest_version
         latest = latest_version(self.inbox_path)
         if self.metrics is not None:
             self.metrics.lag.set(max(0, latest - self.version))

@@ -39,14 +39,19 @@ class Decision(enum.Enum):
 @dataclass
 class _Device:
     sent_at: float | None = None     # the last wake-up sent (or being sent)
-    due: float | None = None         # a deferred wake-up's time
     unsure: bool = False             # restored: being sent when the job stopped
 
 
 class WakePlanner:
+    """Devices are kept in the order of their last wake-up (`sent` and `restore` move a
+    device to the end), so `prune` stops at the first one still inside its window; deferred
+    wake-ups (rare: a device back and gone again within its window) are a small map of their
+    own. A step of the push job therefore costs what it decides, not every device it knows."""
+
     def __init__(self, window: float):
         self.window = max(0.0, float(window))
         self._devices: dict[bytes, _Device] = {}
+        self._due: dict[bytes, float] = {}
 
     def __len__(self) -> int:
         return len(self._devices)
@@ -60,52 +65,55 @@ class WakePlanner:
         d = self._devices.setdefault(device, _Device())
         if d.unsure or d.sent_at is None or now - d.sent_at >= self.window:
             return Decision.SEND
-        if d.due is not None:
+        if device in self._due:
             return Decision.DEFER
         if last_seen is not None and last_seen > d.sent_at:
-            d.due = d.sent_at + self.window
+            self._due[device] = d.sent_at + self.window
             return Decision.DEFER
         return Decision.COVERED
 
+    def _latest(self, device: bytes) -> _Device:
+        """The device's entry, moved to the end (the newest wake-up)."""
+        d = self._devices.pop(device, None) or _Device()
+        self._devices[device] = d
+        return d
+
     def sent(self, device: bytes, now: float) -> None:
         """A wake-up for `device` is being sent at `now` (recorded before it goes out)."""
-        d = self._devices.setdefault(device, _Device())
-        d.sent_at, d.due, d.unsure = now, None, False
+        d = self._latest(device)
+        d.sent_at, d.unsure = now, False
+        self._due.pop(device, None)
 
     def due_at(self, device: bytes) -> float | None:
-        d = self._devices.get(device)
-        return None if d is None else d.due
+        return self._due.get(device)
 
     def take_due(self, now: float) -> list[bytes]:
         """Devices whose deferred wake-up is due; the caller sends (`sent`) or drops
         (`cancel`) each."""
-        return [k for k, d in self._devices.items() if d.due is not None and d.due <= now]
+        return [k for k, t in self._due.items() if t <= now]
 
     def cancel(self, device: bytes) -> None:
-        d = self._devices.get(device)
-        if d is not None:
-            d.due = None
+        self._due.pop(device, None)
 
     def next_due(self) -> float | None:
-        dues = [d.due for d in self._devices.values() if d.due is not None]
-        return min(dues) if dues else None
+        return min(self._due.values(), default=None)
 
     def restore(self, device: bytes, sent_at: float, *, unsure: bool = False) -> None:
         """Replay of the push log at start, in time order."""
-        d = self._devices.setdefault(device, _Device())
-        if d.sent_at is None or sent_at >= d.sent_at:
-            d.sent_at, d.unsure = sent_at, unsure
-
-    def settle(self, device: bytes) -> None:
-        """A restored unsure wake-up got its outcome after all."""
         d = self._devices.get(device)
-        if d is not None:
-            d.unsure = False
+        if d is None or d.sent_at is None or sent_at >= d.sent_at:
+            d = self._latest(device)
+            d.sent_at, d.unsure = sent_at, unsure
 
     def prune(self, now: float) -> int:
         """Forget devices whose window has passed with nothing due; how many."""
-        old = [k for k, d in self._devices.items()
-               if d.due is None and (d.sent_at is None or now - d.sent_at >= self.window)]
+        old = []
+        for k, d in self._devices.items():
+            if k in self._due:
+                continue
+            if d.sent_at is not None and now - d.sent_at < self.window:
+                break             # in wake-up order: every device after this one is newer
+            old.append(k)
         for k in old:
             del self._devices[k]
         return len(old)
