@@ -31,12 +31,12 @@ from delta_tables.ppp_control import PppControl
 from delta_tables.schema import C
 from egress.ppp_inbox import PppInbox
 from engine.ppp import protocol as P
-from engine.push.platforms import TokenError, check_token
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 from engine.ppp.ids import PROTOCOL, sealed_event_id
 from engine.ppp.limits import (EVENT_ID_LEN, FETCH_PAGE_SIZE, MAX_ACK_IDS, MAX_BACKUP_SIZE,
                                MAX_CIPHERTEXT_SIZE, MAX_EVENT_TTL_SECS)
 from engine.ppp.session import with_request_id
+from engine.push.platforms import TokenError, check_token
 from runtime.log_rate import LogRate
 
 from .ppp_rooms import RoomService

@@ -63,11 +63,12 @@ def _wrap(recipient: bytes) -> bytes:
                           4: os.urandom(CT_SIZE), 5: now, 6: now + 3600}, use_bin_type=True)
 
 
-async def _login(port: int):
+async def _login(port: int, sk=None):
+    """An authenticated WebSocket (and its pubkey), as `sk` or a fresh identity."""
     import msgpack
     from nacl.signing import SigningKey
     from websockets.asyncio.client import connect
-    sk = SigningKey.generate()
+    sk = sk or SigningKey.generate()
     ws = await connect(f"ws://127.0.0.1:{port}/v1/ws", max_size=8 << 20, open_timeout=60)
     ch = msgpack.unpackb(await ws.recv(), raw=False)
     await ws.send(msgpack.packb({"cmd": "AUTH", "pubkey": bytes(sk.verify_key),

@@ -55,35 +55,24 @@ def client_worker(queue, port: int, devices: int, senders: int, rate: float,
     asyncio.run(_clients(queue, port, devices, senders, rate, register_only))
 
 
-async def _login(port: int, sk):
-    import msgpack
-    from websockets.asyncio.client import connect
-    ws = await connect(f"ws://127.0.0.1:{port}/v1/ws", max_size=8 << 20)
-    ch = msgpack.unpackb(await ws.recv(), raw=False)
-    await ws.send(msgpack.packb({"cmd": "AUTH", "pubkey": bytes(sk.verify_key),
-                                 "sig": sk.sign(ch["nonce"]).signature}))
-    assert msgpack.unpackb(await ws.recv(), raw=False)["cmd"] == "AUTH_OK"
-    return ws
-
-
 async def _clients(queue, port, devices, senders, rate, register_only) -> None:
     import msgpack
     from nacl.signing import SigningKey
 
-    from .ppp import _wrap
+    from .ppp import _login, _wrap
     keys = [SigningKey.generate() for _ in range(devices)]
     gate = asyncio.Semaphore(50)
 
     async def register(sk) -> None:
         async with gate:
-            ws = await _login(port, sk)
+            ws, _ = await _login(port, sk)
             await ws.send(msgpack.packb({"cmd": "REGISTER_PUSH", "platform": "apns",
                                          "token": os.urandom(32).hex()}))
             assert msgpack.unpackb(await ws.recv(), raw=False)["cmd"] == "PUSH_REGISTERED"
             await ws.close()
     await asyncio.gather(*(register(sk) for sk in keys))
     queue.put({"registered": devices})
-    socks = [await _login(port, SigningKey.generate()) for _ in range(senders)]
+    socks = [(await _login(port))[0] for _ in range(senders)]
     stored = 0
     t0 = time.perf_counter()
     for i, sk in enumerate(keys):
