@@ -13,10 +13,12 @@ import time
 import pytest
 from nacl.signing import SigningKey
 
-from engine.ppp.courier import (MAX_CARRIED_EVENT, CarriedEvent, CourierError, CourierSession,
-                                CourierStore, Reassembler, RecipientSession, TransferSession,
-                                auth_response, chunk_payload, chunks, from_transfer,
-                                verify_auth)
+from nacl.public import PrivateKey
+
+from engine.ppp.courier import (AUTH_CONTEXT, MAX_CARRIED_EVENT, CarriedEvent, CourierError,
+                                CourierSession, CourierStore, Reassembler, RecipientSession,
+                                TransferSession, auth_response, chunk_payload, chunks,
+                                _peer_box, from_transfer, verify_auth)
 from engine.ppp.giftwrap import GiftWrap
 from engine.ppp.keys import Identity
 from engine.ppp.wrap import Kind, PresenceContent, Region, Rumor, TimeWindow, unwrap, wrap
@@ -86,15 +88,23 @@ def test_handshake_and_the_bystander_rule():
     alice, bob, mallory = Identity.generate(), Identity.generate(), Identity.generate()
     e = CarriedEvent.fetched(note(alice, bob, "hi"), NOW)
     assert courier_store.add(e, NOW)
-    nonce = os.urandom(32)
+    eph = PrivateKey.generate()
+    nonce = bytes(eph.public_key)                 # the nonce is the session's X25519 key
     bob_sk, mallory_sk = SigningKey(bob.seed), SigningKey(mallory.seed)
     resp = auth_response(nonce, bob_sk)
-    assert resp[:32] == bob.pubkey and len(resp) == 96      # pk || sign(nonce), §8
+    # §8's layout, pk || sig; the sig is over the context and the nonce, byte for byte
+    assert resp[:32] == bob.pubkey and len(resp) == 96
+    assert AUTH_CONTEXT == b"PPP-courier-auth-v1\x00"
+    assert resp[32:] == bob_sk.sign(b"PPP-courier-auth-v1\x00" + nonce).signature
     assert verify_auth(nonce, resp) == bob.pubkey
+    # a signature over the bare nonce (what §5.1's AUTH signs) is refused: a courier cannot
+    # pass the relay's CHALLENGE off as its nonce and reuse the answer
+    with pytest.raises(CourierError):
+        verify_auth(nonce, bob.pubkey + bob_sk.sign(nonce).signature)
 
     def session():
-        return CourierSession(courier_store, nonce, 185, NOW,
-                              carried_for=frozenset({bob.pubkey}))
+        return CourierSession(courier_store, 185, NOW, carried_for=frozenset({bob.pubkey}),
+                              ephemeral=eph)
     # a bystander: nothing but the nonce; acks refused; a stranger's or a forged
     # AUTH_RESPONSE fails with the same reason and ends the session
     for bad in (auth_response(nonce, mallory_sk),                 # not carried for
@@ -112,7 +122,20 @@ def test_handshake_and_the_bystander_rule():
             s.on_auth(resp)                                       # no second try
     s = session()
     s.on_auth(resp)
-    assert s.notifications() and s.notifications() == []        # each event once
+    sent = s.notifications()
+    assert sent and s.notifications() == []                      # each event once
+    # what anyone else hearing EVENT_STREAM gets: neither bob's key nor the GiftWrap
+    heard = b"".join(c[4:] for c in sent)
+    assert bob.pubkey not in heard and e.event not in heard
+    with pytest.raises(CourierError, match="not sealed for this session"):
+        mallory_side = RecipientSession(mallory_sk)
+        mallory_side.on_nonce(nonce)
+        for c in sent:
+            mallory_side.on_notification(c)
+    bob_side = RecipientSession(bob_sk)
+    bob_side.on_nonce(nonce)
+    got = [bob_side.on_notification(c) for c in sent]
+    assert got[-1][0].encode() == e.event and got[-1][1] == e.event_id
 
 
 def test_alice_to_offline_bob_through_two_couriers_and_not_a_third_hop():
@@ -125,7 +148,7 @@ def test_alice_to_offline_bob_through_two_couriers_and_not_a_third_hop():
     # carol fetched it from the relay (hop 0); she hands it to dave (hop 1)
     carol_store = CourierStore()
     assert carol_store.add(CarriedEvent.fetched(event, NOW), NOW)
-    hand = CourierSession(carol_store, os.urandom(32), 23, NOW,
+    hand = CourierSession(carol_store, 23, NOW,
                           carried_for=frozenset({bob.pubkey}),
                           couriers=frozenset({bytes(dave.verify_key)}))
     dave_store = CourierStore()
@@ -136,7 +159,7 @@ def test_alice_to_offline_bob_through_two_couriers_and_not_a_third_hop():
     assert dave_store.events[eid].hop_count == 1 and not carol_store.events[eid].delivered
 
     # dave meets bob: bob gets the plain GiftWrap, opens it, checks alice's signature
-    meet = CourierSession(dave_store, os.urandom(32), 517, NOW,
+    meet = CourierSession(dave_store, 517, NOW,
                           carried_for=frozenset({bob.pubkey}))
     bob_side = RecipientSession(bob_sk)
     meet.on_auth(bob_side.on_nonce(meet.nonce))
@@ -159,7 +182,7 @@ def test_alice_to_offline_bob_through_two_couriers_and_not_a_third_hop():
         e.transfer_form()
     at_max = CourierStore()
     at_max.add(e, NOW)
-    third = CourierSession(at_max, os.urandom(32), 23, NOW, carried_for=frozenset(),
+    third = CourierSession(at_max, 23, NOW, carried_for=frozenset(),
                            couriers=frozenset({bytes(carol.verify_key)}))
     third.on_auth(auth_response(third.nonce, carol))
     assert third.notifications() == []
@@ -173,9 +196,15 @@ def test_expired_events_and_foreign_events_are_refused():
     assert store.add(e, NOW) and store.expire(e.expires_at) == 1
     # bob's session refuses an event addressed to eve
     eve_event = note(alice, eve, "not for bob")
+    store.add(CarriedEvent.fetched(eve_event, NOW), NOW)
+    # a courier that streams eve's event to bob (a bug or a lie): bob refuses it
+    liar = CourierSession(store, 100, NOW, carried_for=frozenset({eve.pubkey, bob.pubkey}))
     bob_side = RecipientSession(SigningKey(bob.seed))
+    liar.on_auth(bob_side.on_nonce(liar.nonce))
+    liar.peer = eve.pubkey           # streams eve's events, sealed to bob
+    liar._box = _peer_box(liar._ephemeral, bob.pubkey)
     with pytest.raises(CourierError, match="someone else"):
-        for c in chunks(eve_event, 100):
+        for c in liar.notifications():
             bob_side.on_notification(c)
     with pytest.raises(CourierError):
         from_transfer(eve_event, NOW)                         # no hop keys: not a transfer

@@ -5,17 +5,31 @@ Roles. The courier is the GATT server (peripheral) and the recipient the client 
 the AUTH_RESPONSE before it reveals anything, and `relay ppp courier-receive` "scans" (only a
 central scans). The service (`SERVICE_UUID`) has four characteristics:
 
-    HANDSHAKE_NONCE  read    32 random bytes, new for each connection
-    AUTH_RESPONSE    write   pubkey (32) || Ed25519 sign(nonce) (64), the bytes §8 names
-    EVENT_STREAM     notify  chunks of the events carried for that pubkey
+    HANDSHAKE_NONCE  read    32 bytes, new for each session: the courier's ephemeral X25519
+                             public key (see "Sealed stream")
+    AUTH_RESPONSE    write   pubkey (32) || Ed25519 sig (64), §8's layout; the signature is
+                             over AUTH_CONTEXT || nonce (see "Why a context")
+    EVENT_STREAM     notify  chunks of the events carried for that pubkey, sealed to it
     EVENT_ACK        write   one 32-byte event id (the authenticated-path id, §4.5)
 
 §8 leaves the 128-bit UUID "TBD": ours spell "PPP1" in their first four bytes.
+
+Why a context. §5.1's AUTH signs the relay's 32-byte CHALLENGE as is. Had AUTH_RESPONSE
+signed the bare nonce too, a courier could show the relay's CHALLENGE as its nonce and log
+in to the relay as the recipient with the answer (and ACK away its mail). So the recipient
+signs `AUTH_CONTEXT || nonce`, which no relay challenge can equal.
 
 Bystander rule (§8 MUST): before a valid AUTH_RESPONSE from a pubkey the courier carries
 for, the courier says nothing but the nonce: no count, no notification, every ack refused;
 an AUTH_RESPONSE that fails (bad signature, a stranger) ends the session the same way
 whatever the reason, so a scanner cannot even learn whether a pubkey is carried for.
+
+Sealed stream. A GiftWrap shows its recipient's pubkey, and BLE without pairing is readable
+over the air; BlueZ (the Linux GATT server) also notifies a characteristic's value to every
+subscribed central, not to one. So after AUTH_RESPONSE each event is sealed to the
+authenticated peer with crypto_box (X25519 of the courier's ephemeral key, the nonce, and of
+the peer's Ed25519 key; XSalsa20-Poly1305; 24-byte box nonce || ciphertext) and chunked:
+whoever else hears EVENT_STREAM hears ciphertext it cannot open or attribute.
 
 Chunks. Every notification is one chunk `sequence u16 BE || total u16 BE || data` (§8's
 `Chunk {sequence, total, data}`, fields in that order, big-endian as the rest of the
@@ -40,7 +54,8 @@ import struct
 from dataclasses import dataclass, field
 
 import msgpack
-from nacl.exceptions import BadSignatureError
+from nacl.exceptions import BadSignatureError, CryptoError
+from nacl.public import Box, PrivateKey, PublicKey
 from nacl.signing import VerifyKey
 
 from .giftwrap import GiftWrap, GiftWrapError
@@ -66,6 +81,9 @@ K_HOP_COUNT, K_MAX_HOPS = 12, 13
 # The largest GiftWrap the relay accepts (64 KiB ciphertext) with its MessagePack keys and
 # the transfer form's two small integers, rounded up.
 MAX_CARRIED_EVENT = MAX_CIPHERTEXT_SIZE + 1024
+# What AUTH_RESPONSE signs before the nonce ("Why a context"); 20 bytes, so the signed
+# message is 52 bytes long and can never be a 32-byte relay CHALLENGE.
+AUTH_CONTEXT = b"PPP-courier-auth-v1\x00"
 
 
 class CourierError(ValueError):
@@ -142,10 +160,11 @@ class Reassembler:
 # --- the handshake --------------------------------------------------------------------------
 
 def auth_response(nonce: bytes, signing_key) -> bytes:
-    """What a recipient writes to AUTH_RESPONSE: pubkey || sign(nonce) (PyNaCl SigningKey)."""
+    """What a recipient writes to AUTH_RESPONSE: pubkey || sign(AUTH_CONTEXT || nonce)
+    (PyNaCl SigningKey)."""
     if len(nonce) != NONCE_LEN:
         raise CourierError("nonce must be 32 bytes")
-    return bytes(signing_key.verify_key) + signing_key.sign(nonce).signature
+    return bytes(signing_key.verify_key) + signing_key.sign(AUTH_CONTEXT + nonce).signature
 
 
 def verify_auth(nonce: bytes, data: bytes) -> bytes:
@@ -154,10 +173,31 @@ def verify_auth(nonce: bytes, data: bytes) -> bytes:
         raise CourierError("not authenticated")
     pk, sig = data[:PUBKEY_LEN], data[PUBKEY_LEN:]
     try:
-        VerifyKey(pk).verify(nonce, sig)
+        VerifyKey(pk).verify(AUTH_CONTEXT + nonce, sig)
     except (BadSignatureError, ValueError):
         raise CourierError("not authenticated") from None
     return pk
+
+
+def _peer_box(own: PrivateKey, peer_ed25519: bytes) -> Box:
+    return Box(own, VerifyKey(peer_ed25519).to_curve25519_public_key())
+
+
+def _opener(signing_key, nonce: bytes) -> Box:
+    """The peer's side of the sealed stream: its X25519 key and the courier's nonce."""
+    try:
+        return Box(signing_key.to_curve25519_private_key(), PublicKey(nonce))
+    except (CryptoError, ValueError, TypeError):
+        raise CourierError("nonce must be 32 bytes") from None
+
+
+def _open(box: Box | None, sealed: bytes) -> bytes:
+    if box is None:
+        raise CourierError("no session: read the nonce first")
+    try:
+        return box.decrypt(sealed)
+    except (CryptoError, ValueError):
+        raise CourierError("not sealed for this session") from None
 
 
 # --- what a courier carries -----------------------------------------------------------------
@@ -268,15 +308,17 @@ class CourierSession:
     """The GATT server's state for one connection: `nonce` (read), `on_auth` (write),
     `notifications` (what to notify, in order), `on_ack` (write)."""
 
-    def __init__(self, store: CourierStore, nonce: bytes, mtu: int, now: int, *,
-                 carried_for: frozenset[bytes], couriers: frozenset[bytes] = frozenset()):
+    def __init__(self, store: CourierStore, mtu: int, now: int, *,
+                 carried_for: frozenset[bytes], couriers: frozenset[bytes] = frozenset(),
+                 ephemeral: PrivateKey | None = None):
         """`carried_for`: the members of the carry groups this courier carries for;
-        `couriers`: their other couriers (they get the transfer form)."""
-        if len(nonce) != NONCE_LEN:
-            raise CourierError("nonce must be 32 bytes")
+        `couriers`: their other couriers (they get the transfer form); `ephemeral`: this
+        session's X25519 key (new by default; its public half is the nonce)."""
         chunk_payload(mtu)
         self.store = store
-        self.nonce = nonce
+        self._ephemeral = ephemeral or PrivateKey.generate()
+        self.nonce = bytes(self._ephemeral.public_key)
+        self._box: Box | None = None
         self.mtu = mtu
         self.now = now
         self.carried_for = carried_for
@@ -303,6 +345,7 @@ class CourierSession:
             self.closed = True
             raise CourierError("not authenticated")
         self.peer = pk
+        self._box = _peer_box(self._ephemeral, pk)
 
     def notifications(self) -> list[bytes]:
         """The chunks to notify now: the peer's own events (a recipient), or every event that
@@ -317,7 +360,7 @@ class CourierSession:
         for eid, data in events:
             if eid not in self._sent:
                 self._sent.add(eid)
-                out.extend(chunks(data, self.mtu))
+                out.extend(chunks(bytes(self._box.encrypt(data)), self.mtu))
         return out
 
     def on_ack(self, data: bytes) -> bool:
@@ -345,17 +388,22 @@ class RecipientSession:
         self.pubkey = bytes(signing_key.verify_key)
         self.reassembler = Reassembler()
         self.received: dict[bytes, GiftWrap] = {}
+        self._box: Box | None = None
 
     def on_nonce(self, nonce: bytes) -> bytes:
-        return auth_response(nonce, self.key)
+        """A new session (a new reassembly): the AUTH_RESPONSE to write."""
+        response = auth_response(nonce, self.key)
+        self._box = _opener(self.key, nonce)
+        self.reassembler = Reassembler()
+        return response
 
     def on_notification(self, chunk: bytes) -> tuple[GiftWrap | None, bytes | None]:
         """(a new event, the EVENT_ACK to write) when a chunk completes one; a repeat of an
         event already held is acked again but not returned."""
-        data = self.reassembler.feed(chunk)
-        if data is None:
+        sealed = self.reassembler.feed(chunk)
+        if sealed is None:
             return None, None
-        gw = _giftwrap(data)
+        gw = _giftwrap(_open(self._box, sealed))
         if gw.recipient != self.pubkey:
             raise CourierError("an event for someone else")
         eid = gw.event_id
@@ -375,15 +423,19 @@ class TransferSession:
         self.now = now
         self.reassembler = Reassembler()
         self.taken = 0
+        self._box: Box | None = None
 
     def on_nonce(self, nonce: bytes) -> bytes:
-        return auth_response(nonce, self.key)
+        response = auth_response(nonce, self.key)
+        self._box = _opener(self.key, nonce)
+        self.reassembler = Reassembler()
+        return response
 
     def on_notification(self, chunk: bytes) -> bytes | None:
         """The EVENT_ACK to write when a chunk completes an event."""
-        data = self.reassembler.feed(chunk)
-        if data is None:
+        sealed = self.reassembler.feed(chunk)
+        if sealed is None:
             return None
-        e = from_transfer(data, self.now)
+        e = from_transfer(_open(self._box, sealed), self.now)
         self.taken += self.store.add(e, self.now)
         return e.event_id
