@@ -15,6 +15,7 @@ import asyncio
 import logging
 from typing import Callable
 
+from engine.ppp.carry import CarryGroups, Definition
 from engine.ppp.limits import MAX_DELIVERY_TOKENS_PER_RECIPIENT
 from engine.ppp.rooms import Room
 
@@ -23,8 +24,8 @@ from .layout import Layout
 from .ppp_state import BackupMeta, PppState, load_state, read_backup, ts
 from .schema_ppp import (OP_BAN, OP_CLEAR, OP_CREATE, OP_DELETE, OP_DEREGISTER, OP_PUBLISH,
                          OP_REGISTER, OP_REVOKE, OP_ROTATE, OP_STORE, OP_UPDATE, PPP_BACKUPS,
-                         PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS, PPP_ROOM_TOKENS,
-                         PPP_ROOMS, PPP_TABLES, Q)
+                         PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS,
+                         PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
 
 # A pubkey's push tokens (one per device it is active on: phone, tablet, watch, browsers).
 # Appendix C sets no cap; this one bounds what one identity can make the push job send.
@@ -82,6 +83,26 @@ class PppControl(ControlTables):
         await self.write(PPP_PUSH_TOKENS.name, [{
             Q.PUBKEY: pubkey, Q.PLATFORM: platform, Q.TOKEN: token, Q.OP: op, Q.AT: ts(at)}])
         self.state.push_row(op, pubkey, platform, token, at)
+
+    # --- carry groups (§8) --------------------------------------------------------------------
+    @property
+    def carry(self) -> CarryGroups:
+        return self.state.carry
+
+    async def carry_change(self, op: str, signer: bytes, group_id: bytes,
+                           d: Definition | None) -> str | None:
+        """None when written and applied, else the refusal reason (engine/ppp/carry.py)."""
+        async with self.lock:
+            why = self.state.carry.check(op, signer, group_id, d)
+            if why is not None:
+                return why
+            members, couriers = (None, None) if d is None else d.pack()
+            at = self.next_at(self.state)
+            await self.write(PPP_CARRY_GROUPS.name, [{
+                Q.GROUP_ID: group_id, Q.PUBKEY: signer, Q.OP: op, Q.MEMBERS: members,
+                Q.COURIERS: couriers, Q.AT: ts(at)}])
+            self.state.carry_row(op, group_id, signer, members, couriers, at)
+            return None
 
     # --- delivery tokens (§6) ------------------------------------------------------------------
     async def register_token(self, recipient: bytes, token: bytes) -> str | None:

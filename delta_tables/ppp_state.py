@@ -4,7 +4,8 @@ Pure: rows in, a `PppState` out. The owner (`delta_tables/ppp_control.py`) appli
 writes with the same methods the loader replays at start, so memory and a rebuild after a
 restart agree by construction. Backup ciphertext is not held: the state keeps each backup's
 version and `at`, and a FETCH_BACKUP reads that one row (`read_backup`). Rooms and their
-member tokens are folded by `room_state.RoomState` (`PppState.rooms`).
+member tokens are folded by `room_state.RoomState` (`PppState.rooms`), carry groups by
+`engine/ppp/carry.CarryGroups` (`PppState.carry`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
+from engine.ppp.carry import CarryGroups, Definition
 from engine.ppp.rooms import Room
 
 from .discovery_state import DiscoveryState
 from .query import sql
 from .room_state import RoomState
 from .schema_ppp import (OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_STORE, PPP_BACKUPS,
-                         PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS, PPP_ROOM_TOKENS,
+                         PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS, PPP_ROOM_TOKENS,
                          PPP_ROOMS, PPP_TABLES, Q)
 
 
@@ -47,6 +49,7 @@ class PppState:
     discovery: DiscoveryState = field(default_factory=DiscoveryState)
     # pubkey -> {(platform, token): at}: REGISTER_PUSH, keyed (pubkey, token) (spec 004)
     push: dict[bytes, dict[tuple[str, bytes], int]] = field(default_factory=dict)
+    carry: CarryGroups = field(default_factory=CarryGroups)
     last_at: int = 0
 
     def __repr__(self) -> str:
@@ -89,6 +92,12 @@ class PppState:
     def push_tokens(self, pubkey: bytes) -> list[tuple[str, bytes]]:
         return sorted(self.push.get(pubkey, {}))
 
+    def carry_row(self, op: str, group_id: bytes, signer: bytes, members: bytes | None,
+                  couriers: bytes | None, at: int) -> None:
+        self._seen(at)
+        d = None if members is None else Definition.unpack(members, couriers or b"")
+        self.carry.apply(op, signer, group_id, d, at)
+
     def backup_row(self, op: str, pubkey: bytes, version: int, at: int) -> None:
         self._seen(at)
         if op == OP_STORE:
@@ -126,6 +135,7 @@ class PppState:
         return {PPP_DELIVERY_TOKENS.name: {at for _, at in self.tokens.values()},
                 PPP_PUSH_TOKENS.name: {at for mine in self.push.values() for at in mine.values()},
                 PPP_BACKUPS.name: {b.at for b in self.backups.values()},
+                PPP_CARRY_GROUPS.name: self.carry.needed_at(),
                 **self.rooms.needed_at(time.time() if now is None else now),
                 **self.discovery.needed_at()}
 
@@ -174,6 +184,12 @@ def load_state(tables: dict[str, Path]) -> PppState:
             t.column(Q.PLATFORM).to_pylist(), t.column(Q.TOKEN).to_pylist(),
             micros(t.column(Q.AT))):
         state.push_row(op, pk, platform, token, at)
+    t = _read(tables, PPP_CARRY_GROUPS, f"SELECT {Q.OP}, {Q.GROUP_ID}, {Q.PUBKEY}, {Q.MEMBERS}, "
+                                        f"{Q.COURIERS}, {Q.AT} FROM t ORDER BY {Q.AT}")
+    for row in zip(t.column(Q.OP).to_pylist(), t.column(Q.GROUP_ID).to_pylist(),
+                   t.column(Q.PUBKEY).to_pylist(), t.column(Q.MEMBERS).to_pylist(),
+                   t.column(Q.COURIERS).to_pylist(), micros(t.column(Q.AT))):
+        state.carry_row(*row)
     return state
 
 

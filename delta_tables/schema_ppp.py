@@ -16,7 +16,10 @@ folded into memory by the owner (the ingress node hosting the PPP listener) at s
   filed under the pepper they were made with. Never an identifier, never the pepper;
 * push registrations (REGISTER_PUSH): keyed (pubkey, token) as the spec asks, several per
   pubkey; a row is deregistered when the provider says the token is dead (the push job asks
-  this process to, `ingress/push_desk.py`).
+  this process to, `ingress/push_desk.py`);
+* carry groups (§8): a row per registration (the signer's consent to that definition) and
+  per leave, folded by `engine/ppp/carry.py`. Sig bytes are not kept: a row is only
+  written after the signature was checked.
 
 Tokens, pubkeys and ciphertext are binary columns: delta-rs writes no statistics for those
 into the Delta log, so a removed row's values leave with its data file. `at` orders a
@@ -54,6 +57,9 @@ class Q:
     HASH = "hash"
     PEPPER_ID = "pepper_id"
     PLATFORM = "platform"
+    GROUP_ID = "group_id"
+    MEMBERS = "members"
+    COURIERS = "couriers"
 
 
 OP_REGISTER = "register"
@@ -155,5 +161,21 @@ PPP_PUSH_TOKENS = TableDef(
     doc="REGISTER_PUSH, and the push job's removal of tokens its provider calls dead.",
 )
 
+PPP_CARRY_GROUPS = TableDef(
+    "ppp_carry_groups", (
+        Column(Q.GROUP_ID, "binary", doc="the carry group's random 16-byte id (§8)"),
+        Column(Q.PUBKEY, "binary", doc="who signed the row: the owner, a member or a courier"),
+        Column(Q.OP, "string", doc="register | leave"),
+        Column(Q.MEMBERS, "binary", nullable=True,
+               doc="register: the member keys (32 bytes each), sorted"),
+        Column(Q.COURIERS, "binary", nullable=True,
+               doc="register: the courier keys (32 bytes each), sorted"),
+        _AT,
+    ),
+    dict(_COMMON),
+    doc="REGISTER_CARRY_GROUP and LEAVE_CARRY_GROUP, folded by engine/ppp/carry.py.",
+)
+
 PPP_TABLES = {t.name: t for t in (PPP_DELIVERY_TOKENS, PPP_BACKUPS, PPP_ROOMS,
-                                  PPP_ROOM_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS)}
+                                  PPP_ROOM_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS,
+                                  PPP_CARRY_GROUPS)}

@@ -333,6 +333,25 @@ class PppInbox:   # an inbox_view.InboxView
             out.append(ev)
         return out, None
 
+    def inbox_events(self, pubkey: bytes, since: int, now: float) -> list[PppEvent]:
+        """Unacked, unexpired events of `pubkey` with an inbox row and created_at > since, in
+        cursor order: what a courier may carry (early ones are left to the recipient's own
+        session: the inbox is the authority a courier is served from)."""
+        box = self._boxes.get(pubkey)
+        if box is None:
+            return []
+        return [ev for ev in (box.events[c] for c in box.cursors)
+                if ev.expires > now and ev.created_at > since]
+
+    def pending_event(self, pubkey: bytes, event_id: bytes) -> PppEvent | None:
+        """`pubkey`'s unacked inbox event with this id (either form), if any."""
+        box = self._boxes.get(pubkey)
+        for cursor in sorted(box.ids.get(event_id, ())) if box is not None else ():
+            ev = box.events.get(cursor)
+            if ev is not None:
+                return ev
+        return None
+
     @staticmethod
     def _place(ev: PppEvent | EarlyEvent) -> int:
         if isinstance(ev, EarlyEvent):

@@ -16,8 +16,9 @@
   (`egress/ppp_rooms.py`) fed by the same inbox tail as the PPP inbox view.
 * Contact discovery over the WebSocket (§9): `ppp_discovery.DiscoveryService`.
 * HTTP polling (§5.2): `POST /v1/events` (STORE), `GET /v1/events?since=` (FETCH),
-  `POST /v1/events/ack` (ACK), authenticated by `Authorization: PPP-Ed25519 <pk>:<sig>`
-  over body || timestamp (`X-PPP-Timestamp`, see `engine.ppp.protocol.http_auth`), with a
+  `POST /v1/events/ack` (ACK), `GET /v1/events/carry?group=&since=` (FETCH_CARRY) and
+  `POST /v1/events/carry/ack` (ACK_CARRY, this relay's), authenticated by
+  `Authorization: PPP-Ed25519 <pk>:<sig>` over body || timestamp (`X-PPP-Timestamp`, see `engine.ppp.protocol.http_auth`), with a
   replay window; same rate budgets and the same `PppService` as the WebSocket.
 
 uvicorn runs as a task of the caller's loop (`PppServer.start` / `close`, from IngressNode);
@@ -817,6 +818,42 @@ def build_app(server: PppServer) -> FastAPI:
             return err
         pubkey, rid = ok
         return _msgpack(await svc.run(pubkey, P.Fetch(since, cursor), rid))
+
+    @app.get("/v1/events/carry", summary="Fetch a carry group's events (FETCH_CARRY, §5.2, §8)",
+             description=_AUTH_DOC + " The signed body is empty. `group`: the 16-byte group id "
+             "in hex. For a courier of the group: its consenting members' undelivered events. "
+             "Reply: CARRY_EVENTS; pass its `cursor` back for the next page.",
+             responses=_replies("`{cmd: CARRY_EVENTS, events: [GiftWrap bytes], cursor?}`",
+                                _400="STORE_FAIL malformed, unknown carry group",
+                                _401="AUTH_FAIL", _429="STORE_FAIL rate limited"))
+    async def http_fetch_carry(request: Request, group: str = Query(..., max_length=32),
+                               since: int = Query(0, ge=0, lt=1 << 64),
+                               cursor: int | None = Query(None, ge=0, lt=1 << 64)) -> Response:
+        if not all(v.isascii() and v.isdigit() for k, v in request.query_params.multi_items()
+                   if k in ("since", "cursor")):
+            return _msgpack(P.store_fail("malformed request"), 400)
+        try:
+            group_id = bytes.fromhex(group)
+        except ValueError:
+            group_id = b""
+        if len(group_id) != 16:
+            return _msgpack(P.store_fail("malformed request"), 400)
+        ok, err = await _authed(request, b"", "FETCH_CARRY")
+        if err is not None:
+            return err
+        pubkey, rid = ok
+        reply = await svc.run(pubkey, P.FetchCarry(group_id, since, None, cursor), rid)
+        return _msgpack(reply, _status(reply))
+
+    @app.post("/v1/events/carry/ack", summary="Report carried events handed over (ACK_CARRY)",
+              description=_AUTH_DOC + " Body: `{group_id, event_ids}`. A courier's report: "
+              "the relay stops offering those events to the group's couriers (the "
+              "recipient's own FETCH still serves them until it ACKs).",
+              responses=_replies("`{cmd: ACKED, count}`", _400="STORE_FAIL malformed, "
+                                 "unknown carry group", _401="AUTH_FAIL",
+                                 _413="body too large", _429="STORE_FAIL rate limited"))
+    async def http_ack_carry(request: Request) -> Response:
+        return await _signed_post(request, "ACK_CARRY")
 
     @app.post("/v1/events/ack", summary="Acknowledge events (ACK, §5.2)", description=_AUTH_DOC
               + " Body: the ACK command map (`cmd` optional). Only the caller's own unacked "

@@ -12,7 +12,8 @@ A command arrives here already authenticated (the pubkey) and charged to its rat
   log line carries too (§5.x).
 * FETCH / ACK: the caller's own mailbox only (`PppInbox`); acks are durable `acks` rows
   before ACKED is sent, and only the caller's unacked events count.
-* Room commands (§7) are `ppp_rooms.RoomService`'s, reached through `run` like the rest.
+* Room commands (§7) are `ppp_rooms.RoomService`'s, carry-group commands (§8)
+  `ppp_carry.CarryService`'s, reached through `run` like the rest.
 * Sealed Note: token -> recipient (unknown: 401), clamp, the sealed event id, landed as a
   GiftWrap addressed to the token's recipient, so FETCH returns it like any other event.
 """
@@ -39,6 +40,7 @@ from engine.ppp.session import with_request_id
 from engine.push.platforms import TokenError, check_token
 from runtime.log_rate import LogRate
 
+from .ppp_carry import CarryService
 from .ppp_rooms import RoomService
 
 log = logging.getLogger("relay.ingress.ppp")
@@ -98,6 +100,7 @@ class PppService:
         self.refusal_lines = LogRate(REFUSAL_LOG_SECONDS)
         self.quiet = LogRate()   # storage failures: one line per 10 s while they last
         self.discovery = None     # a DiscoveryService, set by the listener (ppp_app.py)
+        self.carry = CarryService(inbox, control, self._fail, clock=clock, page_size=page_size)
         self.rooms = None if room_view is None else RoomService(
             appender, room_view, control, self._fail, clock=clock,
             sequence_timeout=room_sequence_timeout, moderation=moderation, tell=self.tell)
@@ -110,6 +113,8 @@ class PppService:
             return await self.rooms.run(pubkey, cmd, request_id, session)
         if isinstance(cmd, P.DiscoveryCommand) and self.discovery is not None:
             return await self.discovery.run(pubkey, cmd, request_id, _address(session))
+        if isinstance(cmd, P.CarryCommand):
+            return await self.carry.run(pubkey, cmd, request_id)
         if isinstance(cmd, P.Store):
             return await self.store(cmd.event, request_id)
         if isinstance(cmd, P.Fetch):

@@ -40,6 +40,7 @@ from typing import Any
 import msgpack
 import websockets
 
+from engine.ppp import carry
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 from engine.ppp.ids import sealed_event_id
 from engine.ppp.keys import Identity
@@ -214,6 +215,50 @@ class PppClient:
     async def deregister_delivery_token(self, token: bytes) -> None:
         await self._call(_pack("DEREGISTER_DELIVERY_TOKEN", delivery_token=token),
                          "DELIVERY_TOKEN_DEREGISTERED")
+
+    # --- carry groups (§8, engine/ppp/carry.py) ----------------------------------------------
+    async def register_carry_group(self, group_id: bytes, members, couriers) -> None:
+        """REGISTER_CARRY_GROUP signed by this identity: as the group's owner the first time,
+        else this member's consent to exactly that group."""
+        d = carry.Definition.of(members, couriers)
+        await self._call(_pack("REGISTER_CARRY_GROUP", group_id=group_id,
+                               members=list(d.members), couriers=list(d.couriers),
+                               sig=self.identity.sign(carry.register_message(group_id, d))),
+                         "CARRY_GROUP_REGISTERED")
+
+    async def leave_carry_group(self, group_id: bytes) -> None:
+        await self._call(_pack("LEAVE_CARRY_GROUP", group_id=group_id,
+                               sig=self.identity.sign(carry.leave_message(group_id))),
+                         "CARRY_GROUP_LEFT")
+
+    async def fetch_carry(self, group_id: bytes, since: int = 0, cursor: int | None = None
+                          ) -> tuple[list[bytes], int | None]:
+        """One FETCH_CARRY page (a courier of the group): GiftWraps and the next cursor."""
+        fields: dict[str, Any] = {"group_id": group_id, "since": since,
+                                  "sig": self.identity.sign(carry.fetch_message(group_id, since))}
+        if cursor is not None:
+            fields["cursor"] = cursor
+        m = await self._call(_pack("FETCH_CARRY", **fields), "CARRY_EVENTS")
+        events = m.get("events")
+        if not isinstance(events, list) or not all(isinstance(e, bytes) for e in events):
+            raise PppError("CARRY_EVENTS.events must be a list of bytes")
+        return events, m.get("cursor")
+
+    async def fetch_carry_all(self, group_id: bytes, since: int = 0,
+                              max_pages: int = 1000) -> list[bytes]:
+        out, cursor = [], None
+        for _ in range(max_pages):
+            events, next_cursor = await self.fetch_carry(group_id, since, cursor)
+            out.extend(events)
+            if next_cursor is None or not events:
+                break
+            cursor = next_cursor
+        return out
+
+    async def ack_carry(self, group_id: bytes, event_ids: list[bytes]) -> int:
+        """ACK_CARRY: events this courier handed over; the relay stops offering them."""
+        return int((await self._call(_pack("ACK_CARRY", group_id=group_id,
+                                           event_ids=list(event_ids)), "ACKED"))["count"])
 
     # --- rooms (§7) ------------------------------------------------------------------------------
     async def create_room(self, room_id: bytes, s2_cell_id: str, s2_coarse_id: str, *,

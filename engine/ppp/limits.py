@@ -38,6 +38,12 @@ COMMAND_RATE_LIMITS: dict[str, RateBudget] = {
     # (§9 DR-03), with at most 500 hashes a query (`discovery.py`).
     "DISCOVERY_QUERY": RateBudget(20, 3600),
     "DISCOVERY_PUBLISH": RateBudget(10, 3600),
+    # Not in C.3 (carry groups are §8 only): a courier fetches and reports like a client
+    # (FETCH's and ACK's budgets); a group changes rarely.
+    "FETCH_CARRY": RateBudget(30, 60),
+    "ACK_CARRY": RateBudget(60, 60),
+    "REGISTER_CARRY_GROUP": RateBudget(20, 3600),
+    "LEAVE_CARRY_GROUP": RateBudget(20, 3600),
 }
 
 
@@ -65,3 +71,6 @@ DEFAULT_BATCH_WINDOW_SECS = 30
 FETCH_PAGE_SIZE = 100
 # ACK: event ids counted per command (this relay's bound on one frame's work).
 MAX_ACK_IDS = 1000
+# FETCH_CARRY: a page is at most FETCH_PAGE_SIZE events and this many envelope bytes (at
+# least one event): a courier on a poor link gets a reply it can finish, then the next.
+CARRY_PAGE_BYTES = 1 << 20

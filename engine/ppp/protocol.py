@@ -4,10 +4,12 @@ Pure: bytes in, a command object out (or `ProtocolError`); reply objects in, byt
 Field names and types are appendix C's. A command's map may carry fields we do not know
 (forward compatibility: ignored); a field we need with the wrong type or size is an error,
 and so is a map whose keys are not all strings or that names a key twice (`maps.py`).
-Commands of C.1 this relay does not serve (push) decode to
+Commands of C.1 this relay does not serve (none today) decode to
 `Unsupported`, which the session answers with a stable reason (§7.7's "feature disabled"
 convention); a `cmd` not in C.1 is an error. Room commands (§7) are decoded here; what they
-do is `ingress/ppp_rooms.py`.
+do is `ingress/ppp_rooms.py`. Carry-group commands (§8) likewise, done by
+`ingress/ppp_carry.py`; §8 names REGISTER_CARRY_GROUP and FETCH_CARRY, and this relay adds
+LEAVE_CARRY_GROUP (§8's "signed leave") and ACK_CARRY (a courier's report of delivery).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 
 import msgpack
 
+from .carry import GROUP_ID_LEN as CARRY_GROUP_ID_LEN
+from .carry import MAX_CARRY_COURIERS, MAX_CARRY_MEMBERS
 from .limits import DELIVERY_TOKEN_LEN, EVENT_ID_LEN, PUBKEY_LEN, SIGNATURE_LEN
 from .discovery import MAX_PUBLISH_HASHES, MAX_QUERY_HASHES
 from .knocks import REQUEST_ID_LEN as KNOCK_REQUEST_ID_LEN
@@ -294,6 +298,45 @@ class DiscoveryQuery:
         return f"DiscoveryQuery({len(self.hashes)} hashes)"
 
 
+# --- carry groups (§8; signatures and rules in engine/ppp/carry.py) ---------------------------
+
+@dataclass(frozen=True)
+class RegisterCarryGroup:
+    group_id: bytes
+    members: tuple[bytes, ...]
+    couriers: tuple[bytes, ...]
+    sig: bytes
+    name = "REGISTER_CARRY_GROUP"
+
+    def __repr__(self) -> str:
+        return f"RegisterCarryGroup({len(self.members)} members, {len(self.couriers)} couriers)"
+
+
+@dataclass(frozen=True)
+class LeaveCarryGroup:
+    group_id: bytes
+    sig: bytes
+    name = "LEAVE_CARRY_GROUP"
+
+
+@dataclass(frozen=True)
+class FetchCarry:
+    group_id: bytes
+    since: int
+    sig: bytes | None           # WebSocket: required (§8); HTTP: the Authorization header's
+    cursor: int | None = None
+    name = "FETCH_CARRY"
+
+
+@dataclass(frozen=True)
+class AckCarry:
+    """A courier's report of events it handed over (its recipients' EVENT_ACKs): the relay
+    stops offering them to couriers. Not in §8, which has no way back for a courier."""
+    group_id: bytes
+    event_ids: tuple[bytes, ...]
+    name = "ACK_CARRY"
+
+
 @dataclass(frozen=True)
 class Unsupported:
     """A C.1 command this relay does not serve."""
@@ -308,9 +351,10 @@ RoomCommand = (CreateRoom | UpdateRoom | DiscoverRooms | RegisterToken | RevokeT
                | RotateRoomKey | StoreRoom | FetchRoom | Knock | Admit | CreateGroup
                | DeleteGroup | KickMember | BanMember)
 DiscoveryCommand = DiscoveryPepper | DiscoveryPublish | DiscoveryQuery
+CarryCommand = RegisterCarryGroup | LeaveCarryGroup | FetchCarry | AckCarry
 Command = (Auth | Store | Fetch | Ack | RegisterDeliveryToken | DeregisterDeliveryToken
            | RegisterPush | StoreBackup | FetchBackup | DeleteBackup | RoomCommand | DiscoveryCommand
-           | Unsupported)
+           | CarryCommand | Unsupported)
 
 # C.1 commands not served here: none (KICK_MEMBER / BAN_MEMBER are decoded, and refused
 # while `ppp.moderation` is off).
@@ -437,6 +481,34 @@ def _member(cls):
     return lambda m, c: cls(_room_id(m, c), _bytes(m, "member_pubkey", c, PUBKEY_LEN))
 
 
+def _keys(m: dict, key: str, cmd: str, top: int) -> tuple[bytes, ...]:
+    ks = m.get(key)
+    if not isinstance(ks, list) or not all(isinstance(k, bytes) and len(k) == PUBKEY_LEN
+                                           for k in ks):
+        raise ProtocolError(f"{key} must be a list of {PUBKEY_LEN}-byte keys", cmd)
+    if len(ks) > top:
+        raise ProtocolError(f"at most {top} {key}", cmd)
+    return tuple(ks)
+
+
+def _group_id(m, c): return _bytes(m, "group_id", c, CARRY_GROUP_ID_LEN)
+
+
+def _register_carry(m, c):
+    return RegisterCarryGroup(_group_id(m, c), _keys(m, "members", c, MAX_CARRY_MEMBERS),
+                              _keys(m, "couriers", c, MAX_CARRY_COURIERS),
+                              _bytes(m, "sig", c, SIGNATURE_LEN))
+
+
+def _fetch_carry(m, c):
+    return FetchCarry(_group_id(m, c), _uint(m, "since", c), _bytes(m, "sig", c, SIGNATURE_LEN),
+                      _uint(m, "cursor", c, optional=True))
+
+
+def _ack_carry(m, c):
+    return AckCarry(_group_id(m, c), _ack(m, c).event_ids)
+
+
 _DECODERS = {
     "AUTH": _auth, "STORE": _store, "FETCH": _fetch, "ACK": _ack,
     "REGISTER_DELIVERY_TOKEN": _reg, "DEREGISTER_DELIVERY_TOKEN": _dereg,
@@ -456,6 +528,10 @@ _DECODERS = {
                                              _uint(m, "max_members", c, _U32)),
     "DELETE_GROUP": lambda m, c: DeleteGroup(_room_id(m, c)),
     "KICK_MEMBER": _member(KickMember), "BAN_MEMBER": _member(BanMember),
+    "REGISTER_CARRY_GROUP": _register_carry,
+    "LEAVE_CARRY_GROUP": lambda m, c: LeaveCarryGroup(_group_id(m, c),
+                                                      _bytes(m, "sig", c, SIGNATURE_LEN)),
+    "FETCH_CARRY": _fetch_carry, "ACK_CARRY": _ack_carry,
     "DISCOVERY_PEPPER": lambda m, c: DiscoveryPepper(),
     "DISCOVERY_PUBLISH": lambda m, c: DiscoveryPublish(
         _hashes(m, c, MAX_PUBLISH_HASHES), _bytes(m, "pubkey", c, PUBKEY_LEN),
@@ -575,6 +651,21 @@ def events(evts: list[bytes], cursor: int | None = None) -> Reply:
 
 
 def acked(count: int) -> Reply: return Reply("ACKED", {"count": min(count, _U32)})
+
+
+def carry_events(evts: list[bytes], cursor: int | None = None) -> Reply:
+    fields: dict[str, Any] = {"events": list(evts)}
+    if cursor is not None:
+        fields["cursor"] = cursor
+    return Reply("CARRY_EVENTS", fields)
+
+
+def carry_group_registered(group_id: bytes) -> Reply:
+    return Reply("CARRY_GROUP_REGISTERED", {"group_id": group_id})
+
+
+def carry_group_left(group_id: bytes) -> Reply:
+    return Reply("CARRY_GROUP_LEFT", {"group_id": group_id})
 def notify(count: int) -> Reply: return Reply("NOTIFY", {"count": min(count, _U32)})
 def delivery_token_registered() -> Reply: return Reply("DELIVERY_TOKEN_REGISTERED")
 def delivery_token_deregistered() -> Reply: return Reply("DELIVERY_TOKEN_DEREGISTERED")
