@@ -10,7 +10,8 @@
     relay status      the relay at a glance: tables, landing lag, each process's /metrics
     relay loadgen     fill a data directory with a realistic synthetic day
     relay bench       measure throughput and latency, write a JSON results file
-    relay ppp         PPP client: keygen, register-token, register-push, send, receive, fingerprint
+    relay ppp         PPP client: keygen, register-token, register-push, send, receive, fingerprint,
+                      carry groups and the BLE courier (carry, courier, courier-receive)
 """
 
 from __future__ import annotations
@@ -352,6 +353,103 @@ def cmd_ppp_receive(args) -> None:
     _ppp_run(run)
 
 
+def _group_id(text: str) -> bytes:
+    try:
+        g = bytes.fromhex(text)
+    except ValueError:
+        g = b""
+    if len(g) != 16:
+        raise argparse.ArgumentTypeError("expected a carry group id: 32 hex characters")
+    return g
+
+
+def cmd_ppp_carry(args) -> None:
+    """`relay ppp carry register|leave`: one JSON line."""
+    from .ppp_client import PppClient
+
+    async def act(me):
+        async with await PppClient.connect(_ppp_url(args), me) as c:
+            if args.carry_command == "leave":
+                await c.leave_carry_group(args.group)
+                return {"left": args.group.hex()}
+            group = args.group or os.urandom(16)
+            await c.register_carry_group(group, args.member, args.courier)
+            return {"registered": group.hex(), "members": len(args.member),
+                    "couriers": len(args.courier)}
+
+    _ppp_run(lambda: print(json.dumps(asyncio.run(act(_ppp_identity(args.seed))))))
+
+
+# Exit status of the BLE commands where the machine has no Bluetooth (README).
+NO_BLUETOOTH = 3
+
+
+def cmd_ppp_courier(args) -> None:
+    """Fetch for my carry groups while online, then serve what I carry over BLE."""
+    from engine.ppp.courier import CourierStore
+    from . import courier, courier_ble
+
+    def run():
+        me = _ppp_identity(args.seed)
+        store = courier.load_store(args.store)
+        report = {}
+        if not args.offline:
+            report.update(asyncio.run(courier.sync_with_relay(
+                _ppp_url(args), me, args.group, store)).to_json())
+            courier.save_store(args.store, store)
+        carrying = [e for e in store.events.values() if not e.delivered]
+        report["carrying"] = len(carrying)
+        if args.no_serve:
+            print(json.dumps(report))
+            return
+        absent = courier_ble.bluetooth_absent()
+        if absent is not None:
+            print(json.dumps(report))
+            print(f"error: {absent}: nothing served (the events stay in {args.store})",
+                  file=sys.stderr)
+            sys.exit(NO_BLUETOOTH)
+        gatt = courier_ble.CourierGatt(
+            store, carried_for=frozenset(e.recipient for e in carrying),
+            couriers=frozenset(args.courier or ()), mtu=args.mtu)
+
+        async def serve():
+            stop = asyncio.sleep(args.serve_seconds) if args.serve_seconds else None
+            await courier_ble.serve_bless(gatt, stop=stop)
+        try:
+            asyncio.run(serve())
+        finally:
+            courier.save_store(args.store, store)
+        report.update(delivered=len(gatt.delivered), handed_on=len(gatt.handed_on))
+        print(json.dumps(report))
+    _ppp_run(run)
+
+
+def cmd_ppp_courier_receive(args) -> None:
+    """Scan for a courier, authenticate, receive, verify; optionally ACK to the relay."""
+    from engine.ppp.courier import RecipientSession
+    from nacl.signing import SigningKey
+    from . import courier_ble
+    from .ppp_client import PppClient, open_event
+
+    def run():
+        me = _ppp_identity(args.seed)
+        absent = courier_ble.bluetooth_absent()
+        if absent is not None:
+            print(f"error: {absent}", file=sys.stderr)
+            sys.exit(NO_BLUETOOTH)
+        side = RecipientSession(SigningKey(me.seed))
+        asyncio.run(courier_ble.scan_and_receive(side, timeout=args.timeout))
+        opened = [open_event(gw.encode(), me) for gw in side.received.values()]
+        for r in opened:
+            print(json.dumps(r.to_json(), ensure_ascii=False))
+        if args.ack and side.received:
+            async def ack():
+                async with await PppClient.connect(_ppp_url(args), me) as c:
+                    await c.ack(list(side.received))
+            asyncio.run(ack())
+    _ppp_run(run)
+
+
 def cmd_ppp_room(args) -> None:
     """`relay ppp room <action>`: one JSON line (or one per room / message) on stdout."""
     from . import ppp_rooms as R
@@ -493,6 +591,48 @@ def _add_room_parser(pp, url_help: str) -> None:
     p.add_argument("--out-dir", required=True, help="where to write <room id>.json")
 
 
+def _add_courier_parsers(pp, url_help: str) -> None:
+    carry = pp.add_parser("carry", help="carry groups (§8): who may carry my events offline")
+    cs = carry.add_subparsers(dest="carry_command", required=True)
+    p = cs.add_parser("register", help="register a carry group (as its owner the first time), "
+                                       "or consent to one as a listed member")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--group", type=_group_id, help="the group id (32 hex); default: a new one")
+    p.add_argument("--member", action="append", type=_pubkey, required=True, metavar="PUBKEY",
+                   help="a member whose events may be carried (repeat)")
+    p.add_argument("--courier", action="append", type=_pubkey, required=True, metavar="PUBKEY",
+                   help="a courier who may fetch them (repeat)")
+    p.add_argument("--url", help=url_help)
+    p.set_defaults(func=cmd_ppp_carry)
+    p = cs.add_parser("leave", help="leave a carry group (its owner: dissolve it)")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--group", type=_group_id, required=True)
+    p.add_argument("--url", help=url_help)
+    p.set_defaults(func=cmd_ppp_carry)
+    p = pp.add_parser("courier", help="fetch my carry groups' events while online, then hand "
+                                      "them over BLE to their recipients (a GATT server)")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--group", type=_group_id, action="append", default=[],
+                   help="a carry group I am a courier of (repeat)")
+    p.add_argument("--store", required=True, help="file of carried events (0600)")
+    p.add_argument("--courier", action="append", type=_pubkey, metavar="PUBKEY",
+                   help="another courier of my groups, who may take events on (a hop)")
+    p.add_argument("--offline", action="store_true", help="do not contact the relay")
+    p.add_argument("--no-serve", action="store_true", help="fetch and report only")
+    p.add_argument("--serve-seconds", type=float, help="stop serving after this long")
+    p.add_argument("--mtu", type=int, default=23,
+                   help="ATT MTU to chunk for, 23..517 (default 23: every link has it)")
+    p.add_argument("--url", help=url_help)
+    p.set_defaults(func=cmd_ppp_courier)
+    p = pp.add_parser("courier-receive", help="find a courier over BLE, receive my events, "
+                                              "verify and print them (JSON lines)")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to scan")
+    p.add_argument("--ack", action="store_true", help="then ACK them to the relay (online)")
+    p.add_argument("--url", help=url_help)
+    p.set_defaults(func=cmd_ppp_courier_receive)
+
+
 def _add_ppp_parser(sub) -> None:
     ppp = sub.add_parser("ppp", help="PPP client: keys, tokens, send and receive events")
     pp = ppp.add_subparsers(dest="ppp_command", required=True)
@@ -555,6 +695,7 @@ def _add_ppp_parser(sub) -> None:
     p.add_argument("--url", help=url_help)
     p.set_defaults(func=cmd_ppp_receive)
     _add_room_parser(pp, url_help)
+    _add_courier_parsers(pp, url_help)
     p = pp.add_parser("discover-contacts",
                       help="which of my contacts use this relay (§9: peppered hashes only)")
     p.add_argument("--seed", required=True)
