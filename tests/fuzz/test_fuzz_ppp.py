@@ -80,6 +80,17 @@ valid_commands = st.one_of(
     st.builds(lambda hs, pk, pid: ({"cmd": "DISCOVERY_PUBLISH", "hashes": hs, "pubkey": pk,
                                     "pepper_id": pid}, P.DiscoveryPublish(tuple(hs), pk, pid)),
               st.lists(b32, max_size=5), b32, u64),
+    # carry groups (§8)
+    st.builds(lambda g, ms, cs, sig: ({"cmd": "REGISTER_CARRY_GROUP", "group_id": g,
+                                       "members": ms, "couriers": cs, "sig": sig},
+                                      P.RegisterCarryGroup(g, tuple(ms), tuple(cs), sig)),
+              b16, st.lists(b32, max_size=4), st.lists(b32, max_size=3), b64),
+    st.builds(lambda g, sig: ({"cmd": "LEAVE_CARRY_GROUP", "group_id": g, "sig": sig},
+                              P.LeaveCarryGroup(g, sig)), b16, b64),
+    st.builds(lambda g, since, sig: ({"cmd": "FETCH_CARRY", "group_id": g, "since": since,
+                                      "sig": sig}, P.FetchCarry(g, since, sig)), b16, u64, b64),
+    st.builds(lambda g, ids: ({"cmd": "ACK_CARRY", "group_id": g, "event_ids": ids},
+                              P.AckCarry(g, tuple(ids))), b16, st.lists(b32, max_size=4)),
 )
 
 valid_notes = st.builds(
@@ -132,6 +143,11 @@ _FIELD_TYPES = {   # C.1 / C.6: field -> (type, exact size or None)
     P.Admit: {"room_id": (bytes, 16), "request_id": (bytes, 16)},
     P.BanMember: {"room_id": (bytes, 16), "member_pubkey": (bytes, 32)},
     P.KickMember: {"room_id": (bytes, 16), "member_pubkey": (bytes, 32)},
+    P.RegisterCarryGroup: {"group_id": (bytes, 16), "sig": (bytes, 64)},
+    P.LeaveCarryGroup: {"group_id": (bytes, 16), "sig": (bytes, 64)},
+    P.FetchCarry: {"group_id": (bytes, 16), "since": (int, None), "sig": (bytes, 64),
+                   "cursor": (int, None)},
+    P.AckCarry: {"group_id": (bytes, 16)},
     P.SealedNoteSubmit: {"delivery_token": (bytes, 12), "ephemeral_pk": (bytes, 32),
                          "nonce": (bytes, 24), "ciphertext": (bytes, None),
                          "created_at": (int, None), "expires_at": (int, None)},
@@ -151,8 +167,10 @@ def _assert_strict(obj, raw_map):
         if typ is int:
             assert 0 <= value <= U64, name
         assert strictly_equal(raw_map[name], value), name
-    if isinstance(obj, P.Ack):   # §5.1 / §4.5: event ids are 32 bytes
+    if isinstance(obj, (P.Ack, P.AckCarry)):   # §5.1 / §4.5: event ids are 32 bytes
         assert all(type(i) is bytes and len(i) == 32 for i in obj.event_ids)
+    if isinstance(obj, P.RegisterCarryGroup):
+        assert all(type(k) is bytes and len(k) == 32 for k in obj.members + obj.couriers)
     # string keys only, none twice (a map that is equal in Python is not the same message)
     assert all(type(k) is str for k in raw_map), list(raw_map)
 
@@ -190,7 +208,8 @@ def test_ppp_command_frames(case, implied):
                             P.DiscoverRooms, P.RegisterToken, P.RevokeTokens, P.RotateRoomKey,
                             P.StoreRoom, P.FetchRoom, P.Knock, P.Admit, P.CreateGroup,
                             P.DeleteGroup, P.KickMember, P.BanMember, P.DiscoveryPepper,
-                            P.DiscoveryPublish, P.DiscoveryQuery)), type(cmd)
+                            P.DiscoveryPublish, P.DiscoveryQuery, P.RegisterCarryGroup,
+                            P.LeaveCarryGroup, P.FetchCarry, P.AckCarry)), type(cmd)
     raw = msgpack.unpackb(data, raw=False, strict_map_key=False)
     assert type(raw) is dict
     assert wire_map_len(data) == len(raw), "a key twice accepted"
