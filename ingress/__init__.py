@@ -12,5 +12,6 @@ COMPOSITION = (
     "ingress.ppp_app",       # PPP port: WebSocket + HTTP, with egress.ppp_inbox and its tail
     "ingress.ppp_service",   # PPP commands: STORE -> landing; FETCH / ACK from egress.ppp_inbox
     "ingress.ppp_rooms",     # PPP rooms: STORE_ROOM -> landing; FETCH_ROOM from egress.ppp_rooms
+    "ingress.ppp_carry",     # PPP carry groups: control rows; FETCH_CARRY from egress.ppp_inbox
     "ingress.sync_quic",     # cursor-sync: PUSH -> landing; PULL / NOTIFY from egress.sync_inbox
 )
