@@ -43,8 +43,8 @@ from delta_tables.layout import Layout, equals
 from delta_tables.schema import C
 from engine.ppp.rooms import ROOM_PROTOCOL
 from delta_tables.ppp_state import load_state, table_paths
-from delta_tables.schema_ppp import (PPP_BACKUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY,
-                                    PPP_PUSH_TOKENS, PPP_ROOM_TOKENS, PPP_ROOMS, Q)
+from delta_tables.schema_ppp import (PPP_BACKUPS, PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS,
+                                    PPP_DISCOVERY, PPP_PUSH_TOKENS, PPP_ROOM_TOKENS, PPP_ROOMS, Q)
 
 from .compact_step import SAME_MAILBOX, T, CompactionReport, merge, prune_control_tables, retry
 
@@ -57,6 +57,7 @@ _IDENTITY = {
     PPP_ROOM_TOKENS.name: (Q.ROOM_ID,),
     PPP_DISCOVERY.name: (Q.PUBKEY,),
     PPP_PUSH_TOKENS.name: (Q.PUBKEY, Q.TOKEN),
+    PPP_CARRY_GROUPS.name: (Q.GROUP_ID, Q.PUBKEY),
 }
 
 
@@ -73,12 +74,13 @@ def compact_ppp(layout: Layout, report: CompactionReport, target_size: int,
     rooms = removed[PPP_ROOMS.name] + removed[PPP_ROOM_TOKENS.name] \
         + removed[PPP_DISCOVERY.name]
     push = removed[PPP_PUSH_TOKENS.name]
-    report.ppp_control_removed += tokens + backups + rooms + push
+    carry = removed[PPP_CARRY_GROUPS.name]
+    report.ppp_control_removed += tokens + backups + rooms + push + carry
     deleted = set(load_state(paths).rooms.deleted)
     emptied = retry(report, lambda: _empty_deleted_groups(layout, deleted)) if deleted else 0
     return (f"{tokens} delivery-token rows, {backups} backup rows, {rooms} room and "
-            f"discovery rows and {push} push-token rows removed, {emptied} messages of "
-            f"deleted groups emptied")
+            f"discovery rows, {push} push-token rows and {carry} carry-group rows removed, "
+            f"{emptied} messages of deleted groups emptied")
 
 
 def _empty_deleted_groups(layout: Layout, deleted: set[bytes]) -> int:

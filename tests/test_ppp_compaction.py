@@ -18,9 +18,11 @@ from delta_tables.layout import Layout
 from delta_tables.ppp_state import load_state, table_paths
 from delta_tables.schema_ppp import PPP_BACKUPS, PPP_DELIVERY_TOKENS
 from delta_tables.ppp_control import PppControl
+from engine.ppp.carry import OP_LEAVE, OP_REGISTER, Definition
 from jobs.compact import run_compaction
 
 R1, R2 = b"\x01" * 32, b"\x02" * 32                 # recipients
+G_LIVE, G_GONE = b"\x21" * 16, b"\x22" * 16          # carry groups
 P1, P2, P3 = b"\x11" * 32, b"\x12" * 32, b"\x13" * 32  # backup owners
 
 
@@ -32,9 +34,16 @@ def on_disk(root: Path) -> bytes:
     return b"".join(p.read_bytes() for p in root.rglob("*") if p.is_file())
 
 
+def _carry_disk(layout: Layout) -> bytes:
+    path = table_paths(layout)["ppp_carry_groups"]
+    assert (path / "_delta_log").is_dir()
+    return on_disk(path)
+
+
 def fold(layout: Layout):
     st = load_state(table_paths(layout))
-    return st.tokens, st.by_recipient, st.backups, st.push
+    return (st.tokens, st.by_recipient, st.backups, st.push,
+            {g: (c.owner, c.definition, c.consented) for g, c in st.carry.groups.items()})
 
 
 def test_superseded_backups_and_deregistered_tokens_leave_delta(settings):
@@ -65,17 +74,24 @@ def test_superseded_backups_and_deregistered_tokens_leave_delta(settings):
         assert await c.register_push(R1, "apns", dead_push) is None
         assert await c.register_push(R1, "fcm", live_push) is None
         assert await c.deregister_push(R1, "apns", dead_push)
+        # carry groups: a live one keeps its rows (they rebuild the consents); a dissolved
+        # one's leave with them
+        live = Definition.of([R1, R2], [P1])
+        assert await c.carry_change(OP_REGISTER, R1, G_LIVE, live) is None
+        assert await c.carry_change(OP_REGISTER, R2, G_LIVE, live) is None
+        assert await c.carry_change(OP_REGISTER, R2, G_GONE, Definition.of([R2], [P3])) is None
+        assert await c.carry_change(OP_LEAVE, R2, G_GONE, None) is None
     asyncio.run(control_plane())
     before = fold(layout)
     assert before[2][P1].version == 3 and P2 not in before[2]
 
     lines: list[str] = []
     report = run_compaction(settings, progress=lines.append)
-    assert report.ppp_control_removed == 12 and not report.skipped
+    assert report.ppp_control_removed == 14 and not report.skipped
     assert any(line.startswith("ppp: 4 delivery-token rows, 6 backup rows, 0 room and "
-                               "discovery rows and 2 push-token rows removed")
-               for line in lines)
-    assert "ppp / sync control removed   12 / 0" in report.format()
+                               "discovery rows, 2 push-token rows and 2 carry-group rows "
+                               "removed") for line in lines)
+    assert "ppp / sync control removed   14 / 0" in report.format()
 
     assert fold(layout) == before
     paths = table_paths(layout)
@@ -87,6 +103,7 @@ def test_superseded_backups_and_deregistered_tokens_leave_delta(settings):
     for kept in ("p1v3", "p3new"):
         assert b[kept] in disk
     assert t3 not in disk and P2 not in disk and dead_push not in disk
+    assert G_GONE not in disk and P3 not in _carry_disk(layout) and G_LIVE in disk
     assert t1 in disk and t2 in disk and live_push in disk
     for log_file in layout.tables.rglob("_delta_log/*.json"):
         text = log_file.read_text()
