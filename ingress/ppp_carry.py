@@ -98,8 +98,8 @@ class CarryService:
             size += ev.size
         envelopes = await self.inbox.envelopes_of(page)
         nxt = offset + len(page)
-        return P.carry_events([e for e in envelopes if e is not None],
-                              nxt if nxt < len(evts) else None)
+        return P.events([e for e in envelopes if e is not None],
+                        nxt if nxt < len(evts) else None, "CARRY_EVENTS")
 
     def ack(self, pubkey: bytes, cmd: P.AckCarry, request_id: str) -> P.Reply:
         if len(cmd.event_ids) > MAX_ACK_IDS:

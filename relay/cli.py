@@ -251,14 +251,21 @@ def _ppp_identity(path: str):
     return ppp_client.read_seed(path)
 
 
-def _pubkey(text: str) -> bytes:
-    try:
-        pk = bytes.fromhex(text)
-    except ValueError:
-        pk = b""
-    if len(pk) != 32:
-        raise argparse.ArgumentTypeError("expected a public key: 64 hex characters")
-    return pk
+def _hex_arg(size: int, what: str):
+    """An argparse type: exactly `size` bytes written in hex."""
+    def parse(text: str) -> bytes:
+        try:
+            b = bytes.fromhex(text)
+        except ValueError:
+            b = b""
+        if len(b) != size:
+            raise argparse.ArgumentTypeError(f"expected {what}: {2 * size} hex characters")
+        return b
+    return parse
+
+
+_pubkey = _hex_arg(32, "a public key")
+_group_id = _hex_arg(16, "a carry group id")
 
 
 def _ppp_run(fn) -> None:
@@ -351,16 +358,6 @@ def cmd_ppp_receive(args) -> None:
                     r.extra["inside"] = region.contains(*args.here)
             print(json.dumps(r.to_json(), ensure_ascii=False))
     _ppp_run(run)
-
-
-def _group_id(text: str) -> bytes:
-    try:
-        g = bytes.fromhex(text)
-    except ValueError:
-        g = b""
-    if len(g) != 16:
-        raise argparse.ArgumentTypeError("expected a carry group id: 32 hex characters")
-    return g
 
 
 def cmd_ppp_carry(args) -> None:

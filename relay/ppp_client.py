@@ -178,27 +178,35 @@ class PppClient:
         data = event.encode() if isinstance(event, GiftWrap) else event
         return (await self._call(_pack("STORE", event=data), "STORED"))["event_id"]
 
-    async def fetch(self, since: int = 0, cursor: int | None = None
+    async def _page(self, cmd: str, reply: str, fields: dict[str, Any], cursor: int | None
                     ) -> tuple[list[bytes], int | None]:
-        """One FETCH page: encoded GiftWraps and the cursor of the next page (None: last)."""
-        fields: dict[str, Any] = {"since": since}
         if cursor is not None:
             fields["cursor"] = cursor
-        m = await self._call(_pack("FETCH", **fields), "EVENTS")
+        m = await self._call(_pack(cmd, **fields), reply)
         events = m.get("events")
         if not isinstance(events, list) or not all(isinstance(e, bytes) for e in events):
-            raise PppError("EVENTS.events must be a list of bytes")
+            raise PppError(f"{reply}.events must be a list of bytes")
         return events, m.get("cursor")
 
-    async def fetch_all(self, since: int = 0, max_pages: int = 1000) -> list[bytes]:
+    @staticmethod
+    async def _pages(page, max_pages: int) -> list[bytes]:
+        """Every page of `page(cursor)` (FETCH, FETCH_CARRY), until the relay says none is left."""
         out, cursor = [], None
         for _ in range(max_pages):
-            events, next_cursor = await self.fetch(since, cursor)
+            events, next_cursor = await page(cursor)
             out.extend(events)
             if next_cursor is None or not events or next_cursor == cursor:
                 break
             cursor = next_cursor
         return out
+
+    async def fetch(self, since: int = 0, cursor: int | None = None
+                    ) -> tuple[list[bytes], int | None]:
+        """One FETCH page: encoded GiftWraps and the cursor of the next page (None: last)."""
+        return await self._page("FETCH", "EVENTS", {"since": since}, cursor)
+
+    async def fetch_all(self, since: int = 0, max_pages: int = 1000) -> list[bytes]:
+        return await self._pages(lambda c: self.fetch(since, c), max_pages)
 
     async def ack(self, event_ids: list[bytes]) -> int:
         return int((await self._call(_pack("ACK", event_ids=list(event_ids)), "ACKED"))["count"])
@@ -234,26 +242,13 @@ class PppClient:
     async def fetch_carry(self, group_id: bytes, since: int = 0, cursor: int | None = None
                           ) -> tuple[list[bytes], int | None]:
         """One FETCH_CARRY page (a courier of the group): GiftWraps and the next cursor."""
-        fields: dict[str, Any] = {"group_id": group_id, "since": since,
-                                  "sig": self.identity.sign(carry.fetch_message(group_id, since))}
-        if cursor is not None:
-            fields["cursor"] = cursor
-        m = await self._call(_pack("FETCH_CARRY", **fields), "CARRY_EVENTS")
-        events = m.get("events")
-        if not isinstance(events, list) or not all(isinstance(e, bytes) for e in events):
-            raise PppError("CARRY_EVENTS.events must be a list of bytes")
-        return events, m.get("cursor")
+        return await self._page("FETCH_CARRY", "CARRY_EVENTS", {
+            "group_id": group_id, "since": since,
+            "sig": self.identity.sign(carry.fetch_message(group_id, since))}, cursor)
 
     async def fetch_carry_all(self, group_id: bytes, since: int = 0,
                               max_pages: int = 1000) -> list[bytes]:
-        out, cursor = [], None
-        for _ in range(max_pages):
-            events, next_cursor = await self.fetch_carry(group_id, since, cursor)
-            out.extend(events)
-            if next_cursor is None or not events:
-                break
-            cursor = next_cursor
-        return out
+        return await self._pages(lambda c: self.fetch_carry(group_id, since, c), max_pages)
 
     async def ack_carry(self, group_id: bytes, event_ids: list[bytes]) -> int:
         """ACK_CARRY: events this courier handed over; the relay stops offering them."""

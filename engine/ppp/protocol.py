@@ -643,21 +643,15 @@ def stored(event_id: bytes) -> Reply: return Reply("STORED", {"event_id": event_
 def store_fail(reason: str) -> Reply: return Reply("STORE_FAIL", {"reason": reason})
 
 
-def events(evts: list[bytes], cursor: int | None = None) -> Reply:
+def events(evts: list[bytes], cursor: int | None = None, cmd: str = "EVENTS") -> Reply:
+    """EVENTS (FETCH) or CARRY_EVENTS (FETCH_CARRY): a page, and `cursor` if more remain."""
     fields: dict[str, Any] = {"events": list(evts)}
     if cursor is not None:
         fields["cursor"] = cursor
-    return Reply("EVENTS", fields)
+    return Reply(cmd, fields)
 
 
 def acked(count: int) -> Reply: return Reply("ACKED", {"count": min(count, _U32)})
-
-
-def carry_events(evts: list[bytes], cursor: int | None = None) -> Reply:
-    fields: dict[str, Any] = {"events": list(evts)}
-    if cursor is not None:
-        fields["cursor"] = cursor
-    return Reply("CARRY_EVENTS", fields)
 
 
 def carry_group_registered(group_id: bytes) -> Reply:
