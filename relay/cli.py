@@ -230,6 +230,9 @@ def cmd_bench(args) -> None:
     if args.peer:
         from .bench import peer
         sys.exit(peer.main(args))
+    if args.startup:
+        from .bench import startup
+        sys.exit(startup.main(args))
     from .bench import run   # the benchmark is loaded by its command only
     sys.exit(run.main(args))
 
@@ -760,10 +763,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of every section; each figure is their median (default 3)")
     p.add_argument("--out", default=None,
-                   help="results file (default bench-results.json; bench-peer.json with --peer)")
+                   help="results file (default bench-results.json; bench-peer.json with --peer, "
+                        "bench-startup.json with --startup)")
     p.add_argument("--peer", action="store_true",
                    help="our PPP against the public nostr-relay, alternating runs (issue 20); "
                         "installs the peer into .venv-peer on first use")
+    p.add_argument("--startup", action="store_true",
+                   help="`relay up` from cold, each round: seconds to the first PPP ack and to "
+                        "ready, then idle CPU and memory (issue 20) -> bench-startup.json")
     p.set_defaults(func=cmd_bench)
     _add_ppp_parser(sub)
     args = parser.parse_args(argv)

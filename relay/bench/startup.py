@@ -1,0 +1,195 @@
+"""`relay bench --startup`: how soon a fresh `relay up` acks a message, and what the whole relay
+costs while nobody uses it (issue 20 item 3: ack within 3 s of start, idle <= 0.05 cores and
+<= 800 MiB).
+
+Each round starts `relay up` on a new data directory (every listener on an ephemeral port),
+as an operator would, and measures from the moment it is spawned:
+
+* `first_ppp_ack_s`: a PPP client that retries every 20 ms from the moment the PPP listener
+  is announced gets its first STORED (a landing commit: acked means durable);
+* `ingress_ready_s`: every ingress role announced ready; `relay_ready_s`: `relay up` said
+  ready (the stream has run its boot batch);
+* then, from `IDLE_AFTER_S` after ready, for `IDLE_FOR_S`: CPU of the whole process tree in
+  cores, and its memory as PSS (shared pages counted once) and summed RSS, in MiB.
+
+Figures are medians over the rounds (`--rounds`, default 3). `relay up` is stopped with
+SIGINT to its process group, as Ctrl-C in a terminal does. Results go to
+`bench-startup.json` (or `--out`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from runtime import config
+
+from .harness import CpuMeter, machine, rounded, say, write_conf
+
+IDLE_AFTER_S = 10.0
+IDLE_FOR_S = 20.0
+
+
+def _tree(root: int) -> list[int]:
+    kids: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += kids.get(pid, [])
+    return out
+
+
+def memory_mib(root: int) -> dict:
+    """PSS and RSS of a process tree, MiB (Linux smaps_rollup)."""
+    pss = rss = 0
+    for pid in _tree(root):
+        try:
+            for line in open(f"/proc/{pid}/smaps_rollup"):
+                if line.startswith("Pss:"):
+                    pss += int(line.split()[1])
+                elif line.startswith("Rss:"):
+                    rss += int(line.split()[1])
+        except OSError:
+            continue
+    return {"pss_mib": round(pss / 1024), "rss_mib": round(rss / 1024),
+            "processes": len(_tree(root))}
+
+
+async def _first_ack(port: int, deadline: float) -> float:
+    """Seconds (monotonic) at which a STORE was first acked, retrying every 20 ms."""
+    import msgpack
+    from nacl.signing import SigningKey
+    from websockets.asyncio.client import connect
+    from engine.ppp.keys import Identity
+    from relay.ppp_client import build_presence
+    me, peer = Identity.generate(), Identity.generate()
+    sk = SigningKey(me.seed)
+    while time.monotonic() < deadline:
+        try:
+            async with connect(f"ws://127.0.0.1:{port}/v1/ws", open_timeout=5) as ws:
+                ch = msgpack.unpackb(await ws.recv(), raw=False)
+                await ws.send(msgpack.packb({"cmd": "AUTH", "pubkey": me.pubkey,
+                                             "sig": sk.sign(ch["nonce"]).signature}))
+                msgpack.unpackb(await ws.recv(), raw=False)
+                await ws.send(msgpack.packb({"cmd": "STORE", "event": build_presence(
+                    me, peer.pubkey, "first").encode()}))
+                if msgpack.unpackb(await ws.recv(), raw=False).get("cmd") == "STORED":
+                    return time.monotonic()
+        except (OSError, asyncio.TimeoutError, TimeoutError, Exception):
+            pass
+        await asyncio.sleep(0.02)
+    raise RuntimeError("no PPP ack before the deadline")
+
+
+def one_round(args, root: Path) -> dict:
+    # As an operator's: only the listeners move to ephemeral ports (metrics stay served).
+    settings = config.load(getattr(args, "conf", None), data_dir=str(root / "data"))
+    for section, key in (("trueseal", "push_port"), ("trueseal", "receive_port"),
+                         ("heya", "port"), ("ppp", "port"), ("sync", "port")):
+        setattr(getattr(settings, section), key, 0)
+    conf = write_conf(settings, root / "relay.toml")
+    env = dict(os.environ, RELAY_LOG_FORMAT="json")
+    log = open(root / "up.log", "w")
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "relay.cli", "--conf", str(conf),
+                             "--data-dir", str(root / "data"), "up"], stdout=subprocess.PIPE,
+                            stderr=log, text=True, env=env, start_new_session=True)
+    seen: dict = {"ingress": set(), "ppp_port": None}
+    events = {"ppp": threading.Event(), "ingress": threading.Event(),
+              "ready": threading.Event()}
+    roles_ingress = [r for r in _roles(settings) if r.startswith("ingress")]
+
+    def read() -> None:
+        for line in proc.stdout:
+            try:
+                m = json.loads(line)
+            except ValueError:
+                continue
+            if m.get("event") == "role_ready":
+                role = m.get("role", "")
+                if role.startswith("ingress"):
+                    seen["ingress"].add(role)
+                    if "ppp" in m.get("listening", {}):
+                        seen["ppp_port"] = int(m["listening"]["ppp"].rsplit(":", 1)[1])
+                        events["ppp"].set()
+                    if seen["ingress"] >= set(roles_ingress):
+                        seen["ingress_at"] = time.monotonic()
+                        events["ingress"].set()
+            elif m.get("event") == "relay_ready":
+                seen["ready_at"] = time.monotonic()
+                events["ready"].set()
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        if not events["ppp"].wait(120):
+            raise RuntimeError(f"the PPP listener never started (see {root / 'up.log'})")
+        acked = asyncio.run(_first_ack(seen["ppp_port"], time.monotonic() + 120))
+        if not events["ready"].wait(180):
+            raise RuntimeError(f"relay up never said ready (see {root / 'up.log'})")
+        events["ingress"].wait(5)
+        time.sleep(IDLE_AFTER_S)
+        meter = CpuMeter(relay=proc.pid)
+        meter.start()
+        time.sleep(IDLE_FOR_S)
+        cpu = meter.stop()
+        mem = memory_mib(proc.pid)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(60)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    return {"first_ppp_ack_s": rounded(acked - t0, 2),
+            "ingress_ready_s": rounded(seen.get("ingress_at", float("nan")) - t0, 2),
+            "relay_ready_s": rounded(seen["ready_at"] - t0, 2),
+            "idle_cores": cpu["relay"], "idle_machine_busy_cores": cpu["machine_busy"], **mem,
+            "exit_code": proc.returncode}
+
+
+def _roles(settings) -> list[str]:
+    return list(config.process_roles(settings))
+
+
+def main(args) -> int:
+    rounds = args.rounds or 3
+    out = Path(args.out or "bench-startup.json")
+    res: dict = {"mode": "startup", "machine": machine(os.getloadavg()),
+                 "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                 "idle_after_s": IDLE_AFTER_S, "idle_for_s": IDLE_FOR_S, "rounds": []}
+    for n in range(rounds):
+        root = Path(tempfile.mkdtemp(prefix="relay-startup-"))
+        try:
+            say(f"startup round {n + 1}/{rounds}")
+            r = one_round(args, root)
+            say("  " + ", ".join(f"{k} {v}" for k, v in r.items()))
+            res["rounds"].append(r)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    keys = [k for k in res["rounds"][0] if k != "exit_code"]
+    res["median"] = {k: statistics.median(r[k] for r in res["rounds"]) for k in keys}
+    res["targets"] = {"first_ack_s": {"target": 3.0, "measured": res["median"]["first_ppp_ack_s"]},
+                      "idle_cores": {"target": 0.05, "measured": res["median"]["idle_cores"]},
+                      "idle_pss_mib": {"target": 800, "measured": res["median"]["pss_mib"]}}
+    out.write_text(json.dumps(res, indent=2) + "\n")
+    say(f"wrote {out}: " + ", ".join(f"{k} {v}" for k, v in res["median"].items()))
+    return 0
