@@ -23,4 +23,8 @@ if ! .venv/bin/python -c "import relay, pyspark, deltalake, chispa" >/dev/null 2
   .venv/bin/python -m pip install -q -e ".[test]"
   touch .venv/.installed
 fi
+# Bytecode for the relay's own packages, written now: where PYTHONDONTWRITEBYTECODE is set (as
+# on this sandbox and many CI images) every process would otherwise compile them again at each
+# start, ~0.4 s of a PPP listener's ~1.8 s of imports. Up-to-date files are skipped.
+.venv/bin/python -m compileall -q engine ingress egress delta_tables runtime relay jobs >/dev/null
 echo "setup: ready (.venv/bin/relay)" >&2
