@@ -26,7 +26,7 @@ import threading
 import time
 
 from runtime import config, logs
-from .up import SUPERVISED_ENV
+from .up import ALLOCATOR_ENV, LISTENER_ROLES, SUPERVISED_ENV
 
 
 def _settings(args) -> config.Settings:
@@ -83,13 +83,6 @@ def _run_async(main) -> None:
     asyncio.run(runner())
 
 
-# The roles that hold client connections run on the C library's allocator. CPython's own
-# (pymalloc) keeps a 1 MiB arena as long as one object in it lives, so a wave of connections
-# that came and went left the process at its peak: 2,500 idle PPP WebSockets left ingress
-# 73 MiB bigger for good, against 14 MiB with glibc's malloc and `malloc_trim`
-# (runtime/memory_trim.py), for ~7% more CPU in that wave. An operator's PYTHONMALLOC wins.
-LISTENER_ROLES = ("ingress", "egress")
-ALLOCATOR_ENV = {"PYTHONMALLOC": "malloc"}
 
 
 def _with_listener_allocator() -> None:

@@ -50,6 +50,16 @@ STOP_TIMEOUT_SECONDS = 60.0
 INGRESS_HEAD_START_SECONDS = 15.0
 SUPERVISED_ENV = "RELAY_SUPERVISED"   # set for children: the supervisor's pid
 
+# The roles that hold client connections run on the C library's allocator. CPython's own
+# (pymalloc) keeps a 1 MiB arena as long as one object in it lives, so a wave of connections
+# that came and went left the process at its peak: 2,500 idle PPP WebSockets left ingress
+# 73 MiB bigger for good, against 14 MiB with glibc's malloc and `malloc_trim`
+# (runtime/memory_trim.py), for ~7% more CPU in that wave. An operator's PYTHONMALLOC wins.
+# `relay up` sets it for those children; run alone, the role re-executes itself with it
+# (relay/cli.py), which costs a second interpreter start (~0.2 s of imports).
+LISTENER_ROLES = ("ingress", "egress")
+ALLOCATOR_ENV = {"PYTHONMALLOC": "malloc"}
+
 
 class Output:
     """The supervisor's own lines on stdout, readable or JSON (`fmt` from runtime/logs.py)."""
@@ -86,6 +96,8 @@ class Child:
     def start(self) -> None:
         self.ready = None
         env = dict(os.environ, **{SUPERVISED_ENV: str(os.getpid())})
+        if self.role.split("-")[0] in LISTENER_ROLES and "PYTHONMALLOC" not in env:
+            env.update(ALLOCATOR_ENV)   # what the role would re-execute itself for
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True, bufsize=1,
                                      env=env)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
