@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -24,7 +25,29 @@ METRICS_PORT_VAR = {r: "RELAY_METRICS_PORT_" + ("INGRESS" if r == "ingress-trues
 LISTENERS = ("TRUESEAL_PUSH", "TRUESEAL_RECEIVE", "HEYA", "PPP", "SYNC")
 
 
+def _ephemeral_range() -> range:
+    try:
+        lo, hi = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return range(lo, hi + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
 def free_port() -> int:
+    """A port free now and below the kernel's ephemeral range. `relay up` binds some ports
+    seconds after the test chose them (the roles after ingress start once it serves); a port
+    from the ephemeral range could meanwhile be taken by any bind(0) or outgoing connection
+    (the Spark JVM's, say), one from below it only by someone asking for that very port."""
+    eph = _ephemeral_range()
+    top = min(eph.start, 32768)
+    for _ in range(200):
+        port = random.randrange(max(1024, top - 12000), top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -25,7 +25,9 @@ def test_relay_up_serves_and_stops_cleanly(tmp_path):
         for e in relay.events:
             if e["event"] == "role_ready":
                 listening.update(e["listening"])
-                assert e["listening"]["metrics"] == f"127.0.0.1:{relay.metrics_ports[e['role']]}"
+                assert e["listening"].get("metrics") == (
+                    f"127.0.0.1:{relay.metrics_ports[e['role']]}"), (
+                    e, [line for line in relay.stderr if "metrics" in line][-5:])
         for name, var in (("trueseal_push", "TRUESEAL_PUSH"),
                           ("trueseal_receive", "TRUESEAL_RECEIVE"), ("heya", "HEYA"),
                           ("ppp", "PPP"), ("sync", "SYNC")):
