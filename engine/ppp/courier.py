@@ -379,31 +379,45 @@ class CourierSession:
 
 # --- one BLE connection, recipient side -----------------------------------------------------
 
-class RecipientSession:
-    """The central's state: answer the nonce, reassemble notifications into GiftWraps meant
-    for this pubkey, and name the acks to write."""
+class _Central:
+    """What a recipient and a taking courier share as the central: reading the nonce starts
+    a session (the AUTH_RESPONSE to write, the box that opens the stream, a new reassembly);
+    chunks in, opened events out."""
 
     def __init__(self, signing_key):
         self.key = signing_key
-        self.pubkey = bytes(signing_key.verify_key)
         self.reassembler = Reassembler()
-        self.received: dict[bytes, GiftWrap] = {}
         self._box: Box | None = None
 
     def on_nonce(self, nonce: bytes) -> bytes:
-        """A new session (a new reassembly): the AUTH_RESPONSE to write."""
+        """A new session: the AUTH_RESPONSE to write."""
         response = auth_response(nonce, self.key)
         self._box = _opener(self.key, nonce)
         self.reassembler = Reassembler()
         return response
 
+    def _opened(self, chunk: bytes) -> bytes | None:
+        """The event this chunk completes, unsealed, or None."""
+        sealed = self.reassembler.feed(chunk)
+        return None if sealed is None else _open(self._box, sealed)
+
+
+class RecipientSession(_Central):
+    """The central's state: answer the nonce, reassemble notifications into GiftWraps meant
+    for this pubkey, and name the acks to write."""
+
+    def __init__(self, signing_key):
+        super().__init__(signing_key)
+        self.pubkey = bytes(signing_key.verify_key)
+        self.received: dict[bytes, GiftWrap] = {}
+
     def on_notification(self, chunk: bytes) -> tuple[GiftWrap | None, bytes | None]:
         """(a new event, the EVENT_ACK to write) when a chunk completes one; a repeat of an
         event already held is acked again but not returned."""
-        sealed = self.reassembler.feed(chunk)
-        if sealed is None:
+        data = self._opened(chunk)
+        if data is None:
             return None, None
-        gw = _giftwrap(_open(self._box, sealed))
+        gw = _giftwrap(data)
         if gw.recipient != self.pubkey:
             raise CourierError("an event for someone else")
         eid = gw.event_id
@@ -413,29 +427,21 @@ class RecipientSession:
         return gw, eid
 
 
-class TransferSession:
+class TransferSession(_Central):
     """Another courier of the group, as a central: reassembles transfer forms into its own
     store (hop already counted) and acks each."""
 
     def __init__(self, signing_key, store: CourierStore, now: int):
-        self.key = signing_key
+        super().__init__(signing_key)
         self.store = store
         self.now = now
-        self.reassembler = Reassembler()
         self.taken = 0
-        self._box: Box | None = None
-
-    def on_nonce(self, nonce: bytes) -> bytes:
-        response = auth_response(nonce, self.key)
-        self._box = _opener(self.key, nonce)
-        self.reassembler = Reassembler()
-        return response
 
     def on_notification(self, chunk: bytes) -> bytes | None:
         """The EVENT_ACK to write when a chunk completes an event."""
-        sealed = self.reassembler.feed(chunk)
-        if sealed is None:
+        data = self._opened(chunk)
+        if data is None:
             return None
-        e = from_transfer(_open(self._box, sealed), self.now)
+        e = from_transfer(data, self.now)
         self.taken += self.store.add(e, self.now)
         return e.event_id
