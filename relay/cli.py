@@ -26,7 +26,7 @@ import threading
 import time
 
 from runtime import config, logs
-from .up import ALLOCATOR_ENV, LISTENER_ROLES, SUPERVISED_ENV
+from .up import SUPERVISED_ENV, role_env
 
 
 def _settings(args) -> config.Settings:
@@ -83,15 +83,12 @@ def _run_async(main) -> None:
     asyncio.run(runner())
 
 
-
-
-def _with_listener_allocator() -> None:
-    """Re-execute this command (same pid, same arguments) with ALLOCATOR_ENV, unless the
-    environment already chooses an allocator."""
-    if "PYTHONMALLOC" in os.environ:
-        return
-    env = dict(os.environ, **ALLOCATOR_ENV)
-    os.execve(sys.executable, [sys.executable, "-m", "relay.cli", *sys.argv[1:]], env)
+def _with_listener_allocator(command: str) -> None:
+    """Re-execute this command (same pid, same arguments) with the environment a listener
+    role runs in (`up.role_env`: ALLOCATOR_ENV), unless it has that already."""
+    env = role_env(command, os.environ)
+    if env.get("PYTHONMALLOC") != os.environ.get("PYTHONMALLOC"):
+        os.execve(sys.executable, [sys.executable, "-m", "relay.cli", *sys.argv[1:]], env)
 
 
 def cmd_ingress(args) -> None:
@@ -379,7 +376,6 @@ NO_BLUETOOTH = 3
 
 def cmd_ppp_courier(args) -> None:
     """Fetch for my carry groups while online, then serve what I carry over BLE."""
-    from engine.ppp.courier import CourierStore
     from . import courier, courier_ble
 
     def run():
@@ -767,8 +763,8 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=cmd_bench)
     _add_ppp_parser(sub)
     args = parser.parse_args(argv)
-    if argv is None and args.command in LISTENER_ROLES:
-        _with_listener_allocator()
+    if argv is None:
+        _with_listener_allocator(args.command)
     if args.log_format:
         os.environ["RELAY_LOG_FORMAT"] = args.log_format   # children of `relay up` inherit it
     if args.log_level:

@@ -42,6 +42,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Mapping
 
 from runtime import logs
 from runtime.config import Settings, process_roles
@@ -59,6 +60,14 @@ SUPERVISED_ENV = "RELAY_SUPERVISED"   # set for children: the supervisor's pid
 # (relay/cli.py), which costs a second interpreter start (~0.2 s of imports).
 LISTENER_ROLES = ("ingress", "egress")
 ALLOCATOR_ENV = {"PYTHONMALLOC": "malloc"}
+
+
+def role_env(command: str, env: Mapping[str, str]) -> dict[str, str]:
+    """`env` for a process running `command` (a role's `relay` subcommand, `ingress`
+    or `egress`...): with ALLOCATOR_ENV for a listener role, unless it chooses one already."""
+    if command in LISTENER_ROLES and "PYTHONMALLOC" not in env:
+        return {**env, **ALLOCATOR_ENV}
+    return dict(env)
 
 
 class Output:
@@ -95,9 +104,7 @@ class Child:
 
     def start(self) -> None:
         self.ready = None
-        env = dict(os.environ, **{SUPERVISED_ENV: str(os.getpid())})
-        if self.role.split("-")[0] in LISTENER_ROLES and "PYTHONMALLOC" not in env:
-            env.update(ALLOCATOR_ENV)   # what the role would re-execute itself for
+        env = role_env(command(self.role)[0], {**os.environ, SUPERVISED_ENV: str(os.getpid())})
         self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True, bufsize=1,
                                      env=env)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
