@@ -18,8 +18,9 @@
 * HTTP polling (§5.2): `POST /v1/events` (STORE), `GET /v1/events?since=` (FETCH),
   `POST /v1/events/ack` (ACK), `GET /v1/events/carry?group=&since=` (FETCH_CARRY) and
   `POST /v1/events/carry/ack` (ACK_CARRY, this relay's), authenticated by
-  `Authorization: PPP-Ed25519 <pk>:<sig>` over body || timestamp (`X-PPP-Timestamp`, see `engine.ppp.protocol.http_auth`), with a
-  replay window; same rate budgets and the same `PppService` as the WebSocket.
+  `Authorization: PPP-Ed25519 <pk>:<sig>` over body || timestamp (`X-PPP-Timestamp`, see
+  `engine.ppp.protocol.http_auth`), with a replay window; same rate budgets and the same
+  `PppService` as the WebSocket.
 
 uvicorn runs as a task of the caller's loop (`PppServer.start` / `close`, from IngressNode);
 its signal handlers are not installed (the relay process owns signals). It serves no socket of
@@ -792,6 +793,19 @@ def build_app(server: PppServer) -> FastAPI:
         reply = await svc.run(pubkey, cmd, rid)
         return _msgpack(reply, _status(reply))
 
+    async def _signed_get(request: Request, cmd: P.Command) -> Response:
+        """A polling GET: `since` / `cursor` in decimal digits only (FastAPI's int would also
+        take "1.0", " 1", "1_000"), the signature over the empty body, then the command."""
+        if not all(v.isascii() and v.isdigit() for k, v in request.query_params.multi_items()
+                   if k in ("since", "cursor")):
+            return _msgpack(P.store_fail("malformed request"), 400)
+        ok, err = await _authed(request, b"", cmd.name)
+        if err is not None:
+            return err
+        pubkey, rid = ok
+        reply = await svc.run(pubkey, cmd, rid)
+        return _msgpack(reply, _status(reply))
+
     @app.post("/v1/events", summary="Store an event (STORE, §5.2)", description=_AUTH_DOC
               + " Body: the STORE command map (`cmd` optional). Reply: STORED or STORE_FAIL.",
               openapi_extra=_body_doc(_STORE_BODY),
@@ -809,15 +823,7 @@ def build_app(server: PppServer) -> FastAPI:
                                 _401="AUTH_FAIL", _429="STORE_FAIL rate limited"))
     async def http_fetch(request: Request, since: int = Query(0, ge=0, lt=1 << 64),
                          cursor: int | None = Query(None, ge=0, lt=1 << 64)) -> Response:
-        # uint64 in decimal digits only: FastAPI's int would also take "1.0", " 1", "1_000"
-        if not all(v.isascii() and v.isdigit() for k, v in request.query_params.multi_items()
-                   if k in ("since", "cursor")):
-            return _msgpack(P.store_fail("malformed request"), 400)
-        ok, err = await _authed(request, b"", "FETCH")
-        if err is not None:
-            return err
-        pubkey, rid = ok
-        return _msgpack(await svc.run(pubkey, P.Fetch(since, cursor), rid))
+        return await _signed_get(request, P.Fetch(since, cursor))
 
     @app.get("/v1/events/carry", summary="Fetch a carry group's events (FETCH_CARRY, §5.2, §8)",
              description=_AUTH_DOC + " The signed body is empty. `group`: the 16-byte group id "
@@ -829,21 +835,13 @@ def build_app(server: PppServer) -> FastAPI:
     async def http_fetch_carry(request: Request, group: str = Query(..., max_length=32),
                                since: int = Query(0, ge=0, lt=1 << 64),
                                cursor: int | None = Query(None, ge=0, lt=1 << 64)) -> Response:
-        if not all(v.isascii() and v.isdigit() for k, v in request.query_params.multi_items()
-                   if k in ("since", "cursor")):
-            return _msgpack(P.store_fail("malformed request"), 400)
         try:
             group_id = bytes.fromhex(group)
         except ValueError:
             group_id = b""
         if len(group_id) != 16:
             return _msgpack(P.store_fail("malformed request"), 400)
-        ok, err = await _authed(request, b"", "FETCH_CARRY")
-        if err is not None:
-            return err
-        pubkey, rid = ok
-        reply = await svc.run(pubkey, P.FetchCarry(group_id, since, None, cursor), rid)
-        return _msgpack(reply, _status(reply))
+        return await _signed_get(request, P.FetchCarry(group_id, since, None, cursor))
 
     @app.post("/v1/events/carry/ack", summary="Report carried events handed over (ACK_CARRY)",
               description=_AUTH_DOC + " Body: `{group_id, event_ids}`. A courier's report: "
