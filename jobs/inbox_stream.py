@@ -16,6 +16,17 @@ checkpoint's query id: a new checkpoint is a new stream and never skips on old m
 The per-mailbox cursors and the dedup index live in the driver as a cache of the inbox table
 (rebuilt from it at start). That is by design, not by accident of `local[*]`: foreachBatch
 always runs on the driver, and the stream is the inbox's only appender.
+
+That last sentence is enforced, not assumed (issue 18: a second stream started by mistake, on
+this host or another, against the same tables). Every inbox commit also carries
+`Transaction("<app_id>:writer", n)`, one counter shared by every stream whatever its
+checkpoint, and the sink only commits n + 1 over the n it read with its cache. Two commits of
+one counter value never both land: delta-rs fails the later of two concurrent commits whose
+transactions share an app id ("Concurrent transaction failed"), and a commit whose handle is
+older than the other writer's sees the counter moved. The stream that finds the counter moved
+stops with `InboxWriterLost` instead of assigning cursors from a stale cache; a restarted
+stream rebuilds its cache from the inbox and goes on from there, so cursors stay gap-free and
+events unique however many streams are started.
 """
 
 from __future__ import annotations
@@ -49,11 +60,22 @@ BATCH_TS = "__batch_ts"
 QUERY_NAME = "inbox_stream"
 
 
-def load_state(inbox_path: Path, now: datetime | None = None) -> InboxState:
-    """Rebuild the stream's memory from the inbox table (tombstones included)."""
+class InboxWriterLost(RuntimeError):
+    """Another stream committed to this inbox since this one built its cursor cache."""
+
+
+def writer_fence_id(app_id_prefix: str) -> str:
+    """The app id of the counter every inbox commit advances (one per inbox, not per stream)."""
+    return f"{app_id_prefix}:writer"
+
+
+def load_state(inbox_path: Path, now: datetime | None = None,
+               dt: DeltaTable | None = None) -> InboxState:
+    """Rebuild the stream's memory from the inbox table (tombstones included); from `dt`'s
+    snapshot when given (the sink reads the writer counter from the same one)."""
     now_us = int((now or datetime.now(timezone.utc)).timestamp() * 1_000_000)
     state = InboxState()
-    dt = DeltaTable(str(inbox_path))
+    dt = dt if dt is not None else DeltaTable(str(inbox_path))
     t = dt.to_pyarrow_table(columns=[C.EVENT_ID, C.PROTOCOL, C.MAILBOX, C.CURSOR, C.SEQ,
                                      C.EXPIRES_AT])
     if t.num_rows == 0:
@@ -135,7 +157,10 @@ class InboxSink:
         self.driver_reads = 0
         self._handles: dict[str, DeltaTable] = {}
         self._uses = 0
-        self.state = load_state(layout.inbox)
+        inbox = DeltaTable(str(layout.inbox))
+        self.state = load_state(layout.inbox, dt=inbox)
+        self.fence_id = writer_fence_id(app_id_prefix)
+        self.fence = inbox.transaction_version(self.fence_id) or 0   # as of self.state
         self.history: list[BatchStats] = []
         self.on_batch = None  # optional callback(BatchStats) for metrics
         # optional callback(batch_id) right after the inbox commit: wakes the listeners
@@ -159,6 +184,7 @@ class InboxSink:
         return dt
 
     def _write(self, tdef: TableDef, data: pa.Table, batch_id: int) -> bool:
+        inbox = tdef is INBOX
         for attempt in range(COMMIT_ATTEMPTS):
             dt = self._table(tdef)
             done = dt.transaction_version(self.app_id)
@@ -166,19 +192,35 @@ class InboxSink:
                 return False
             if data.num_rows == 0:
                 return True
+            txns = [Transaction(self.app_id, batch_id)]
+            if inbox:
+                self._check_fence(dt)
+                txns.append(Transaction(self.fence_id, self.fence + 1))
             try:
                 write_deltalake(dt, data, mode="append", commit_properties=CommitProperties(
-                    app_transactions=[Transaction(self.app_id, batch_id)]))
+                    app_transactions=txns))
                 break
             except CommitFailedError:
-                # compaction removed files since this handle was opened (group_commit.py):
-                # reopen, re-check the marker (exactly once), retry
+                # compaction removed files since this handle was opened (group_commit.py), or
+                # another stream advanced the writer counter: reopen, re-check the marker
+                # (exactly once) and the counter, retry
                 self._handles.pop(tdef.name, None)
                 if attempt == COMMIT_ATTEMPTS - 1:
                     raise
+        if inbox:
+            self.fence += 1
         if self.fsync:
             fsync_version(self.layout.table(tdef), dt.version())
         return True
+
+    def _check_fence(self, dt: DeltaTable) -> None:
+        seen = dt.transaction_version(self.fence_id) or 0
+        if seen != self.fence:
+            log.error("another stream writes this inbox", extra={
+                "event": "stream_writer_lost", "expected": self.fence, "found": seen})
+            raise InboxWriterLost(
+                f"another stream committed to {self.layout.inbox} (writer counter {seen}, this "
+                f"stream's cache is as of {self.fence}): stopping; a restart rebuilds from it")
 
     def _read_batch(self, batch_df, batch_id: int) -> tuple[pa.Table, datetime]:
         """The micro-batch's landing rows and Spark's timestamp for it.

@@ -206,3 +206,53 @@ def test_stream_on_local_cluster(settings, layout, tmp_path):
     assert inbox.num_rows == 120
     assert_gap_free(inbox)
     assert read(layout.rejects).num_rows == 30
+
+
+def _batch_of(spark, rows):
+    """`rows` as a foreachBatch DataFrame of the landing source (no offsets in the checkpoint:
+    the sink reads it through Spark)."""
+    from datetime import datetime, timezone
+
+    import pyarrow as pa
+
+    from delta_tables.schema import LANDING_SOURCE
+    t = pa.Table.from_pylist([dict(r, **{C.LANDING_TABLE: "node-t/g000001",
+                                         C.LANDING_VERSION: 1}) for r in rows],
+                             schema=LANDING_SOURCE.arrow_schema())
+    t = t.append_column("__batch_ts", pa.array([datetime.now(timezone.utc)] * t.num_rows,
+                                                pa.timestamp("us", tz="UTC")))
+    return spark.createDataFrame(t)
+
+
+def test_a_second_stream_never_commits_from_a_stale_cache(spark, settings, layout, tmp_path):
+    """Two streams on one inbox (a second one started by mistake, its own checkpoint): each
+    commit advances one writer counter, so the stream whose cursor cache is stale stops with
+    InboxWriterLost before writing, whether it sees the counter moved before committing or
+    delta-rs fails its concurrent commit; a restart rebuilds and continues gap-free."""
+    from jobs.inbox_stream import InboxWriterLost, writer_fence_id
+    rules = StreamRules.from_conf(settings.stream, {"trueseal": 65482})
+
+    def stream(name):
+        checkpoint = tmp_path / name
+        checkpoint.mkdir(exist_ok=True)
+        (checkpoint / "metadata").write_text(f'{{"id":"{name}"}}')
+        return InboxSink(layout, rules, checkpoint, fsync=False)
+
+    rows = [landing_row(MB[i % 2], envelope(i)) for i in range(30)]
+    first, second = stream("first"), stream("second")
+    second._table(INBOX)                      # its handle predates the first's commit
+    first(_batch_of(spark, rows[:10]), 0)
+    with pytest.raises(InboxWriterLost):      # delta-rs fails the concurrent commit
+        second(_batch_of(spark, rows[10:20]), 0)
+    assert read(layout.inbox).num_rows == 10
+
+    third = stream("second")                  # the second restarted: cache rebuilt
+    third(_batch_of(spark, rows[10:20] + rows[:2]), 0)   # two the first already committed
+    with pytest.raises(InboxWriterLost):      # the first now sees the counter moved
+        first(_batch_of(spark, rows[20:]), 1)
+    third(_batch_of(spark, rows[20:]), 1)
+    inbox = read(layout.inbox)
+    assert inbox.num_rows == 30 and len(set(inbox.column(C.EVENT_ID).to_pylist())) == 30
+    assert_gap_free(inbox)
+    assert DeltaTable(str(layout.inbox)).transaction_version(
+        writer_fence_id("relay-inbox-stream")) == 3
