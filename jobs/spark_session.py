@@ -43,7 +43,10 @@ def driver_java_options(app_name: str) -> str:
     return " ".join(opts)
 
 
-def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | None = None):
+def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | None = None,
+              secret: str | None = None):
+    """`secret`: a standalone cluster's shared secret (jobs/spark_cluster.py). It reaches the
+    driver JVM over Py4J after the JVM has started, never on its command line."""
     # Executors must run the same interpreter that has the project installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -79,10 +82,14 @@ def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | N
                # no "[Stage 0:>  (0 + 2) / 2]" progress bar on stderr: lines are records
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable))
+    if secret is not None:
+        builder = builder.config("spark.authenticate", "true")
     for k, v in (extra or {}).items():
         builder = builder.config(k, v)
     with logs.child_stderr("spark.stderr"):   # the JVM and its Python workers inherit it
         _launch_jvm_in_own_session(builder)
+        if secret is not None:
+            builder = builder.config("spark.authenticate.secret", secret)
         spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(LandingDataSource)

@@ -21,6 +21,7 @@ from delta_tables.layout import Layout
 from runtime import metrics
 from runtime.config import Settings
 
+from . import spark_cluster
 from .inbox_stream import start_inbox_stream
 from .spark_session import get_spark
 
@@ -47,7 +48,9 @@ def run(settings: Settings, stop: threading.Event, *, available_now: bool = Fals
         ready=None, on_spark_started=None) -> None:
     """`on_spark_started`: called once the SparkSession exists (the CLI re-installs its signal
     handlers there: pyspark replaces the SIGINT handler when it creates a SparkContext)."""
-    spark = get_spark(settings.stream.master, "relay-inbox-stream")
+    master = settings.stream.master
+    spark = get_spark(master, "relay-inbox-stream", secret=(
+        spark_cluster.secret(settings.data_dir) if spark_cluster.is_standalone(master) else None))
     if on_spark_started:
         on_spark_started()
     layout = Layout(settings.data_dir)

@@ -3,7 +3,8 @@
     relay up          everything on one machine (ingress per protocol, stream, egress, compaction)
     relay ingress     protocol listeners -> landing table of this node (--protocol P: one)
     relay egress      inbox tail -> connected clients, acks
-    relay stream      Spark Structured Streaming: landing -> inbox
+    relay stream      Spark Structured Streaming: landing -> inbox (--master spark://...: on a cluster)
+    relay spark       a Spark standalone master or worker from the installed pyspark
     relay compact     purge delivered / expired envelopes, compact, checkpoint, vacuum
     relay keys        print the relay's public keys
     relay heya inbox-token   mint Heya inbox tokens (the protocol has no command for it)
@@ -140,10 +141,28 @@ class _StopFlag:
 def cmd_stream(args) -> None:
     from jobs import stream_main
     settings = _settings(args)
+    if args.master:
+        settings.stream.master = args.master
     logs.setup("stream")
     stop = _StopFlag()
     stream_main.run(settings, stop.event, available_now=args.available_now,
                     ready=_ready("stream"), on_spark_started=stop.install)
+
+
+def cmd_spark_master(args) -> None:
+    from jobs import spark_cluster
+    settings = _settings(args)
+    spark_cluster.run(spark_cluster.master_command(
+        host=args.host, port=args.port, webui_port=args.webui_port, data_dir=settings.data_dir))
+
+
+def cmd_spark_worker(args) -> None:
+    from jobs import spark_cluster
+    settings = _settings(args)
+    work_dir = args.work_dir or str(settings.data_path / "spark-work")
+    spark_cluster.run(spark_cluster.worker_command(
+        args.master, host=args.host, cores=args.cores, memory=args.memory,
+        webui_port=args.webui_port, work_dir=work_dir, data_dir=settings.data_dir))
 
 
 def cmd_compact(args) -> None:
@@ -726,7 +745,28 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("stream", help="landing -> inbox (Spark)")
     p.add_argument("--available-now", action="store_true",
                    help="process what has landed, then exit")
+    p.add_argument("--master", help="Spark master URL, e.g. spark://host:7077 (a cluster from "
+                                    "`relay spark`) or local[N] (default: stream.master)")
     p.set_defaults(func=cmd_stream)
+    spark = sub.add_parser("spark", help="a Spark standalone cluster for the stream, from the "
+                                         "installed pyspark (authenticated by "
+                                         "<data>/keys/spark_secret)").add_subparsers(
+        dest="spark_command", required=True)
+    p = spark.add_parser("master", help="run a master (then workers, then `relay stream "
+                                        "--master spark://HOST:PORT`)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=7077)
+    p.add_argument("--webui-port", type=int, default=8080)
+    p.set_defaults(func=cmd_spark_master)
+    p = spark.add_parser("worker", help="run a worker of a master")
+    p.add_argument("master", help="spark://HOST:PORT")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--cores", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--memory", default="2g", help="memory for executors (default 2g)")
+    p.add_argument("--webui-port", type=int, default=8081)
+    p.add_argument("--work-dir", help="executors' working directories (default "
+                                      "<data>/spark-work)")
+    p.set_defaults(func=cmd_spark_worker)
     p = sub.add_parser("compact", help="purge, compact, checkpoint, vacuum")
     p.add_argument("--loop", action="store_true", help="repeat every compaction.interval_seconds")
     p.set_defaults(func=cmd_compact)
