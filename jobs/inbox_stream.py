@@ -18,15 +18,12 @@ The per-mailbox cursors and the dedup index live in the driver as a cache of the
 always runs on the driver, and the stream is the inbox's only appender.
 
 That last sentence is enforced, not assumed (issue 18: a second stream started by mistake, on
-this host or another, against the same tables). Every inbox commit also carries
-`Transaction("<app_id>:writer", n)`, one counter shared by every stream whatever its
-checkpoint, and the sink only commits n + 1 over the n it read with its cache. Two commits of
-one counter value never both land: delta-rs fails the later of two concurrent commits whose
-transactions share an app id ("Concurrent transaction failed"), and a commit whose handle is
-older than the other writer's sees the counter moved. The stream that finds the counter moved
-stops with `InboxWriterLost` instead of assigning cursors from a stale cache; a restarted
-stream rebuilds its cache from the inbox and goes on from there, so cursors stay gap-free and
-events unique however many streams are started.
+this host or another, against the same tables): every inbox commit advances a writer counter
+that all streams share whatever their checkpoint (delta_tables/writer_fence.py), from the
+value read with the cache. The stream that finds the counter moved stops with
+`InboxWriterLost` instead of assigning cursors from a stale cache; a restarted stream rebuilds
+its cache from the inbox and goes on from there, so cursors stay gap-free and events unique
+however many streams are started.
 """
 
 from __future__ import annotations
@@ -47,6 +44,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from deltalake.exceptions import CommitFailedError
 
+from delta_tables import writer_fence
 from delta_tables.group_commit import COMMIT_ATTEMPTS, fsync_version
 from delta_tables.landing_source import SOURCE_NAME, batch_files, read_files
 from delta_tables.layout import Layout
@@ -60,13 +58,8 @@ BATCH_TS = "__batch_ts"
 QUERY_NAME = "inbox_stream"
 
 
-class InboxWriterLost(RuntimeError):
+class InboxWriterLost(writer_fence.WriterLost):
     """Another stream committed to this inbox since this one built its cursor cache."""
-
-
-def writer_fence_id(app_id_prefix: str) -> str:
-    """The app id of the counter every inbox commit advances (one per inbox, not per stream)."""
-    return f"{app_id_prefix}:writer"
 
 
 def load_state(inbox_path: Path, now: datetime | None = None,
@@ -159,8 +152,8 @@ class InboxSink:
         self._uses = 0
         inbox = DeltaTable(str(layout.inbox))
         self.state = load_state(layout.inbox, dt=inbox)
-        self.fence_id = writer_fence_id(app_id_prefix)
-        self.fence = inbox.transaction_version(self.fence_id) or 0   # as of self.state
+        self.fence_id = writer_fence.fence_id(app_id_prefix)
+        self.fence = writer_fence.read(inbox, self.fence_id)   # as of self.state
         self.history: list[BatchStats] = []
         self.on_batch = None  # optional callback(BatchStats) for metrics
         # optional callback(batch_id) right after the inbox commit: wakes the listeners
@@ -194,8 +187,7 @@ class InboxSink:
                 return True
             txns = [Transaction(self.app_id, batch_id)]
             if inbox:
-                self._check_fence(dt)
-                txns.append(Transaction(self.fence_id, self.fence + 1))
+                txns.append(self._fence_transaction(dt))
             try:
                 write_deltalake(dt, data, mode="append", commit_properties=CommitProperties(
                     app_transactions=txns))
@@ -213,14 +205,15 @@ class InboxSink:
             fsync_version(self.layout.table(tdef), dt.version())
         return True
 
-    def _check_fence(self, dt: DeltaTable) -> None:
-        seen = dt.transaction_version(self.fence_id) or 0
-        if seen != self.fence:
+    def _fence_transaction(self, dt: DeltaTable) -> Transaction:
+        try:
+            return writer_fence.next_transaction(dt, self.fence_id, self.fence,
+                                                 str(self.layout.inbox))
+        except writer_fence.WriterLost as exc:
             log.error("another stream writes this inbox", extra={
-                "event": "stream_writer_lost", "expected": self.fence, "found": seen})
-            raise InboxWriterLost(
-                f"another stream committed to {self.layout.inbox} (writer counter {seen}, this "
-                f"stream's cache is as of {self.fence}): stopping; a restart rebuilds from it")
+                "event": "stream_writer_lost", "expected": self.fence,
+                "found": writer_fence.read(dt, self.fence_id)})
+            raise InboxWriterLost(f"{exc}: stopping; a restart rebuilds from it") from None
 
     def _read_batch(self, batch_df, batch_id: int) -> tuple[pa.Table, datetime]:
         """The micro-batch's landing rows and Spark's timestamp for it.

@@ -229,7 +229,8 @@ def test_a_second_stream_never_commits_from_a_stale_cache(spark, settings, layou
     commit advances one writer counter, so the stream whose cursor cache is stale stops with
     InboxWriterLost before writing, whether it sees the counter moved before committing or
     delta-rs fails its concurrent commit; a restart rebuilds and continues gap-free."""
-    from jobs.inbox_stream import InboxWriterLost, writer_fence_id
+    from delta_tables import writer_fence
+    from jobs.inbox_stream import InboxWriterLost
     rules = StreamRules.from_conf(settings.stream, {"trueseal": 65482})
 
     def stream(name):
@@ -254,5 +255,5 @@ def test_a_second_stream_never_commits_from_a_stale_cache(spark, settings, layou
     inbox = read(layout.inbox)
     assert inbox.num_rows == 30 and len(set(inbox.column(C.EVENT_ID).to_pylist())) == 30
     assert_gap_free(inbox)
-    assert DeltaTable(str(layout.inbox)).transaction_version(
-        writer_fence_id("relay-inbox-stream")) == 3
+    assert writer_fence.read(DeltaTable(str(layout.inbox)),
+                             writer_fence.fence_id("relay-inbox-stream")) == 3
