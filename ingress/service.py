@@ -13,6 +13,7 @@ import logging
 
 from delta_tables.group_commit import GroupCommitAppender, LandingTarget
 from delta_tables.layout import Layout
+from delta_tables.node_claim import NodeClaim
 from runtime import keys, metrics, open_files
 from runtime.config import INGRESS_PROTOCOLS, Settings, ingress_protocols, ingress_role
 from runtime.role import run_role
@@ -35,7 +36,7 @@ class IngressNode:
         self.settings = settings
         self.layout = Layout(settings.data_dir)
         conf = settings.ingress
-        self.node_id = conf.node_id if protocol is None else f"{conf.node_id}-{protocol}"
+        self.node_id = node_id(settings, protocol)
         self.target = LandingTarget(self.layout, self.node_id,
                                     commits_per_generation=conf.commits_per_generation,
                                     fsync=fsync)
@@ -79,11 +80,22 @@ class IngressNode:
         await self.appender.close()
 
 
+def node_id(settings: Settings, protocol: str | None) -> str:
+    base = settings.ingress.node_id
+    return base if protocol is None else f"{base}-{protocol}"
+
+
 async def run(settings: Settings, stop: asyncio.Event, ready=None,
               protocol: str | None = None) -> None:
     open_files.raise_limit()   # before any socket: the listeners' caps need the descriptors
-    node = IngressNode(settings, protocol=protocol)
-    role = ingress_role(protocol)
-    await run_role(settings, role, node, metrics.ingress_registry(node, role), stop, ready)
+    layout = Layout(settings.data_dir)
+    # before its first landing generation: the node id is this process's alone
+    claim = NodeClaim(layout.landing_root, layout.state, node_id(settings, protocol)).acquire()
+    try:
+        node = IngressNode(settings, protocol=protocol)
+        role = ingress_role(protocol)
+        await run_role(settings, role, node, metrics.ingress_registry(node, role), stop, ready)
+    finally:
+        claim.release()
     log.info("ingress stopped", extra={"event": "ingress_stopped",
                                        "rows": node.appender.rows_committed})

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -95,9 +96,15 @@ def _with_listener_allocator(command: str) -> None:
 def cmd_ingress(args) -> None:
     from ingress import service
     settings = _settings(args)
+    from delta_tables.node_claim import NodeIdTaken
     role = config.ingress_role(args.protocol)
     logs.setup(role)
-    _run_async(lambda stop: service.run(settings, stop, _ready(role), protocol=args.protocol))
+    try:
+        _run_async(lambda stop: service.run(settings, stop, _ready(role),
+                                            protocol=args.protocol))
+    except NodeIdTaken as exc:
+        logging.getLogger("relay.ingress").error(str(exc), extra={"event": "node_id_taken"})
+        sys.exit(2)
 
 
 def cmd_egress(args) -> None:

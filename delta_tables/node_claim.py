@@ -1,0 +1,106 @@
+"""An ingress node id is unique by construction: it belongs to one state directory, and to one
+live process of it.
+
+Why it matters: compaction drops a landing generation once a newer generation of the same node
+exists and the stream has consumed it (jobs/compact.py). Two live processes under one node id
+would each start their own generation, and the first one's, still written to, could be
+dropped under it: acked envelopes lost. So an ingress process claims its node id first:
+
+* `<landing>/<node>/_owner.json`, created only if absent (a temporary file `link()`ed to the
+  name), names the node's token, host and state directory. The token lives in the owner's
+  state directory (`<data>/state/nodes/<node>.token`), so a node id taken by another host, or
+  by another data directory on this host, is refused with a message naming the owner, and a
+  restart of the owner is recognised;
+* `<data>/state/nodes/<node>.lock`, held with `flock` for the life of the process: a second
+  process of the same state directory (started twice by mistake) is refused; the kernel
+  releases it when the process dies, even by SIGKILL.
+
+A node that is gone for good is not taken over: start its replacement under a new node id (the
+stream reads every node's landing, the old one's included, until compaction drops it).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import socket
+from pathlib import Path
+
+OWNER_FILE = "_owner.json"
+
+
+class NodeIdTaken(RuntimeError):
+    pass
+
+
+class NodeClaim:
+    def __init__(self, landing_root: Path, state_dir: Path, node: str):
+        self.node = node
+        self.owner_file = Path(landing_root) / node / OWNER_FILE
+        self.state = Path(state_dir) / "nodes"
+        self._lock_fd = -1
+
+    def acquire(self) -> "NodeClaim":
+        self.state.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.state / f"{self.node}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise NodeIdTaken(f"ingress node {self.node!r} is already running from this data "
+                              f"directory; give each ingress process its own node id "
+                              f"(ingress.node_id / RELAY_NODE_ID)") from None
+        self._lock_fd = fd
+        try:
+            self._own()
+        except BaseException:
+            self.release()
+            raise
+        return self
+
+    def _own(self) -> None:
+        token = self._token()
+        me = {"token": token, "host": socket.gethostname(), "state": str(self.state.parent)}
+        self.owner_file.parent.mkdir(parents=True, exist_ok=True)
+        if not _create_once(self.owner_file, json.dumps(me).encode()):
+            owner = json.loads(self.owner_file.read_text())
+            if owner.get("token") != token:
+                raise NodeIdTaken(
+                    f"ingress node id {self.node!r} belongs to the state directory "
+                    f"{owner.get('state')} on host {owner.get('host')}; give this node its own "
+                    f"id (ingress.node_id / RELAY_NODE_ID)")
+
+    def _token(self) -> str:
+        path = self.state / f"{self.node}.token"
+        _create_once(path, secrets.token_hex(16).encode())
+        return path.read_text().strip()
+
+    def release(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)     # closing the descriptor drops the flock
+            self._lock_fd = -1
+
+
+def _create_once(path: Path, data: bytes) -> bool:
+    """Write `path` unless it exists (False then), never half-written: a temporary file,
+    fsync'ed, linked to the name."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+        os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
