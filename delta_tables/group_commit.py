@@ -32,6 +32,7 @@ from deltalake.exceptions import CommitFailedError
 
 from runtime.inbox_signal import InboxSignalSender, landing_signal_dir
 
+from . import object_store
 from .direct_append import DirectAppender
 from .layout import Layout, ensure_table
 from .schema import LANDING, TableDef
@@ -53,7 +54,10 @@ def _fsync_path(path: Path) -> None:
 
 
 def fsync_version(table_path: Path, version: int) -> None:
-    """fsync the commit file of `version`, every data file it adds, and their directories."""
+    """fsync the commit file of `version`, every data file it adds, and their directories.
+    On an object store there is nothing to do: a PUT is durable once it returned."""
+    if object_store.is_remote(table_path):
+        return
     log_file = table_path / "_delta_log" / f"{version:020d}.json"
     dirs = {log_file.parent}
     for line in log_file.read_text().splitlines():
@@ -82,7 +86,7 @@ class DeltaAppendTarget:
 
     def __init__(self, path: Path, tdef: TableDef, *, refresh_every: int = 100,
                  fsync: bool = True, key: str | None = None):
-        self.path = Path(path)
+        self.path = path if object_store.is_remote(path) else Path(path)
         self.tdef = tdef
         self.schema = tdef.arrow_schema()
         self.refresh_every = refresh_every
@@ -161,10 +165,14 @@ class LandingTarget:
         # (stream.wait_for_data_ms, landing_source.py).
         self.signal = InboxSignalSender(landing_signal_dir(layout.root))
 
-    def _open(self, generation: int) -> DirectAppendTarget:
+    def _open(self, generation: int) -> DirectAppendTarget | DeltaAppendTarget:
         path = self.layout.landing_generation(self.node, generation)
-        return DirectAppendTarget(path, LANDING, fsync=self.fsync,
-                                  key=f"{self.node}/g{generation:06d}")
+        key = f"{self.node}/g{generation:06d}"
+        if self.layout.remote:
+            # A direct append creates its commit with link(), which S3 lacks; delta-rs commits
+            # there with a conditional PUT (object_store.py).
+            return DeltaAppendTarget(path, LANDING, fsync=self.fsync, key=key)
+        return DirectAppendTarget(path, LANDING, fsync=self.fsync, key=key)
 
     @property
     def current_key(self) -> str:

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import object_store
 from .layout import Layout
 
 
@@ -33,7 +34,7 @@ class LandingLag:
 def latest_version(table_path: Path) -> int:
     """Newest committed version from the names in `_delta_log`; -1 if the table vanished."""
     try:
-        names = os.listdir(table_path / "_delta_log")
+        names = object_store.listdir(table_path / "_delta_log")
     except FileNotFoundError:
         return -1
     best = -1
@@ -47,11 +48,10 @@ def commit_time(table_path: Path, version: int) -> float | None:
     """Unix seconds of a commit, from its commitInfo (the file's mtime if it has none)."""
     log_file = table_path / "_delta_log" / f"{version:020d}.json"
     try:
-        with open(log_file) as fh:
-            for line in fh:
-                info = json.loads(line).get("commitInfo")
-                if info and "timestamp" in info:
-                    return info["timestamp"] / 1000.0
+        for line in log_file.read_text().splitlines():
+            info = json.loads(line).get("commitInfo")
+            if info and "timestamp" in info:
+                return info["timestamp"] / 1000.0
         return log_file.stat().st_mtime
     except FileNotFoundError:
         return None   # cleaned up or dropped meanwhile

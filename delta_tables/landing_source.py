@@ -46,6 +46,7 @@ from pyspark.sql.streaming.datasource import (
 
 from runtime.inbox_signal import BlockingSignal, landing_signal_dir
 
+from . import object_store
 from .landing_lag import latest_version
 from .layout import Layout
 from .schema import C, LANDING, LANDING_SOURCE
@@ -65,9 +66,10 @@ class FileRef:
 
 
 class LandingPartition(InputPartition):
-    def __init__(self, files: list[FileRef]):
+    def __init__(self, files: list[FileRef], s3=None):
         super().__init__(None)
         self.files = files
+        self.s3 = s3     # object_store.S3Location when the tables are on S3
 
 
 def version_adds(table_path: Path, version: int) -> list[str]:
@@ -93,7 +95,9 @@ def version_adds(table_path: Path, version: int) -> list[str]:
 
 class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str]):
-        self.layout = Layout(options["data_dir"])
+        self.layout = Layout.at(options["data_dir"], options.get("tables_dir", ""),
+                                options.get("s3_endpoint", ""),
+                                options.get("s3_region", "us-east-1"))
         self.max_files = int(options.get("maxFilesPerTrigger", "2000"))
         self.max_partitions = max(1, int(options.get("maxPartitions", "4")))
         self.record_consumed = options.get("recordConsumed", "true") == "true"
@@ -207,9 +211,12 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
         n = min(self.max_partitions, len(files))
         size = -(-len(files) // n)
-        return [LandingPartition(files[i:i + size]) for i in range(0, len(files), size)]
+        s3 = object_store.location_of(self.layout.tables) if self.layout.remote else None
+        return [LandingPartition(files[i:i + size], s3) for i in range(0, len(files), size)]
 
     def read(self, partition: LandingPartition) -> Iterator[pa.RecordBatch]:
+        if partition.s3 is not None:    # an executor's worker: point pyarrow at the store
+            object_store.configure_env(partition.s3)
         return read_files(partition.files)
 
     def commit(self, end: dict) -> None:

@@ -1,10 +1,14 @@
 """Where everything lives under the data directory, and creating tables on first start.
 
-    <data>/tables/landing/<node>/g<NNNNNN>   one landing table per ingress node and generation
-    <data>/tables/{inbox,acks,rejects,padding_audit}
-    <data>/checkpoints/inbox_stream          Spark checkpoint (configurable)
-    <data>/state/landing_consumed.json       the stream's last committed landing offsets
-    <data>/keys/                             relay static keys (mode 0600)
+    <tables>/landing/<node>/g<NNNNNN>   one landing table per ingress node and generation
+    <tables>/{inbox,acks,rejects,padding_audit}
+    <data>/checkpoints/inbox_stream     Spark checkpoint (configurable)
+    <data>/state/landing_consumed.json  the stream's last committed landing offsets
+                                        (<tables>/_relay/ when the tables are on S3)
+    <data>/keys/                        relay static keys (mode 0600)
+
+`<tables>` is `<data>/tables`, or `tables_dir` (a local directory or `s3://bucket/prefix`,
+delta_tables/object_store.py): the tables are shared by every host, `<data>` is each host's.
 """
 
 from __future__ import annotations
@@ -19,19 +23,53 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
+from . import object_store
 from .schema import ACKS, INBOX, LANDING, PADDING_AUDIT, REJECTS, TableDef
 
 GENERATION_RE = re.compile(r"^g(\d{6})$")
 
 
 class Layout:
-    def __init__(self, data_dir: str | os.PathLike):
+    def __init__(self, data_dir: str | os.PathLike, tables=None):
+        """`tables`: a path object for the tables (object_store.table_root), default
+        `<data_dir>/tables`. Use `Layout.of(settings)` in the relay's processes."""
         self.root = Path(data_dir).resolve()
+        self._tables = tables if tables is not None else self.root / "tables"
+
+    @classmethod
+    def of(cls, settings) -> "Layout":
+        """The layout the settings describe; with tables on S3 it also points this process's
+        delta-rs and pyarrow (and its Spark workers) at the object store."""
+        return cls.at(settings.data_dir, settings.tables_dir, settings.object_store.endpoint,
+                      settings.object_store.region)
+
+    @classmethod
+    def at(cls, data_dir, tables_dir: str = "", endpoint: str = "",
+           region: str = "us-east-1") -> "Layout":
+        if not tables_dir:
+            return cls(data_dir)
+        s3 = object_store.S3Location(endpoint, region)
+        if tables_dir.startswith("s3://"):
+            object_store.configure_env(s3)
+        return cls(data_dir, object_store.table_root(tables_dir, s3))
+
+    def options(self) -> dict[str, str]:
+        """What `Layout.at` needs to rebuild this layout in another process (a Spark data
+        source's Python worker: it reads the tables too)."""
+        opts = {"data_dir": str(self.root), "tables_dir": str(self.tables)}
+        if self.remote:
+            loc = object_store.location_of(self.tables)
+            opts.update(s3_endpoint=loc.endpoint, s3_region=loc.region)
+        return opts
+
+    @property
+    def remote(self) -> bool:
+        return object_store.is_remote(self._tables)
 
     # --- paths -------------------------------------------------------------------------
     @property
     def tables(self) -> Path:
-        return self.root / "tables"
+        return self._tables
 
     @property
     def landing_root(self) -> Path:
@@ -70,6 +108,9 @@ class Layout:
 
     @property
     def landing_consumed_file(self) -> Path:
+        # with shared tables, shared too: compaction may run on another host than the stream
+        if self.remote:
+            return self.tables / "_relay" / "landing_consumed.json"
         return self.state / "landing_consumed.json"
 
     def landing_generation(self, node: str, generation: int) -> Path:
@@ -101,6 +142,9 @@ class Layout:
             return {}
 
     def write_landing_consumed(self, offsets: dict[str, int]) -> None:
+        if self.remote:     # one PUT replaces the object whole
+            self.landing_consumed_file.write_text(json.dumps(offsets, sort_keys=True))
+            return
         self.state.mkdir(parents=True, exist_ok=True)
         tmp = self.landing_consumed_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(offsets, sort_keys=True))

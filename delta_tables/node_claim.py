@@ -7,7 +7,8 @@ would each start their own generation, and the first one's, still written to, co
 dropped under it: acked envelopes lost. So an ingress process claims its node id first:
 
 * `<landing>/<node>/_owner.json`, created only if absent (a temporary file `link()`ed to the
-  name), names the node's token, host and state directory. The token lives in the owner's
+  name; with the tables on S3, an empty Delta table `_owner` created by a conditional PUT,
+  its description the record), names the node's token, host and state directory. The token lives in the owner's
   state directory (`<data>/state/nodes/<node>.token`), so a node id taken by another host, or
   by another data directory on this host, is refused with a message naming the owner, and a
   restart of the owner is recognised;
@@ -28,6 +29,8 @@ import secrets
 import socket
 from pathlib import Path
 
+from . import object_store
+
 OWNER_FILE = "_owner.json"
 
 
@@ -38,7 +41,9 @@ class NodeIdTaken(RuntimeError):
 class NodeClaim:
     def __init__(self, landing_root: Path, state_dir: Path, node: str):
         self.node = node
-        self.owner_file = Path(landing_root) / node / OWNER_FILE
+        self.remote = object_store.is_remote(landing_root)
+        self.owner_file = (landing_root / node / "_owner" if self.remote
+                           else Path(landing_root) / node / OWNER_FILE)
         self.state = Path(state_dir) / "nodes"
         self._lock_fd = -1
 
@@ -63,14 +68,24 @@ class NodeClaim:
     def _own(self) -> None:
         token = self._token()
         me = {"token": token, "host": socket.gethostname(), "state": str(self.state.parent)}
-        self.owner_file.parent.mkdir(parents=True, exist_ok=True)
-        if not _create_once(self.owner_file, json.dumps(me).encode()):
-            owner = json.loads(self.owner_file.read_text())
+        if self.remote:
+            created = _create_once_remote(self.owner_file, json.dumps(me))
+        else:
+            self.owner_file.parent.mkdir(parents=True, exist_ok=True)
+            created = _create_once(self.owner_file, json.dumps(me).encode())
+        if not created:
+            owner = json.loads(self._read_owner())
             if owner.get("token") != token:
                 raise NodeIdTaken(
                     f"ingress node id {self.node!r} belongs to the state directory "
                     f"{owner.get('state')} on host {owner.get('host')}; give this node its own "
                     f"id (ingress.node_id / RELAY_NODE_ID)")
+
+    def _read_owner(self) -> str:
+        if self.remote:
+            from deltalake import DeltaTable
+            return DeltaTable(str(self.owner_file)).metadata().description or "{}"
+        return self.owner_file.read_text()
 
     def _token(self) -> str:
         path = self.state / f"{self.node}.token"
@@ -81,6 +96,20 @@ class NodeClaim:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)     # closing the descriptor drops the flock
             self._lock_fd = -1
+
+
+def _create_once_remote(path, record: str) -> bool:
+    """`_create_once` on S3: creating version 0 of a Delta table is a conditional PUT."""
+    import pyarrow as pa
+    from deltalake import DeltaTable
+    try:
+        DeltaTable.create(str(path), schema=pa.schema([("unused", pa.int8())]), mode="error",
+                          description=record)
+        return True
+    except Exception:
+        if DeltaTable.is_deltatable(str(path)):
+            return False
+        raise
 
 
 def _create_once(path: Path, data: bytes) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
@@ -37,3 +38,198 @@ class S3Location:
             if os.environ.get(var):
                 opts[var] = os.environ[var]
         return opts
+
+
+# --- paths of tables on S3 -------------------------------------------------------------------
+
+def is_remote(path) -> bool:
+    return isinstance(path, S3Path)
+
+
+def table_root(location: str, s3: S3Location) -> "Path | S3Path":
+    """`location` as a path object: a local directory, or `s3://bucket/prefix`."""
+    if location.startswith("s3://"):
+        return S3Path(location, _filesystem(s3), s3)
+    return Path(location).resolve()
+
+
+def configure_env(s3: S3Location) -> None:
+    """delta-rs and pyarrow in this process and its children (Spark's Python workers) read
+    the endpoint and region from the environment: set them from the settings."""
+    for key, value in s3.storage_options().items():
+        if key.startswith("AWS_") and key not in CREDENTIAL_VARS:
+            os.environ[key] = value
+    os.environ["AWS_CONDITIONAL_PUT"] = "etag"
+
+
+_FILESYSTEMS: dict[S3Location, object] = {}
+
+
+def _filesystem(s3: S3Location):
+    fs = _FILESYSTEMS.get(s3)
+    if fs is None:
+        from pyarrow import fs as pafs
+        kw = {"region": s3.region}
+        if s3.endpoint:
+            scheme, _, host = s3.endpoint.partition("://")
+            kw.update(endpoint_override=host.rstrip("/"), scheme=scheme)
+        fs = _FILESYSTEMS[s3] = pafs.S3FileSystem(**kw)
+    return fs
+
+
+@dataclass(frozen=True)
+class _Stat:
+    st_size: int
+    st_mtime: float
+
+
+class S3Path:
+    """The part of `pathlib.Path` the relay uses on table paths, over pyarrow's S3 file
+    system: `/`, name, parent, exists, iterdir, read and write whole objects, unlink. It has
+    no `__fspath__` on purpose: a local-only call (os.open, fsync, link) fails loudly."""
+
+    def __init__(self, uri: str, fs, location: S3Location, known_type=None):
+        self._key = uri[len("s3://"):].strip("/")
+        self._fs = fs
+        self.location = location
+        self._known_type = known_type      # from a listing: saves a request per is_dir
+
+    def _child(self, key: str, known_type=None) -> "S3Path":
+        return S3Path(f"s3://{key}", self._fs, self.location, known_type)
+
+    def __truediv__(self, part: str) -> "S3Path":
+        return self._child(f"{self._key}/{str(part).strip('/')}")
+
+    def __str__(self) -> str:
+        return f"s3://{self._key}"
+
+    __repr__ = __str__
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, S3Path) and other._key == self._key
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    @property
+    def name(self) -> str:
+        return self._key.rsplit("/", 1)[-1]
+
+    @property
+    def parent(self) -> "S3Path":
+        return self._child(self._key.rsplit("/", 1)[0])
+
+    def resolve(self) -> "S3Path":
+        return self
+
+    def _info(self):
+        return self._fs.get_file_info(self._key)
+
+    def exists(self) -> bool:
+        from pyarrow import fs as pafs
+        return self._info().type != pafs.FileType.NotFound
+
+    def is_dir(self) -> bool:
+        from pyarrow import fs as pafs
+        kind = self._known_type if self._known_type is not None else self._info().type
+        return kind == pafs.FileType.Directory
+
+    def is_file(self) -> bool:
+        from pyarrow import fs as pafs
+        return self._info().type == pafs.FileType.File
+
+    def iterdir(self):
+        from pyarrow import fs as pafs
+        try:
+            infos = self._fs.get_file_info(pafs.FileSelector(self._key, recursive=False))
+        except FileNotFoundError:
+            return iter(())
+        return iter([self._child(i.path, i.type) for i in infos])
+
+    def listdir(self) -> list[str]:
+        return [p.name for p in self.iterdir()]
+
+    def stat(self) -> _Stat:
+        from pyarrow import fs as pafs
+        info = self._info()
+        if info.type == pafs.FileType.NotFound:
+            raise FileNotFoundError(str(self))
+        mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+        return _Stat(info.size or 0, mtime)
+
+    def read_bytes(self) -> bytes:
+        with self._fs.open_input_stream(self._key) as fh:
+            return fh.read()
+
+    def read_text(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return self.read_bytes().decode(encoding, errors)
+
+    def write_bytes(self, data: bytes) -> None:
+        """One PUT: readers see the old object or the new one, never a part."""
+        with self._fs.open_output_stream(self._key) as fh:
+            fh.write(data)
+
+    def write_text(self, text: str, encoding: str = "utf-8") -> None:
+        self.write_bytes(text.encode(encoding))
+
+    def mkdir(self, mode: int = 0o777, parents: bool = False, exist_ok: bool = False) -> None:
+        """Object stores have no directories: nothing to create."""
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        try:
+            self._fs.delete_file(self._key)
+        except FileNotFoundError:
+            if not missing_ok:
+                raise
+
+    def rmtree(self) -> None:
+        try:
+            self._fs.delete_dir(self._key)
+        except FileNotFoundError:
+            pass
+
+
+def as_path(path):
+    """A table path as given (S3Path) or as a local Path (from a str or PathLike)."""
+    return path if is_remote(path) else Path(path)
+
+
+def location_of(path: S3Path) -> S3Location:
+    return path.location
+
+
+def listdir(path) -> list[str]:
+    """`os.listdir` for a local or an S3 directory (FileNotFoundError if absent)."""
+    if is_remote(path):
+        names = path.listdir()
+        if not names and not path.exists():
+            raise FileNotFoundError(str(path))
+        return names
+    return os.listdir(path)
+
+
+def rmtree(path) -> None:
+    if is_remote(path):
+        path.rmtree()
+    else:
+        import shutil
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def total_size(path: S3Path) -> int:
+    """Bytes of every object under an S3 prefix (one recursive listing)."""
+    from pyarrow import fs as pafs
+    try:
+        infos = path._fs.get_file_info(pafs.FileSelector(path._key, recursive=True))
+    except FileNotFoundError:
+        return 0
+    return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+
+
+def file_size(path: str) -> int:
+    """Size of a data file named by a local path or an s3:// URI."""
+    if path.startswith("s3://"):
+        from pyarrow import fs as pafs
+        fs, key = pafs.FileSystem.from_uri(path)
+        return fs.get_file_info(key).size or 0
+    return os.path.getsize(path)

@@ -19,11 +19,12 @@ from deltalake import DeltaTable
 
 from delta_tables.layout import equals
 from delta_tables.schema import C
+from delta_tables.object_store import as_path
 
 
 class EnvelopeCache:
     def __init__(self, inbox_path: Path, protocol: str, budget: int):
-        self.inbox_path = Path(inbox_path)
+        self.inbox_path = as_path(inbox_path)
         self.protocol = protocol
         self.budget = budget
         self._held: OrderedDict[int, bytes] = OrderedDict()   # seq -> envelope, LRU first

@@ -32,6 +32,7 @@ from deltalake import DeltaTable
 
 from delta_tables.layout import equals
 from delta_tables.schema import C
+from delta_tables.object_store import as_path
 from .inbox_view import Sessions
 from .pending import PendingEnvelope
 from engine.heya.ids import PROTOCOL
@@ -50,7 +51,7 @@ class Owners(Protocol):   # delta_tables.heya_control.HeyaControl
 
 class HeyaInbox:   # an inbox_view.InboxView
     def __init__(self, inbox_path: Path, owners: Owners, *, cache_bytes: int = 64 << 20):
-        self.inbox_path = Path(inbox_path)
+        self.inbox_path = as_path(inbox_path)
         self.owners = owners
         self.cache_bytes = cache_bytes
         self._next: dict[bytes, int] = {}

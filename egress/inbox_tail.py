@@ -26,6 +26,7 @@ from delta_tables.group_commit import GroupCommitAppender
 from delta_tables.landing_lag import latest_version
 from delta_tables.layout import equals
 from delta_tables.schema import C, INBOX
+from delta_tables.object_store import as_path
 from runtime.inbox_signal import InboxSignal, signal_dir
 
 from .pending import MailboxHub, PendingEnvelope
@@ -78,7 +79,8 @@ def read_appends(table: Path, first: int, last: int, columns: list[str],
         for a in actions:
             if "add" in a:
                 try:
-                    rows = pq.read_table(table / a["add"]["path"], columns=columns).cast(schema)
+                    rows = pq.read_table(str(table / a["add"]["path"]),
+                                         columns=columns).cast(schema)
                 except FileNotFoundError:
                     raise LookupError(v)
                 out.append(Append(v, rows, None if stamp is None else stamp / 1000))
@@ -104,8 +106,8 @@ class InboxTail:
     def __init__(self, inbox_path: Path, acks_path: Path, hub: MailboxHub,
                  protocols: set[str] | None = None, exclude: set[str] | None = None):
         """`protocols`: only these (None: all); `exclude`: never these."""
-        self.inbox_path = Path(inbox_path)
-        self.acks_path = Path(acks_path)
+        self.inbox_path = as_path(inbox_path)
+        self.acks_path = as_path(acks_path)
         self.hub = hub
         self.protocols = protocols
         self.exclude = exclude

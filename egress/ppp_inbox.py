@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from delta_tables.schema import C
+from delta_tables.object_store import as_path
 from .envelope_cache import EnvelopeCache
 from .inbox_tail import read_protocol_rows
 from .inbox_view import Sessions
@@ -163,8 +164,8 @@ class _Box:
 class PppInbox:   # an inbox_view.InboxView
     def __init__(self, inbox_path: Path, acks_path: Path, *, notify_window: float = 30.0,
                  cache_bytes: int = 256 << 20, early_max_bytes: int = EARLY_MAX_BYTES):
-        self.inbox_path = Path(inbox_path)
-        self.acks_path = Path(acks_path)
+        self.inbox_path = as_path(inbox_path)
+        self.acks_path = as_path(acks_path)
         self.envelopes = EnvelopeCache(inbox_path, PROTOCOL, cache_bytes)
         self._notices = NotifyBatcher(notify_window, self._flush_notify)
         self.known: dict[bytes, float] = {}     # event id -> expiry (unix s)

@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from delta_tables.schema import C
+from delta_tables.object_store import as_path
 from engine.ppp.rooms import MAX_SUBSCRIPTIONS, ROOM_PROTOCOL
 
 from .envelope_cache import EnvelopeCache
@@ -82,8 +83,8 @@ def _stored_at(meta: bytes | None, fallback: float) -> int:
 class RoomInbox:   # an inbox_view.InboxView
     def __init__(self, inbox_path: Path, acks_path: Path, *, notify_window: float = 30.0,
                  cache_bytes: int = 64 << 20):
-        self.inbox_path = Path(inbox_path)
-        self.acks_path = Path(acks_path)
+        self.inbox_path = as_path(inbox_path)
+        self.acks_path = as_path(acks_path)
         self.envelopes = EnvelopeCache(inbox_path, ROOM_PROTOCOL, cache_bytes)
         self._rooms: dict[bytes, _Room] = {}
         self._ids: dict[bytes, int] = {}          # event id -> cursor (its room's)

@@ -23,7 +23,7 @@ log = logging.getLogger("relay.egress")
 class EgressNode:
     def __init__(self, settings: Settings, *, fsync: bool = True):
         self.settings = settings
-        self.layout = Layout(settings.data_dir)
+        self.layout = Layout.of(settings)
         self.layout.ensure_shared_tables()
         conf = settings.egress
         self.acks = GroupCommitAppender(

@@ -39,6 +39,7 @@ import msgpack
 import pyarrow as pa
 
 from delta_tables.schema import C
+from delta_tables.object_store import as_path
 from .envelope_cache import EnvelopeCache
 from .inbox_tail import read_protocol_rows
 from .pending import PendingEnvelope
@@ -115,8 +116,8 @@ class _Group:
 
 class SyncInbox:   # an inbox_view.InboxView; sessions are kept with each group
     def __init__(self, inbox_path: Path, acks_path: Path, *, cache_bytes: int = 256 << 20):
-        self.inbox_path = Path(inbox_path)
-        self.acks_path = Path(acks_path)
+        self.inbox_path = as_path(inbox_path)
+        self.acks_path = as_path(acks_path)
         self.envelopes = EnvelopeCache(inbox_path, PROTOCOL, cache_bytes)   # the payloads
         self._groups: dict[bytes, _Group] = {}
         self._cursor_of: dict[bytes, int] = {}               # event_id -> cursor

@@ -138,7 +138,7 @@ class HeyaServer(Listener):
         self.settings = settings
         self.appender = appender
         self.clock = clock
-        self.layout = Layout(settings.data_dir)
+        self.layout = Layout.of(settings)
         self.control = HeyaControl(self.layout, fsync=fsync)
         self.push_desk: PushDesk | None = None
         self.inbox = HeyaInbox(self.layout.inbox, self.control, cache_bytes=self.conf.cache_bytes)

@@ -216,7 +216,7 @@ class PppServer(Listener):
         self.settings = settings
         self.clock = clock
         self.monotonic = monotonic
-        self.layout = Layout(settings.data_dir)
+        self.layout = Layout.of(settings)
         self.control = PppControl(self.layout, fsync=fsync)
         self.inbox = PppInbox(self.layout.inbox, self.layout.acks,
                               notify_window=self.conf.notify_window_ms / 1000,

@@ -34,7 +34,7 @@ class IngressNode:
             raise ValueError(f"unknown protocol {protocol!r}: one of "
                              f"{', '.join(INGRESS_PROTOCOLS)}")
         self.settings = settings
-        self.layout = Layout(settings.data_dir)
+        self.layout = Layout.of(settings)
         conf = settings.ingress
         self.node_id = node_id(settings, protocol)
         self.target = LandingTarget(self.layout, self.node_id,
@@ -88,7 +88,7 @@ def node_id(settings: Settings, protocol: str | None) -> str:
 async def run(settings: Settings, stop: asyncio.Event, ready=None,
               protocol: str | None = None) -> None:
     open_files.raise_limit()   # before any socket: the listeners' caps need the descriptors
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     # before its first landing generation: the node id is this process's alone
     claim = NodeClaim(layout.landing_root, layout.state, node_id(settings, protocol)).acquire()
     try:

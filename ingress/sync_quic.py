@@ -376,7 +376,7 @@ class SyncServer(Listener):
         self.settings = settings
         self.conf = conf
         self.appender = appender
-        self.layout = Layout(settings.data_dir)
+        self.layout = Layout.of(settings)
         self.fsync = fsync
         self.control = SyncControl(self.layout, fsync=fsync)
         self.push_desk: PushDesk | None = None

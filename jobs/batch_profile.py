@@ -67,7 +67,7 @@ def _medians(progress: list[dict]) -> dict:
 
 
 def _run(spark, settings: config.Settings, sink: str, seconds: float, gap: float) -> dict:
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     layout.ensure_shared_tables()
     stop = threading.Event()
     feeder = threading.Thread(target=_trickle, args=(layout, stop, gap), daemon=True)

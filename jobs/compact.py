@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -46,6 +45,7 @@ from typing import Callable
 import pyarrow as pa
 from deltalake import DeltaTable
 
+from delta_tables import object_store
 from delta_tables.layout import GENERATION_RE, Layout
 from delta_tables.query import sql
 from delta_tables.schema import ACKS, INBOX, PADDING_AUDIT, REJECTS, C
@@ -75,7 +75,7 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
     if now.tzinfo is None:
         raise ValueError("now must be timezone-aware")
     conf = settings.compaction
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     layout.ensure_shared_tables()
     report = CompactionReport(bytes_before=_du(layout.tables))
     started = time.monotonic()
@@ -263,7 +263,7 @@ def _drop_landing(layout: Layout) -> int:
         except Exception:  # vanished or half-created: not ours to judge
             continue
         if version <= consumed[key]:
-            shutil.rmtree(path, ignore_errors=True)
+            object_store.rmtree(path)
             dropped += not path.exists()
     return dropped
 
@@ -277,6 +277,8 @@ def _ts(moment: datetime) -> str:
 
 
 def _du(root: Path) -> int:
+    if object_store.is_remote(root):
+        return object_store.total_size(root)
     total = 0
     for dirpath, _, files in os.walk(root):
         for name in files:

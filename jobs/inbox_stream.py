@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -44,7 +43,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from deltalake.exceptions import CommitFailedError
 
-from delta_tables import writer_fence
+from delta_tables import object_store, writer_fence
 from delta_tables.group_commit import COMMIT_ATTEMPTS, fsync_version
 from delta_tables.landing_source import SOURCE_NAME, batch_files, read_files
 from delta_tables.layout import Layout
@@ -226,7 +225,7 @@ class InboxSink:
         plan = read_batch_plan(self.checkpoint, batch_id, self.start_versions)
         if plan is not None:
             files = batch_files(self.landing, plan.start, plan.end)
-            if sum(os.path.getsize(f.path) for f in files) <= self.driver_read_max_bytes:
+            if sum(object_store.file_size(f.path) for f in files) <= self.driver_read_max_bytes:
                 self.driver_reads += 1
                 return (pa.Table.from_batches(list(read_files(files)),
                                               schema=LANDING_SOURCE.arrow_schema()),
@@ -304,8 +303,10 @@ def landing_stream(spark, layout: Layout, stream_conf, start_versions: str | Non
     `record_consumed=False` for a stream that is not the relay's own (an incident replay into
     another inbox): only the relay's stream may tell compaction what landing it can drop."""
     from pyspark.sql import functions as F
-    reader = (spark.readStream.format(SOURCE_NAME)
-              .option("data_dir", str(layout.root))
+    reader = spark.readStream.format(SOURCE_NAME)
+    for key, value in layout.options().items():
+        reader = reader.option(key, value)
+    reader = (reader
               .option("maxFilesPerTrigger", str(stream_conf.max_files_per_trigger))
               .option("maxPartitions", str(stream_conf.max_partitions))
               .option("recordConsumed", "true" if record_consumed else "false")
@@ -321,7 +322,7 @@ def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
                        start_versions: str | None = None, on_batch=None):
     """Wire source -> sink with the knobs from conf/; returns (query, sink). `on_batch`:
     called with each batch's BatchStats (metrics), set before the first batch can run."""
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     layout.ensure_shared_tables()
     checkpoint = Path(checkpoint or settings.stream_checkpoint)
     rules = StreamRules.from_conf(settings.stream,

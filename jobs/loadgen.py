@@ -304,7 +304,7 @@ def generate_day(settings: Settings, *, day: str | None = None, hours: float = 2
     directory must not hold an inbox yet, and no relay process may be running on it."""
     say = progress or (lambda _msg: None)
     t_start = time.monotonic()
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     layout.ensure_shared_tables()
     if DeltaTable(str(layout.inbox)).to_pyarrow_table(columns=[C.SEQ]).num_rows:
         raise RuntimeError(f"{layout.root} already has an inbox: generate into a fresh directory")
@@ -574,7 +574,7 @@ def live_traffic(settings: Settings, *, seconds: float = 20.0, per_second: float
     stop = stop or threading.Event()
     rng = np.random.default_rng(seed + int(time.time()))
     relay_ttl = ttls(settings)
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     pop = Population(scale, seed, heya_tokens(layout))
     target = LandingTarget(layout, settings.ingress.node_id,
                            commits_per_generation=settings.ingress.commits_per_generation,

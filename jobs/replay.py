@@ -45,7 +45,7 @@ def start_replay(spark, settings: Settings, into: str | Path, start_versions: di
     checkpoint = target.root / "checkpoints" / QUERY_NAME
     rules = StreamRules.from_conf(settings.stream,
                                   max_envelope={"trueseal": settings.trueseal.max_envelope})
-    source_layout = Layout(settings.data_dir)
+    source_layout = Layout.of(settings)
     sink = InboxSink(target, rules, checkpoint, f"{settings.stream.app_id}-replay", fsync=fsync,
                      start_versions=json.dumps(start_versions),
                      driver_read_max_bytes=settings.stream.driver_read_max_bytes,

@@ -53,7 +53,7 @@ def run(settings: Settings, stop: threading.Event, *, available_now: bool = Fals
         spark_cluster.secret(settings.data_dir) if spark_cluster.is_standalone(master) else None))
     if on_spark_started:
         on_spark_started()
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     stream_metrics = metrics.StreamMetrics(
         settings.data_dir, lambda: landing_lag(layout, settings.stream_checkpoint))
     exporter = None

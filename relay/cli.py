@@ -216,7 +216,7 @@ def cmd_heya_inbox_token(args) -> None:
     from delta_tables.layout import Layout
     from delta_tables.heya_control import mint_inbox_tokens
     settings = _settings(args)
-    for token in mint_inbox_tokens(Layout(settings.data_dir), args.count):
+    for token in mint_inbox_tokens(Layout.of(settings), args.count):
         print(token.hex())
 
 

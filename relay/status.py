@@ -164,7 +164,7 @@ def role_status(settings: Settings, role: str, timeout: float = 1.0) -> RoleStat
 
 def collect(settings: Settings, now: datetime | None = None) -> Status:
     now = now or datetime.now(timezone.utc)
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     lag = landing_lag(layout, settings.stream_checkpoint, now.timestamp())
     return Status(
         data_dir=str(layout.root), at=now.isoformat(timespec="seconds"),

@@ -452,8 +452,22 @@ class ProcessConf:
 
 
 @dataclass
+class ObjectStoreConf:
+    # An S3-compatible store for `tables_dir = "s3://bucket/prefix"`. Empty endpoint: AWS's
+    # own. Credentials only from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+    # AWS_SESSION_TOKEN), never from this file; commits use conditional put
+    # (delta_tables/object_store.py).
+    endpoint: str = ""
+    region: str = "us-east-1"
+
+
+@dataclass
 class Settings:
     data_dir: str = "./data"
+    # Where the Delta tables are: empty = <data_dir>/tables on this machine, or s3://bucket/prefix
+    # shared by ingress, stream, egress and compaction on many hosts (issue 18). data_dir stays
+    # local to each host: keys, node tokens, sockets, the stream's Spark checkpoint.
+    tables_dir: str = ""
     bind: str = "127.0.0.1"
     trueseal: TruesealConf = field(default_factory=TruesealConf)
     ingress: IngressConf = field(default_factory=IngressConf)
@@ -466,6 +480,7 @@ class Settings:
     metrics: MetricsConf = field(default_factory=MetricsConf)
     push: PushConf = field(default_factory=PushConf)
     process: ProcessConf = field(default_factory=ProcessConf)
+    object_store: ObjectStoreConf = field(default_factory=ObjectStoreConf)
 
     @property
     def data_path(self) -> Path:
@@ -501,6 +516,9 @@ def process_roles(settings: Settings) -> list[str]:
 # Environment overrides named by the issues; each maps to a dotted settings path.
 ENV_OVERRIDES = {
     "RELAY_DATA_DIR": "data_dir",
+    "RELAY_TABLES_DIR": "tables_dir",
+    "RELAY_S3_ENDPOINT": "object_store.endpoint",
+    "RELAY_S3_REGION": "object_store.region",
     "RELAY_BIND": "bind",
     "RELAY_TRUESEAL_PUSH_PORT": "trueseal.push_port",
     "RELAY_TRUESEAL_RECEIVE_PORT": "trueseal.receive_port",

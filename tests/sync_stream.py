@@ -32,7 +32,7 @@ class _Batch:
 
 class SinkDriver:
     def __init__(self, settings):
-        self.layout = Layout(settings.data_dir)
+        self.layout = Layout.of(settings)
         self.layout.ensure_shared_tables()
         checkpoint = self.layout.root / "checkpoints" / "sync-test"
         checkpoint.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,7 @@ import random
 
 from deltalake import DeltaTable
 
+from delta_tables.layout import Layout
 from delta_tables.schema import C
 from egress.service import EgressNode
 from ingress.service import IngressNode
@@ -64,16 +65,16 @@ def test_pushes_reach_receivers_exactly_once_in_order(spark, settings):
         asyncio.run(_scenario(settings))
     finally:
         query.stop()
-    inbox = DeltaTable(str(settings.data_path / "tables" / "inbox")).to_pyarrow_table()
+    inbox = DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table()
     ids = inbox.column(C.EVENT_ID).to_pylist()
     assert len(ids) == len(set(ids)) == SESSIONS * PER_SESSION
     per: dict[bytes, list[int]] = {}
     for r in inbox.select([C.MAILBOX, C.CURSOR]).to_pylist():
         per.setdefault(r[C.MAILBOX], []).append(r[C.CURSOR])
     assert all(sorted(c) == list(range(1, len(c) + 1)) for c in per.values())
-    rejects = DeltaTable(str(settings.data_path / "tables" / "rejects")).to_pyarrow_table()
+    rejects = DeltaTable(str(Layout.of(settings).rejects)).to_pyarrow_table()
     assert rejects.column(C.REASON).to_pylist() == ["duplicate"] * RETRIES
-    acks = DeltaTable(str(settings.data_path / "tables" / "acks")).to_pyarrow_table()
+    acks = DeltaTable(str(Layout.of(settings).acks)).to_pyarrow_table()
     assert sorted(acks.column(C.SEQ).to_pylist()) == sorted(inbox.column(C.SEQ).to_pylist())
 
 

@@ -38,7 +38,7 @@ def test_heya_receiver_and_sender_through_the_stream(spark, settings, tmp_path):
     finally:
         query.stop()
     t, t2 = tokens
-    inbox = DeltaTable(str(Layout(settings.data_dir).inbox)).to_pyarrow_table().to_pylist()
+    inbox = DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().to_pylist()
     heya = [r for r in inbox if r[C.PROTOCOL] == "heya"]
     # Sequence numbers are the stream's cursors: per send token, contiguous from 0.
     assert sorted(r[C.CURSOR] for r in heya if r[C.MAILBOX] == t) == [0, 1, 2, 3]
@@ -50,14 +50,14 @@ def test_heya_receiver_and_sender_through_the_stream(spark, settings, tmp_path):
     settings.compaction.vacuum_retention_hours = 0
     report = run_compaction(settings, progress=lambda _: None)
     assert report.heya_inbox_deleted == 5
-    inbox_dir = Layout(settings.data_dir).inbox
+    inbox_dir = Layout.of(settings).inbox
     disk = b"".join(p.read_bytes() for p in inbox_dir.rglob("*") if p.is_file())
     for b in bodies:
         assert b not in disk
 
 
 async def _scenario(settings, tmp_path):
-    (inbox_token,) = mint_inbox_tokens(Layout(settings.data_dir), fsync=False)
+    (inbox_token,) = mint_inbox_tokens(Layout.of(settings), fsync=False)
     alice, bob = Cert(tmp_path, "alice"), Cert(tmp_path, "bob")
     i_hex = inbox_token.hex().encode()
     node = IngressNode(settings, fsync=False)

@@ -51,7 +51,7 @@ async def node(settings, **heya):
 
 
 def mint(settings, count=1) -> list[bytes]:
-    return mint_inbox_tokens(Layout(settings.data_dir), count, fsync=False)
+    return mint_inbox_tokens(Layout.of(settings), count, fsync=False)
 
 
 async def mailbox(port, cert, inbox_token) -> HeyaClient:
@@ -81,7 +81,7 @@ def land_inbox(settings, token: bytes, bodies: list[bytes], first_cursor: int) -
         C.EXPIRES_AT: now + timedelta(days=1), C.CURSOR: first_cursor + i, C.SEQ: next(_seq),
         C.COMMITTED_AT: now, C.LANDING_TABLE: "node-t/g000001", C.LANDING_VERSION: 1,
         C.BATCH_ID: 0} for i, b in enumerate(bodies)]
-    write_deltalake(str(Layout(settings.data_dir).inbox),
+    write_deltalake(str(Layout.of(settings).inbox),
                     pa.Table.from_pylist(rows, schema=INBOX.arrow_schema()), mode="append")
 
 
@@ -95,7 +95,7 @@ async def no_connections(n, timeout=10.0) -> None:
 
 def landing_rows(settings) -> list[dict]:
     out = []
-    for path in Layout(settings.data_dir).landing_tables().values():
+    for path in Layout.of(settings).landing_tables().values():
         out += DeltaTable(str(path)).to_pyarrow_table().to_pylist()
     return out
 

@@ -29,7 +29,7 @@ def day(tmp_path_factory):
 
 
 def table(settings, tdef) -> pa.Table:
-    return DeltaTable(str(Layout(settings.data_dir).table(tdef))).to_pyarrow_table()
+    return DeltaTable(str(Layout.of(settings).table(tdef))).to_pyarrow_table()
 
 
 def test_day_follows_the_streams_rules(day):
@@ -62,7 +62,7 @@ def test_day_has_rooms_made_through_the_control_plane(day):
     in rooms that exist, numbered from 1, and are never acked."""
     from delta_tables.ppp_state import load_state, table_paths
     settings, report = day
-    rooms = load_state(table_paths(Layout(settings.data_dir))).rooms.rooms
+    rooms = load_state(table_paths(Layout.of(settings))).rooms.rooms
     assert len(rooms) == report.rooms >= 8 and report.room_messages > 0
     inbox = table(settings, INBOX)
     msgs = inbox.filter(pc.equal(inbox.column(C.PROTOCOL), "ppp_room"))
@@ -95,7 +95,7 @@ def test_day_timings_are_realistic(day):
 
 def test_day_is_sealed_for_the_next_stream(day):
     settings, report = day
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     assert report.landing_dropped == 1
     tables = layout.landing_tables()
     assert list(tables) == [f"{settings.ingress.node_id}/g000002"]   # empty, unsealed
@@ -136,7 +136,7 @@ def test_status_counts_match_the_tables(day):
 
 def test_private_views_hold_no_keys_or_ciphertext(day):
     settings, _ = day
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     for tdef in (INBOX, ACKS, REJECTS):
         view = read_table(layout, tdef)
         assert not [f.name for f in view.schema if pa.types.is_binary(f.type)], tdef.name

@@ -57,7 +57,7 @@ def test_two_users_two_days(spark, settings, caplog):
 
     ids = {B.epoch_of(d): B.my_mailbox(bob, alice.pubkey, B.epoch_of(d)).pubkey
            for d in (day1, day2)}
-    inbox = DeltaTable(str(Layout(settings.data_dir).inbox)).to_pyarrow_table().to_pylist()
+    inbox = DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().to_pylist()
     boxes = {r[C.MAILBOX] for r in inbox if r[C.PROTOCOL] == "ppp"}
     assert boxes == set(ids.values()) | {bob.pubkey}          # the plain one is Bob's key
     for r in inbox:
@@ -75,7 +75,7 @@ def test_two_users_two_days(spark, settings, caplog):
 
     # The two days are unlinkable from the relay's side: ids and tokens share nothing, and
     # no key the relay holds derives one day's id from another's.
-    tokens = DeltaTable(str(Layout(settings.data_dir).tables / "ppp_delivery_tokens")) \
+    tokens = DeltaTable(str(Layout.of(settings).tables / "ppp_delivery_tokens")) \
         .to_pyarrow_table().to_pylist()
     by_box = {t["recipient"]: t["token"] for t in tokens}
     assert set(by_box) == set(ids.values()) and len(set(by_box.values())) == 2

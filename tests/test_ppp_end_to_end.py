@@ -49,14 +49,14 @@ def test_two_users_store_sealed_notify_fetch_ack(spark, settings):
         stored_id, sealed_wrap_id = asyncio.run(_scenario(settings))
     finally:
         query.stop()
-    inbox = DeltaTable(str(Layout(settings.data_dir).inbox)).to_pyarrow_table().to_pylist()
+    inbox = DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().to_pylist()
     ppp = [r for r in inbox if r[C.PROTOCOL] == "ppp"]
     assert sorted(r[C.CURSOR] for r in ppp) == [1, 2]
-    acks = DeltaTable(str(Layout(settings.data_dir).acks)).to_pyarrow_table().to_pylist()
+    acks = DeltaTable(str(Layout.of(settings).acks)).to_pyarrow_table().to_pylist()
     assert {(a[C.PROTOCOL], a[C.SEQ]) for a in acks} == {("ppp", r[C.SEQ]) for r in ppp}
     assert stored_id in {a[C.EVENT_ID] for a in acks}
     # The padding audit sees the seal's bucket through the GiftWrap (stream.padding_overhead.ppp)
-    audit = DeltaTable(str(Layout(settings.data_dir).padding_audit)).to_pyarrow_table()
+    audit = DeltaTable(str(Layout.of(settings).padding_audit)).to_pyarrow_table()
     ppp_audit = [r for r in audit.to_pylist() if r[C.PROTOCOL] == "ppp"]
     assert sum(r[C.ENVELOPES] for r in ppp_audit) == 2
     assert all(r[C.CONFORMING] and r[C.BUCKET] == 1024 for r in ppp_audit)

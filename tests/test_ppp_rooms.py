@@ -368,7 +368,7 @@ def test_messages_sealed_and_authenticated_are_numbered_by_the_stream(rooms_run)
     assert out["store3"]["sequence_number"] == 3
     assert out["room_notify"]["count"] >= 1
 
-    inbox = DeltaTable(str(Layout(settings.data_dir).inbox)).to_pyarrow_table().to_pylist()
+    inbox = DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().to_pylist()
     rows = [r for r in inbox if r[C.PROTOCOL] == "ppp_room"]
     by_room: dict[bytes, list[int]] = {}
     for r in rows:
@@ -377,7 +377,7 @@ def test_messages_sealed_and_authenticated_are_numbered_by_the_stream(rooms_run)
         assert sorted(cursors) == list(range(1, len(cursors) + 1))
     # 3 messages + "in grace" + the knocker's after the restart; the group's one
     assert sorted(len(c) for c in by_room.values()) == [1, 5]
-    audit = DeltaTable(str(Layout(settings.data_dir).padding_audit)).to_pyarrow_table()
+    audit = DeltaTable(str(Layout.of(settings).padding_audit)).to_pyarrow_table()
     room_audit = [r for r in audit.to_pylist() if r[C.PROTOCOL] == "ppp_room"]
     assert sum(r[C.ENVELOPES] for r in room_audit) == 6
     assert all(r[C.CONFORMING] for r in room_audit)
@@ -562,7 +562,7 @@ def test_compaction_empties_the_deleted_group_and_keeps_the_room(rooms_run):
     lines: list[str] = []
     run_compaction(settings, progress=lines.append)
     assert any("1 messages of deleted groups emptied" in line for line in lines), lines
-    inbox = DeltaTable(str(Layout(settings.data_dir).inbox)).to_pyarrow_table().to_pylist()
+    inbox = DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().to_pylist()
     rows = [r for r in inbox if r[C.PROTOCOL] == "ppp_room"]
     group = [r for r in rows if r[C.MAILBOX] == out["group"]["room_id"]]
     room = [r for r in rows if r[C.MAILBOX] == out["create"]["room_id"]]

@@ -56,7 +56,7 @@ def test_knocks_live_120_seconds_and_are_answered_once():
 
 def _landing_rows(settings) -> int:
     return sum(DeltaTable(str(p)).to_pyarrow_table().num_rows
-               for p in Layout(settings.data_dir).landing_tables().values())
+               for p in Layout.of(settings).landing_tables().values())
 
 
 def test_sealed_room_budgets_sizes_and_malformed_input(settings):

@@ -53,13 +53,13 @@ def pk(sk: SigningKey) -> bytes:
 
 def landing_rows(settings) -> list[dict]:
     out = []
-    for path in Layout(settings.data_dir).landing_tables().values():
+    for path in Layout.of(settings).landing_tables().values():
         out += DeltaTable(str(path)).to_pyarrow_table().to_pylist()
     return out
 
 
 def table_rows(settings, name) -> list[dict]:
-    return DeltaTable(str(Layout(settings.data_dir).tables / name)).to_pyarrow_table().to_pylist()
+    return DeltaTable(str(Layout.of(settings).tables / name)).to_pyarrow_table().to_pylist()
 
 
 _seq = iter(range(1_000_000, 2_000_000))
@@ -73,7 +73,7 @@ def land_inbox(settings, mailbox: bytes, events: list[tuple[bytes, bytes]], firs
         C.RECEIVED_AT: now, C.EXPIRES_AT: now + timedelta(days=1), C.CURSOR: first_cursor + i,
         C.SEQ: next(_seq), C.COMMITTED_AT: now, C.LANDING_TABLE: "node-t/g000001",
         C.LANDING_VERSION: 1, C.BATCH_ID: 0} for i, (env, eid) in enumerate(events)]
-    write_deltalake(str(Layout(settings.data_dir).inbox),
+    write_deltalake(str(Layout.of(settings).inbox),
                     pa.Table.from_pylist(rows, schema=INBOX.arrow_schema()), mode="append")
 
 
@@ -535,13 +535,13 @@ def test_a_connected_recipient_gets_an_event_right_after_its_landing_commit(sett
             # the stream's rows arrive: ev2 stays once, ev1's ack row is written with its seq
             land_inbox(settings, pk(bob), [(ev1, id1), (ev2, id2)])
             await until(lambda: n.ppp.inbox.pending_count(pk(bob)) == 1)
-            acks_path = Layout(settings.data_dir).acks
+            acks_path = Layout.of(settings).acks
 
             def acked_rows():
                 return DeltaTable(str(acks_path)).to_pyarrow_table().to_pylist()
             await until(lambda: len(acked_rows()) == 1)
             (row,) = acked_rows()
-            inbox = DeltaTable(str(Layout(settings.data_dir).inbox)).to_pyarrow_table()
+            inbox = DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table()
             seq1 = [r[C.SEQ] for r in inbox.to_pylist() if r[C.EVENT_ID] == id1]
             assert row[C.EVENT_ID] == id1 and [row[C.SEQ]] == seq1 and row[C.CURSOR] == 1
             assert await b.call({"cmd": "FETCH", "since": 0}) == {"cmd": "EVENTS", "events": [ev2]}

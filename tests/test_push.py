@@ -46,7 +46,7 @@ async def until(cond, timeout: float = WAIT, what: str = "condition") -> None:
 
 
 def push_log(settings) -> list[dict]:
-    return DeltaTable(str(Layout(settings.data_dir).table(PUSH_LOG))).to_pyarrow_table() \
+    return DeltaTable(str(Layout.of(settings).table(PUSH_LOG))).to_pyarrow_table() \
         .to_pylist()
 
 
@@ -128,7 +128,7 @@ def test_ppp_wakeups(spark, settings, tmp_path):
     for secret in out["secrets"]:
         assert secret not in raw
     # carol's dead token: deleted in the Delta table, and still gone after a reload
-    paths = Layout(settings.data_dir).table_paths(PPP_TABLES)
+    paths = Layout.of(settings).table_paths(PPP_TABLES)
     rows = DeltaTable(str(paths[PPP_PUSH_TOKENS.name])).to_pyarrow_table().to_pylist()
     assert [r["op"] for r in sorted(rows, key=lambda r: r["at"])
             if r["pubkey"] == out["carol"]] == ["register", "deregister"]
@@ -199,7 +199,7 @@ async def _ppp_scenario(settings, node, job, prov):
     gw, _ = giftwrap(bob)
     assert (await a.call({"cmd": "STORE", "event": gw}))["cmd"] == "STORED"
     assert (await b.recv(timeout=WAIT))["cmd"] == "NOTIFY"
-    inbox_now = DeltaTable(str(Layout(settings.data_dir).inbox)).version()
+    inbox_now = DeltaTable(str(Layout.of(settings).inbox)).version()
     await until(lambda: job.version >= inbox_now and not job.held, what="the job to read it")
     await asyncio.sleep(0.5)
     assert [len(prov.requests_to(t)) for t in (apns_bob, fcm_bob, "bob")] == [1, 1, 1]
@@ -223,7 +223,7 @@ async def _ppp_scenario(settings, node, job, prov):
     assert len(prov.requests_to(apns_carol)) == 1
     gw, _ = giftwrap(carol)                       # carol's token is gone: no more attempts
     assert (await a.call({"cmd": "STORE", "event": gw}))["cmd"] == "STORED"
-    inbox_now = DeltaTable(str(Layout(settings.data_dir).inbox)).version()
+    inbox_now = DeltaTable(str(Layout.of(settings).inbox)).version()
     await until(lambda: job.version >= inbox_now and not job.held, what="the job to read it")
     await asyncio.sleep(0.5)
     assert len(prov.requests_to(apns_carol)) == 1
@@ -315,7 +315,7 @@ async def _heya_sync(settings, tmp_path):
 
     async with Providers(tmp_path) as prov:
         prov.configure(settings)
-        (inbox_token,) = mint_inbox_tokens(Layout(settings.data_dir), fsync=False)
+        (inbox_token,) = mint_inbox_tokens(Layout.of(settings), fsync=False)
         node = IngressNode(settings, fsync=False)
         await node.start()
         try:

@@ -67,7 +67,7 @@ def marker(layout: Layout) -> int | None:
 
 def test_rows_wait_for_a_listener_and_a_restart_keeps_the_window(settings):
     settings.push.window_seconds = 60
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     layout.ensure_shared_tables()
     a, b = b"\xaa" * 32, b"\xbb" * 32
 

@@ -35,7 +35,7 @@ def compacted(tmp_path_factory):
     settings = config.load(None, env={}, data_dir=str(tmp_path_factory.mktemp("rc") / "data"))
     generate_day(settings, hours=2, scale=0.05, seed=5)
     run_compaction(settings)
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     views = {str(pq.read_schema(u).field(C.PROTOCOL).type)
              for u in DeltaTable(str(layout.inbox)).file_uris()}
     assert "string_view" in views       # the situation this test is about

@@ -35,7 +35,7 @@ def rows(layout: Layout, name: str) -> int:
 
 def test_superseded_sync_control_rows_leave_delta(settings):
     settings.compaction.vacuum_retention_hours = 0
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     layout.ensure_shared_tables()
     tok = {k: k.encode() + b"|" + os.urandom(24) for k in ("a1", "a2", "b", "c")}
 
@@ -112,7 +112,7 @@ def test_owner_writes_during_compaction_are_not_lost(settings):
     (the ack appender's and the membership writer's handles go stale and must retry): the
     fresh fold equals the owner's memory."""
     settings.compaction.vacuum_retention_hours = 0
-    layout = Layout(settings.data_dir)
+    layout = Layout.of(settings)
     layout.ensure_shared_tables()
 
     async def main():

@@ -29,7 +29,7 @@ def test_sync_through_the_spark_stream(spark, settings):
         asyncio.run(_scenario(settings))
     finally:
         query.stop()
-    inbox = DeltaTable(str(Layout(settings.data_dir).inbox)).to_pyarrow_table().to_pylist()
+    inbox = DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().to_pylist()
     sync = sorted((r for r in inbox if r[C.PROTOCOL] == "sync"), key=lambda r: r[C.CURSOR])
     assert [r[C.CURSOR] for r in sync] == [1, 2, 3]
     assert [r[C.ENVELOPE] for r in sync] == [b"one", b"two", b"three"]

@@ -57,7 +57,7 @@ async def relay(settings, stream: bool = True):
 
 
 def rows(settings, table: str) -> list[dict]:
-    return DeltaTable(str(Layout(settings.data_dir).tables / table)).to_pyarrow_table().to_pylist()
+    return DeltaTable(str(Layout.of(settings).tables / table)).to_pyarrow_table().to_pylist()
 
 
 def sync_inbox(settings) -> list[dict]:

@@ -153,7 +153,7 @@ async def _run(settings, spark, out: Traffic) -> None:
         # the stream, with its own registry, over what landed
         from delta_tables.landing_lag import landing_lag
         from delta_tables.layout import Layout
-        layout = Layout(settings.data_dir)
+        layout = Layout.of(settings)
         stream_metrics = metrics.StreamMetrics(settings.data_dir, lambda: landing_lag(layout))
         st = metrics.serve_ephemeral(stream_metrics.registry)
         try:

@@ -108,7 +108,7 @@ class PushJob:
                  clock=time.time):
         self.settings = settings
         self.conf = settings.push
-        layout = Layout(settings.data_dir)
+        layout = Layout.of(settings)
         self.layout = layout
         self.inbox_path = layout.inbox
         self.log_path = layout.table(PUSH_LOG)

@@ -297,7 +297,7 @@ def child_ingress_and_stream(spark, settings):
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     conf = write_conf(settings, data_dir.with_name(data_dir.name + ".toml"))
-    Layout(settings.data_dir).ensure_shared_tables()
+    Layout.of(settings).ensure_shared_tables()
     proc, listening = start_role("ingress", None, data_dir, data_dir, conf=conf)
     query = None
     try:

@@ -155,7 +155,7 @@ async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
     procs = []
     try:
         port = node.heya.bound_port
-        (inbox_token,) = mint_inbox_tokens(Layout(settings.data_dir))
+        (inbox_token,) = mint_inbox_tokens(Layout.of(settings))
         _, mw, tokens = await _mailbox(port, client_cert(workdir, "receiver"), inbox_token,
                                        TOKENS)
         ctx = mp.get_context("spawn")
@@ -209,7 +209,7 @@ async def _latency(settings, p: dict, workdir: str) -> dict:
     await node.start()
     try:
         port = node.heya.bound_port
-        (inbox_token,) = mint_inbox_tokens(Layout(settings.data_dir))
+        (inbox_token,) = mint_inbox_tokens(Layout.of(settings))
         rreader, rwriter, tokens = await _mailbox(port, client_cert(workdir, "receiver"),
                                                   inbox_token, 9)
         sreader, swriter = await _connect(port, client_cert(workdir, "sender"))

@@ -134,7 +134,7 @@ def run(settings, quick: bool, spark=None) -> dict:
     a.key_file, a.key_id, a.team_id, a.topic = (got["key_file"], "KEY1234567", "TEAM123456",
                                                 "org.example.messenger")
     a.url, a.ca_file = f"https://127.0.0.1:{got['port']}", got["cert"]
-    log_path = Layout(settings.data_dir).table(PUSH_LOG)
+    log_path = Layout.of(settings).table(PUSH_LOG)
     out: dict = {}
     with child_ingress_and_stream(spark, settings) as (listening, _query, _sink, _relay):
         conf = write_conf(settings, data.with_name(data.name + "-push.toml"))

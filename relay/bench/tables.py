@@ -97,7 +97,7 @@ def bench_commit_latency(root: Path, args, p: dict) -> dict:
     from delta_tables.layout import Layout
     settings = settings_for(args, root / "commits")
     conf = settings.ingress
-    target = LandingTarget(Layout(settings.data_dir), conf.node_id,
+    target = LandingTarget(Layout.of(settings), conf.node_id,
                            commits_per_generation=conf.commits_per_generation, fsync=True)
     rng = np.random.default_rng(2)
     table = landing_table(10, _mailboxes(rng, 100), rng)
@@ -163,7 +163,7 @@ def _prefill(settings, rows: int, per_commit: int, seed: int) -> None:
     from delta_tables.layout import Layout
     rng = np.random.default_rng(seed)
     mailboxes = _mailboxes(rng)
-    target = LandingTarget(Layout(settings.data_dir), settings.ingress.node_id,
+    target = LandingTarget(Layout.of(settings), settings.ingress.node_id,
                            commits_per_generation=settings.ingress.commits_per_generation,
                            fsync=False)
     for i in range(0, rows, per_commit):

@@ -215,7 +215,7 @@ def bench_e2e(spark, root: Path, args, p: dict) -> dict:
     from . import trueseal_client as bc
     data_dir = root / "e2e"
     settings = settings_for(args, data_dir)
-    Layout(settings.data_dir).ensure_shared_tables()
+    Layout.of(settings).ensure_shared_tables()
     relay_pub = keys.load_or_create(settings.data_dir).public
     ingress, ing = start_role("ingress", args, data_dir, root)
     egress, eg = start_role("egress", args, data_dir, root)
