@@ -111,6 +111,21 @@ class S3Path:
     def __hash__(self) -> int:
         return hash(self._key)
 
+    def __lt__(self, other: "S3Path") -> bool:
+        return self._key < other._key
+
+    def rglob(self, pattern: str):
+        """Every object under this prefix whose name matches `pattern` (fnmatch)."""
+        import fnmatch
+
+        from pyarrow import fs as pafs
+        try:
+            infos = self._fs.get_file_info(pafs.FileSelector(self._key, recursive=True))
+        except FileNotFoundError:
+            return iter(())
+        return iter([self._child(i.path, i.type) for i in infos
+                     if fnmatch.fnmatch(i.path.rsplit("/", 1)[-1], pattern)])
+
     @property
     def name(self) -> str:
         return self._key.rsplit("/", 1)[-1]

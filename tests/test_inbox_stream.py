@@ -113,9 +113,12 @@ def test_spark_replay_of_a_committed_batch_writes_nothing(spark, settings, layou
 def _frozen_batch(spark, layout):
     """The landed rows as a foreachBatch DataFrame (no offsets in the checkpoint: the sink
     reads it through Spark), its batch timestamp frozen, as Spark's offset log does."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     from pyspark.sql import functions as F
-    df = spark.read.format("parquet").load(
-        [str(p) for p in Path(layout.landing_root).rglob("*.parquet")])
+    # read by pyarrow, not Spark's parquet reader: it also reaches tables on S3
+    df = spark.createDataFrame(pa.concat_tables(
+        pq.read_table(str(p)) for p in layout.landing_root.rglob("*.parquet")))
     df = df.withColumn(C.LANDING_TABLE, F.lit("node-t/g000001")) \
            .withColumn(C.LANDING_VERSION, F.lit(1).cast("long")) \
            .withColumn("__batch_ts", F.current_timestamp())
@@ -196,6 +199,9 @@ def test_stream_on_local_cluster(settings, layout, tmp_path):
     land(layout, rows[:30], node="node-b", per_commit=10)
     env = dict(os.environ, RELAY_SPARK_MASTER="local-cluster[2,1,1024]",
                SPARK_WORKER_DIR=str(tmp_path / "worker"))
+    if settings.tables_dir:     # RELAY_TEST_TABLES=s3: the executors read landing from S3
+        env.update(RELAY_TABLES_DIR=settings.tables_dir,
+                   RELAY_S3_ENDPOINT=settings.object_store.endpoint)
     conf = tmp_path / "relay.toml"    # every batch read by the executors, not the driver
     conf.write_text("[stream]\ndriver_read_max_bytes = 0\nmax_files_per_trigger = 4\n")
     proc = subprocess.run([sys.executable, "-m", "relay.cli", "--conf", str(conf),

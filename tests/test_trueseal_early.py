@@ -18,6 +18,7 @@ from datetime import datetime, timedelta, timezone
 
 from deltalake import DeltaTable
 
+from delta_tables.layout import Layout
 from delta_tables.schema import C
 from egress.pending import EARLY_BASE, EARLY_MAX_AGE_SECONDS, MailboxHub, PendingEnvelope
 from egress.service import EgressNode
@@ -216,14 +217,14 @@ def test_a_push_reaches_an_online_receiver_before_its_inbox_row(spark, settings)
             took = time.monotonic() - t0
             tx.close()
             assert got == envelope and blob_id >= EARLY_BASE, took
-            inbox = settings.data_path / "tables" / "inbox"
+            inbox = Layout.of(settings).inbox
             assert DeltaTable(str(inbox)).to_pyarrow_table().num_rows == 0
             rx.send(deliver_ack_frame(blob_id))
             await wait_until(lambda: egress.hub.acked == 1)
             assert egress.hub.early_waiting == 1
 
             query, _ = start_inbox_stream(spark, settings, fsync=False)
-            acks = settings.data_path / "tables" / "acks"
+            acks = Layout.of(settings).acks
             deadline = time.monotonic() + 120
             while DeltaTable(str(acks)).to_pyarrow_table().num_rows == 0:
                 assert time.monotonic() < deadline, "the ack row was never written"
