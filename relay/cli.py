@@ -249,6 +249,9 @@ def cmd_bench(args) -> None:
     if args.startup:
         from .bench import startup
         sys.exit(startup.main(args))
+    if args.object_store:
+        from .bench import object_store
+        sys.exit(object_store.main(args))
     from .bench import run   # the benchmark is loaded by its command only
     sys.exit(run.main(args))
 
@@ -800,13 +803,18 @@ def main(argv: list[str] | None = None) -> None:
                    help="rounds of every section; each figure is their median (default 3)")
     p.add_argument("--out", default=None,
                    help="results file (default bench-results.json; bench-peer.json with --peer, "
-                        "bench-startup.json with --startup)")
+                        "bench-startup.json with --startup, bench-object-store.json with "
+                        "--object-store)")
     p.add_argument("--peer", action="store_true",
                    help="our PPP against the public nostr-relay, alternating runs (issue 20); "
                         "installs the peer into .venv-peer on first use")
     p.add_argument("--startup", action="store_true",
                    help="`relay up` from cold, each round: seconds to the first PPP ack and to "
                         "ready, then idle CPU and memory (issue 20) -> bench-startup.json")
+    p.add_argument("--object-store", action="store_true",
+                   help="landing commit latency and stream throughput with the tables on "
+                        "local disk and on an S3 server (moto, loopback), alternating (issue "
+                        "18) -> bench-object-store.json")
     p.set_defaults(func=cmd_bench)
     _add_ppp_parser(sub)
     args = parser.parse_args(argv)

@@ -10,7 +10,9 @@
 * `Receivers`: one device per mailbox (Noise XX); every Deliver is recorded, then DeliverAcked;
   the device reconnects whenever its session ends.
 
-Nothing here imports relay code: the relay is only reached through sockets and its tables.
+Nothing here imports relay code: the relay is only reached through sockets and its tables
+(read with delta-rs; with `RELAY_TEST_TABLES=s3` on the S3 server, through
+`delta_tables.object_store`'s paths).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from noise.exceptions import NoiseInvalidMessage
 
+from delta_tables import object_store
 from egress.pending import EARLY_BASE
 
 from trueseal_client import (HEARTBEAT, NK, XX, Client, deliver_ack_frame, keypair, push_frame,
@@ -54,10 +57,29 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+_TABLES: dict[Path, object] = {}
+
+
+def tables_dir(data: Path):
+    """Where the tables of the relay with data directory `data` are: `<data>/tables`, or its
+    prefix on the S3 server."""
+    return _TABLES.get(Path(data), Path(data) / "tables")
+
+
+def landing_generations(data: Path) -> list:
+    """Every landing table (each node's generations), oldest first."""
+    root = tables_dir(data) / "landing"
+    if not root.exists():
+        return []
+    return [gen for node in sorted(root.iterdir()) if node.is_dir()
+            for gen in sorted(node.iterdir())
+            if gen.name[:1] == "g" and gen.name[1:].isdigit() and latest_commit(gen) >= 0]
+
+
 def latest_commit(table: Path) -> int:
     """Newest version in a Delta table's log (-1 if none), from the file names only."""
     try:
-        names = os.listdir(table / "_delta_log")
+        names = object_store.listdir(table / "_delta_log")
     except FileNotFoundError:
         return -1
     return max((int(n[:20]) for n in names if n.endswith(".json") and n[:20].isdigit()),
@@ -300,7 +322,9 @@ class RelayProcesses:
     """A data directory, a conf file, free ports and one `RoleProc` per role: the relay a
     crash test starts, kills and restarts."""
 
-    def __init__(self, tmp_path: Path, conf: str, roles: tuple[str, ...]):
+    def __init__(self, tmp_path: Path, conf: str, roles: tuple[str, ...],
+                 s3_endpoint: str | None = None):
+        """`s3_endpoint`: the tables go to that S3 server (conftest's `s3_endpoint`)."""
         self.data = tmp_path / "data"
         self.logs = tmp_path / "logs"
         self.logs.mkdir()
@@ -311,6 +335,12 @@ class RelayProcesses:
         self.env = dict(os.environ, RELAY_DATA_DIR=str(self.data),
                         RELAY_TRIGGER_INTERVAL_MS="100", PYTHONUNBUFFERED="1",
                         **{var: str(p) for var, p in self.ports.items()})
+        if s3_endpoint:
+            from relay.bench.s3_server import BUCKET
+            uri, loc = f"s3://{BUCKET}/{tmp_path.name}", object_store.S3Location(s3_endpoint)
+            self.env.update(RELAY_TABLES_DIR=uri, RELAY_S3_ENDPOINT=s3_endpoint)
+            object_store.configure_env(loc)       # for this process's delta-rs reads
+            _TABLES[self.data] = object_store.table_root(uri, loc)
         self.procs = {r: RoleProc(r, self.env, self.prefix, self.logs) for r in roles}
 
     def tails(self) -> str:

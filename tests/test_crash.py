@@ -29,7 +29,7 @@ import pytest
 from deltalake import DeltaTable
 
 from crash_harness import (REPO, PushLoad, Receivers, RelayProcesses, envelope_uid,
-                           latest_commit, log)
+                           landing_generations, latest_commit, log, tables_dir)
 from egress.pending import EARLY_BASE
 
 pytestmark = pytest.mark.crash
@@ -52,8 +52,8 @@ max_pending_per_mailbox = 64
 
 
 class Relay(RelayProcesses):
-    def __init__(self, tmp_path: Path):
-        super().__init__(tmp_path, CONF, ROLES)
+    def __init__(self, tmp_path: Path, s3_endpoint: str | None = None):
+        super().__init__(tmp_path, CONF, ROLES, s3_endpoint)
         self.push_port = self.ports["RELAY_TRUESEAL_PUSH_PORT"]
         self.receive_port = self.ports["RELAY_TRUESEAL_RECEIVE_PORT"]
 
@@ -65,8 +65,8 @@ class Relay(RelayProcesses):
 
 
 @pytest.fixture
-def relay(tmp_path):
-    r = Relay(tmp_path)
+def relay(tmp_path, s3_endpoint):
+    r = Relay(tmp_path, s3_endpoint)
     log(f"data dir {r.data}, push :{r.push_port}, receive :{r.receive_port}")
     try:
         yield r
@@ -83,15 +83,9 @@ def read_table(path: Path, columns=None):
 def landing_rows(data: Path) -> list[tuple[bytes, bytes]]:
     """(mailbox, envelope) of every landing row, over every node and generation."""
     rows = []
-    root = data / "tables" / "landing"
-    if not root.exists():
-        return rows
-    for node in sorted(root.iterdir()):
-        for gen in sorted(node.iterdir()):
-            if not (gen / "_delta_log").exists() or not any((gen / "_delta_log").glob("*.json")):
-                continue
-            t = read_table(gen, ["mailbox", "envelope"])
-            rows += zip(t.column("mailbox").to_pylist(), t.column("envelope").to_pylist())
+    for gen in landing_generations(data):
+        t = read_table(gen, ["mailbox", "envelope"])
+        rows += zip(t.column("mailbox").to_pylist(), t.column("envelope").to_pylist())
     return rows
 
 
@@ -123,7 +117,7 @@ async def pick_moment(role: str, targeted: bool, load: PushLoad, receivers: Rece
     if not targeted:
         return "random"
     if role == "stream":
-        inbox = data / "tables" / "inbox"
+        inbox = tables_dir(data) / "inbox"
         v0 = latest_commit(inbox)
         deadline = time.monotonic() + 10.0
         while latest_commit(inbox) == v0 and time.monotonic() < deadline:
@@ -281,7 +275,7 @@ async def _crash_scenario(relay: Relay, seed: int, roles: tuple[str, ...], pushe
 
     # The stream has consumed everything in landing once landing = inbox + rejects.
     data = relay.data
-    tables = data / "tables"
+    tables = tables_dir(data)
 
     def counts() -> tuple[int, int, int]:
         return (len(landing_rows(data)), read_table(tables / "inbox", ["seq"]).num_rows,

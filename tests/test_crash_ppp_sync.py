@@ -49,7 +49,8 @@ from deltalake import DeltaTable
 from nacl.signing import SigningKey
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from crash_harness import RelayProcesses, latest_commit, log
+from crash_harness import (RelayProcesses, landing_generations, latest_commit, log,
+                           tables_dir)
 from ppp_wire import Ws, giftwrap
 from sync_client import Device, SyncClient, group_id, hello, join, pull, push
 
@@ -84,15 +85,15 @@ control_requests_per_minute = 1000
 
 
 class Relay(RelayProcesses):
-    def __init__(self, tmp_path: Path):
-        super().__init__(tmp_path, CONF, ROLES)
+    def __init__(self, tmp_path: Path, s3_endpoint: str | None = None):
+        super().__init__(tmp_path, CONF, ROLES, s3_endpoint)
         self.ppp_port = self.ports["RELAY_PPP_PORT"]
         self.sync_port = self.ports["RELAY_SYNC_PORT"]
 
 
 @pytest.fixture
-def relay(tmp_path):
-    r = Relay(tmp_path)
+def relay(tmp_path, s3_endpoint):
+    r = Relay(tmp_path, s3_endpoint)
     log(f"data dir {r.data}, ppp :{r.ppp_port}, sync :{r.sync_port}")
     try:
         yield r
@@ -531,16 +532,13 @@ def read_table(path: Path, columns=None):
 def landing_rows(data: Path, columns: list[str]) -> list[dict]:
     """Rows of every landing table (every node, every generation)."""
     rows: list[dict] = []
-    root = data / "tables" / "landing"
-    for node in sorted(root.iterdir()) if root.exists() else ():
-        for gen in sorted(node.iterdir()):
-            if latest_commit(gen) >= 0:
-                rows += read_table(gen, columns).to_pylist()
+    for gen in landing_generations(data):
+        rows += read_table(gen, columns).to_pylist()
     return rows
 
 
 def drained(data: Path) -> tuple[int, int, int]:
-    tables = data / "tables"
+    tables = tables_dir(data)
     return (len(landing_rows(data, ["event_id"])), read_table(tables / "inbox", ["seq"]).num_rows,
             read_table(tables / "rejects", ["event_id"]).num_rows)
 
@@ -577,7 +575,7 @@ async def _pick_moment(role: str, targeted: bool, ppp: PppLoad, sync: SyncLoad,
     while not sync.in_flight and time.monotonic() < deadline:
         await asyncio.sleep(0.005)
     if targeted:
-        inbox = data / "tables" / "inbox"
+        inbox = tables_dir(data) / "inbox"
         v0 = latest_commit(inbox)
         while latest_commit(inbox) == v0 and time.monotonic() < deadline + 10:
             await asyncio.sleep(0.002)
@@ -792,7 +790,7 @@ async def _retry_everything(relay: Relay, ppp: PppLoad, sync: SyncLoad) -> dict:
 
 
 def _check_tables(data: Path, ppp: PppLoad, sync: SyncLoad) -> dict:
-    tables = data / "tables"
+    tables = tables_dir(data)
     landed = landing_rows(data, ["event_id", "protocol", "mailbox", "envelope"])
     inbox = read_table(tables / "inbox").to_pylist()
     rejects = read_table(tables / "rejects", ["event_id", "reason"]).to_pylist()

@@ -173,6 +173,7 @@ def _prefill(settings, rows: int, per_commit: int, seed: int) -> None:
 def _run_available_now(spark, settings) -> dict:
     from deltalake import DeltaTable
 
+    from delta_tables.layout import Layout
     from jobs.inbox_stream import start_inbox_stream
     t0 = time.perf_counter()
     query, sink = start_inbox_stream(spark, settings, available_now=True)
@@ -182,8 +183,7 @@ def _run_available_now(spark, settings) -> dict:
     if query.exception():
         raise RuntimeError(f"stream failed: {query.exception()}")
     batches = [h for h in sink.history if h.rows_in]
-    inbox_rows = DeltaTable(str(Path(settings.data_dir) / "tables" / "inbox")) \
-        .to_pyarrow_dataset().count_rows()
+    inbox_rows = DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_dataset().count_rows()
     progress = [dict(x) for x in query.recentProgress]
     return {"elapsed": elapsed, "batches": batches, "inbox_rows": inbox_rows,
             "progress": progress, "rows_in": sum(h.rows_in for h in batches),

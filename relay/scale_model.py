@@ -1,0 +1,109 @@
+"""Capacity on paper (issue 18): what 1 M users sending 100 M messages a day need, worked out
+from this machine's measurements. docs/scale-out.md prints `report()`'s table and the capacity
+notebook runs it; tests/test_scale_model.py keeps the document equal to this code.
+
+Every input names where it comes from: a `relay bench` figure (README "Benchmarks", the JSON
+files), the load generator's model of a day (jobs/loadgen.py), or a published price or limit
+of the object store (named as such: those are not measured here).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Inputs:
+    users: int = 1_000_000
+    messages_per_day: int = 100_000_000
+    # jobs/loadgen.diurnal: busiest hour / mean hour of the synthetic day
+    peak_over_mean: float = 2.04
+    # jobs/loadgen.py: padded sizes 256/1024/4096/16384 at 55/28/10/4 % (+3 % unpadded)
+    envelope_bytes: int = 1539
+    # relay bench --quick 2026-11-24 morning: relay CPU per trueseal push over a new Noise NK
+    # connection (the real client's shape), ms; the costliest protocol per message measured
+    cpu_ms_per_message: float = 1.2
+    # relay bench --quick 2026-11-24 evening: stream envelopes/s over a 200k-row run, local[2]
+    stream_envelopes_per_s: int = 37_567
+    # relay bench --quick: micro-batch trigger interval (ms) of the measured runs
+    trigger_ms: int = 100
+    # relay bench --object-store (this stop): landing commit p50 on moto's S3 server, ms.
+    # AWS documents "tens of milliseconds" median for small requests: the same order.
+    s3_commit_ms: float = 60.0
+    # a node commits back to back while rows wait; a longer period groups more rows per commit
+    # (fewer requests, slower acks): 0 = back to back
+    landing_commit_every_ms: float = 0.0
+    # requests of one delta-rs commit on S3, counted in moto's request log over 40 landing
+    # commits (this stop): PUT-priced = 2 PUT (data, conditional log) + 3 LIST; GET-priced = 2
+    put_tier_per_commit: int = 5
+    get_per_commit: int = 2
+    # tables written by each micro-batch (rejects, inbox, padding_audit) and processes that
+    # read each inbox commit (egress, the PPP, Heya and cursor-sync listeners), each a LIST and
+    # two GETs (the commit file, its data file: egress/inbox_tail.py)
+    tables_per_batch: int = 3
+    inbox_followers: int = 4
+    # AWS S3 Standard us-east-1 published prices, USD (not measured): per 1,000 PUT/LIST, per
+    # 1,000 GET, per GB-month
+    usd_per_1k_put: float = 0.005
+    usd_per_1k_get: float = 0.0004
+    usd_per_gb_month: float = 0.023
+    # AWS S3 documented floor per partitioned prefix: PUT/s and GET/s
+    s3_put_per_s_per_prefix: int = 3500
+    s3_get_per_s_per_prefix: int = 5500
+    cores_per_node: int = 2
+    node_headroom: float = 0.7   # plan nodes to 70 % CPU at the peak hour
+
+
+def model(i: Inputs = Inputs()) -> dict[str, float]:
+    mean_rate = i.messages_per_day / 86_400
+    peak_rate = mean_rate * i.peak_over_mean
+    ingress_cores = peak_rate * i.cpu_ms_per_message / 1000
+    nodes = math.ceil(ingress_cores / (i.cores_per_node * i.node_headroom)) + 1  # +1: one lost
+    # Each node commits once per period while rows wait.
+    period_ms = max(i.s3_commit_ms, i.landing_commit_every_ms)
+    commits_per_s = nodes * 1000 / period_ms
+    rows_per_commit_peak = peak_rate / commits_per_s
+    batches_per_s = 1000 / i.trigger_ms
+    table_commits_per_s = commits_per_s + batches_per_s * i.tables_per_batch
+    put_tier_per_s = table_commits_per_s * i.put_tier_per_commit + \
+        batches_per_s * i.inbox_followers
+    get_per_s = table_commits_per_s * i.get_per_commit + batches_per_s * i.inbox_followers * 2
+    gb_per_day = i.messages_per_day * i.envelope_bytes / 1e9
+    return {
+        "mean messages/s": mean_rate,
+        "peak messages/s": peak_rate,
+        "ingress cores at peak": ingress_cores,
+        "ingress nodes (2 cores, 70 %, +1)": nodes,
+        "stream load at peak (share of one local[2] driver)": peak_rate / i.stream_envelopes_per_s,
+        "landing commits/s (all nodes, S3)": commits_per_s,
+        "rows per landing commit at peak": rows_per_commit_peak,
+        "Delta commits/s (landing + 3 tables per micro-batch)": table_commits_per_s,
+        "S3 PUT/LIST per s": put_tier_per_s,
+        "S3 GET per s": get_per_s,
+        "PUT/LIST as share of one prefix's floor": put_tier_per_s / i.s3_put_per_s_per_prefix,
+        "S3 requests USD/day": 86.4 * (put_tier_per_s * i.usd_per_1k_put
+                                       + get_per_s * i.usd_per_1k_get),
+        "envelope GB landed/day": gb_per_day,
+        "storage USD/day if a day stays stored": gb_per_day * 2 * i.usd_per_gb_month / 30,
+        "ack latency on S3, p50 (ms)": i.s3_commit_ms + (period_ms - i.s3_commit_ms) / 2,
+    }
+
+
+def report(i: Inputs = Inputs()) -> str:
+    """The Markdown table of docs/scale-out.md."""
+    lines = ["| figure | value |", "|---|---:|"]
+    for name, value in model(i).items():
+        text = f"{value:,.0f}" if abs(value) >= 100 or float(value).is_integer() else (
+            f"{value:.2f}" if abs(value) >= 0.01 else f"{value:.4f}")
+        lines.append(f"| {name} | {text} |")
+    return "\n".join(lines)
+
+
+def inputs_table(i: Inputs = Inputs()) -> str:
+    return "\n".join(["| input | value |", "|---|---:|"] + [
+        f"| `{f.name}` | {getattr(i, f.name):,} |" for f in fields(i)])
+
+
+if __name__ == "__main__":
+    print(report())
