@@ -128,10 +128,12 @@ def _alive(pid: int) -> bool:
 class RoleProc:
     """One relay role; `start` may be called again after the process ended (a restart)."""
 
-    def __init__(self, role: str, env: dict[str, str], argv_prefix: list[str], logdir: Path):
+    def __init__(self, role: str, env: dict[str, str], argv_prefix: list[str], logdir: Path,
+                 command: list[str] | None = None):
+        """`role`: what its ready line names; `command`: the subcommand (default `[role]`)."""
         self.role = role
         self.env = env
-        self.argv = [sys.executable, "-m", "relay.cli", *argv_prefix, role]
+        self.argv = [sys.executable, "-m", "relay.cli", *argv_prefix, *(command or [role])]
         self.logdir = logdir
         self.proc: subprocess.Popen | None = None
         self.incarnation = 0
@@ -475,7 +477,10 @@ class PushLoad:
     it over new sessions until each is acked."""
 
     def __init__(self, port: int, relay_pub: bytes, mailboxes: list[bytes], total: int,
-                 duration: float, workers: int, seed: int, reply_timeout: float = 30.0):
+                 duration: float, workers: int, seed: int, reply_timeout: float = 30.0,
+                 first_uid: int = 1):
+        """`first_uid`: where this load's envelope uids start (two loads, distinct uids)."""
+        self.first_uid = first_uid
         self.port, self.relay_pub, self.mailboxes = port, relay_pub, mailboxes
         self.total, self.duration, self.workers = total, duration, workers
         self.rng = random.Random(seed)
@@ -501,14 +506,14 @@ class PushLoad:
             self.tasks.append(asyncio.create_task(self._worker(w), name=f"push-{w}"))
 
     async def _produce(self) -> None:
-        for uid in range(1, self.total + 1):
-            due = self.t0 + self.duration * (uid - 1) / self.total
+        for n, uid in enumerate(range(self.first_uid, self.first_uid + self.total)):
+            due = self.t0 + self.duration * n / self.total
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
             mbox = self.rng.randrange(len(self.mailboxes))
             self.sent[uid] = (mbox, make_envelope(uid, self.rng))
-            self.produced = uid
+            self.produced = n + 1
             self.queue.put_nowait(uid)
         self.producer_done.set()
 
