@@ -231,14 +231,24 @@ def rmtree(path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def total_size(path: S3Path) -> int:
-    """Bytes of every object under an S3 prefix (one recursive listing)."""
-    from pyarrow import fs as pafs
-    try:
-        infos = path._fs.get_file_info(pafs.FileSelector(path._key, recursive=True))
-    except FileNotFoundError:
-        return 0
-    return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+def disk_usage(root) -> int:
+    """Bytes of every file under a local directory or S3 prefix (what `relay status` and
+    compaction report as the tables' size)."""
+    if is_remote(root):
+        from pyarrow import fs as pafs
+        try:
+            infos = root._fs.get_file_info(pafs.FileSelector(root._key, recursive=True))
+        except FileNotFoundError:
+            return 0
+        return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except FileNotFoundError:  # removed by a concurrent writer or vacuum
+                pass
+    return total
 
 
 def file_size(path: str) -> int:

@@ -35,11 +35,9 @@ rewrites files of its own snapshot.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Callable
 
 import pyarrow as pa
@@ -77,7 +75,7 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
     conf = settings.compaction
     layout = Layout.of(settings)
     layout.ensure_shared_tables()
-    report = CompactionReport(bytes_before=_du(layout.tables))
+    report = CompactionReport(bytes_before=object_store.disk_usage(layout.tables))
     started = time.monotonic()
 
     ack_cutoff = now - timedelta(seconds=conf.ack_grace_seconds)
@@ -128,7 +126,7 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
              lambda tdef=tdef: maintain(layout.table(tdef), target,
                                         conf.vacuum_retention_hours, report))
 
-    report.bytes_after = _du(layout.tables)
+    report.bytes_after = object_store.disk_usage(layout.tables)
     report.seconds = time.monotonic() - started
     say(f"done: tables {human_bytes(report.bytes_before)} -> "
         f"{human_bytes(report.bytes_after)} in {report.seconds:.2f} s")
@@ -274,16 +272,3 @@ def _ts(moment: datetime) -> str:
     """A SQL literal of the tables' timestamp type (microseconds, UTC)."""
     iso = moment.astimezone(timezone.utc).isoformat()
     return f"arrow_cast('{iso}', 'Timestamp(Microsecond, Some(\"UTC\"))')"
-
-
-def _du(root: Path) -> int:
-    if object_store.is_remote(root):
-        return object_store.total_size(root)
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except FileNotFoundError:  # removed by a concurrent writer or vacuum
-                pass
-    return total

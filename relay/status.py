@@ -12,7 +12,6 @@ since it started. A role that does not answer is shown as `down` (or `off` with 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 
@@ -23,6 +22,7 @@ from deltalake import DeltaTable, QueryBuilder
 
 from delta_tables.landing_lag import landing_lag
 from delta_tables.layout import Layout
+from delta_tables.object_store import disk_usage
 from delta_tables.schema import C
 
 from runtime import metrics
@@ -104,17 +104,6 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
     return dict(sorted(out.items()))
 
 
-def _du(path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-            except FileNotFoundError:
-                pass
-    return total
-
-
 def role_status(settings: Settings, role: str, timeout: float = 1.0) -> RoleStatus:
     port = settings.metrics.port(role)
     endpoint = f"{settings.metrics.bind}:{port}"
@@ -168,7 +157,7 @@ def collect(settings: Settings, now: datetime | None = None) -> Status:
     lag = landing_lag(layout, settings.stream_checkpoint, now.timestamp())
     return Status(
         data_dir=str(layout.root), at=now.isoformat(timespec="seconds"),
-        tables_bytes=_du(layout.tables), protocols=table_status(layout, now),
+        tables_bytes=disk_usage(layout.tables), protocols=table_status(layout, now),
         landing_lag_versions=lag.versions, landing_lag_seconds=round(lag.seconds, 3),
         landing_tables=len(lag.tables),
         roles=[role_status(settings, r) for r in process_roles(settings)])
