@@ -7,7 +7,7 @@ would each start their own generation, and the first one's, still written to, co
 dropped under it: acked envelopes lost. So an ingress process claims its node id first:
 
 * `<landing>/<node>/_owner.json`, created only if absent (a temporary file `link()`ed to the
-  name; with the tables on S3, an empty Delta table `_owner` created by a conditional PUT,
+  name, as the relay's keys are: runtime/keys.write_secret_file; with the tables on S3, an empty Delta table `_owner` created by a conditional PUT,
   its description the record), names the node's token, host and state directory. The token lives in the owner's
   state directory (`<data>/state/nodes/<node>.token`), so a node id taken by another host, or
   by another data directory on this host, is refused with a message naming the owner, and a
@@ -28,6 +28,8 @@ import os
 import secrets
 import socket
 from pathlib import Path
+
+from runtime import keys
 
 from . import object_store
 
@@ -72,7 +74,7 @@ class NodeClaim:
             created = _create_once_remote(self.owner_file, json.dumps(me))
         else:
             self.owner_file.parent.mkdir(parents=True, exist_ok=True)
-            created = _create_once(self.owner_file, json.dumps(me).encode())
+            created = keys.write_secret_file(self.owner_file, json.dumps(me).encode())
         if not created:
             owner = json.loads(self._read_owner())
             if owner.get("token") != token:
@@ -89,7 +91,7 @@ class NodeClaim:
 
     def _token(self) -> str:
         path = self.state / f"{self.node}.token"
-        _create_once(path, secrets.token_hex(16).encode())
+        keys.write_secret_file(path, secrets.token_hex(16).encode())
         return path.read_text().strip()
 
     def release(self) -> None:
@@ -99,7 +101,7 @@ class NodeClaim:
 
 
 def _create_once_remote(path, record: str) -> bool:
-    """`_create_once` on S3: creating version 0 of a Delta table is a conditional PUT."""
+    """Create-if-absent on S3: creating version 0 of a Delta table is a conditional PUT."""
     import pyarrow as pa
     from deltalake import DeltaTable
     try:
@@ -110,26 +112,3 @@ def _create_once_remote(path, record: str) -> bool:
         if DeltaTable.is_deltatable(str(path)):
             return False
         raise
-
-
-def _create_once(path: Path, data: bytes) -> bool:
-    """Write `path` unless it exists (False then), never half-written: a temporary file,
-    fsync'ed, linked to the name."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-        os.close(fd)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        return True
-    finally:
-        tmp.unlink(missing_ok=True)
