@@ -49,3 +49,18 @@ def test_two_writers_racing_on_s3_never_share_a_version(endpoint):
     assert counters == list(range(1, 2 * per_writer + 1))
     print("lost races:", [int(o[1]) for o in outs])
 
+
+
+def test_node_ids_are_claimed_on_s3_too(endpoint, tmp_path):
+    """The owner record of a node id on S3 is a Delta table created by a conditional PUT: a
+    second state directory (another host) is refused, the owner's restart is not."""
+    from delta_tables.node_claim import NodeClaim, NodeIdTaken
+    from delta_tables.object_store import configure_env, table_root
+    loc = S3Location(endpoint)
+    configure_env(loc)
+    landing = table_root(f"s3://{BUCKET}/claims", loc) / "landing"
+    first = NodeClaim(landing, tmp_path / "a", "node-1").acquire()
+    with pytest.raises(NodeIdTaken, match=str(tmp_path / "a")):
+        NodeClaim(landing, tmp_path / "b", "node-1").acquire()
+    first.release()
+    NodeClaim(landing, tmp_path / "a", "node-1").acquire().release()
