@@ -83,6 +83,8 @@ EVENTS: dict[str, str] = {
                          "retries (size, error)",
     "commit_failed": "a group commit failed; its callers hear the error (rows)",
     "ingress_stopped": "ingress finished its last commits and stopped (rows)",
+    "node_id_taken": "an ingress process refused to start: its node id is another's or "
+                     "already running (delta_tables/node_claim.py)",
     # heya (ingress process)
     "heya_timeout": "a Heya connection timed out (waiting_for)",
     "heya_closed": "a Heya connection is closing (reason; debug)",
@@ -150,6 +152,8 @@ EVENTS: dict[str, str] = {
     # stream
     "stream_batch": "a micro-batch committed (batch_id, rows_in, accepted, rejected, ms)",
     "stream_batch_replay_skipped": "a replayed micro-batch was already committed (batch_id)",
+    "stream_writer_lost": "another stream committed to the inbox since this one built its "
+                          "cursor cache: it stops (expected, found)",
     "stream_stopped": "the stream stopped (batches)",
     # compaction
     "compaction_step": "one compaction step finished (msg says what it removed)",
