@@ -86,7 +86,7 @@ class DeltaAppendTarget:
 
     def __init__(self, path: Path, tdef: TableDef, *, refresh_every: int = 100,
                  fsync: bool = True, key: str | None = None):
-        self.path = path if object_store.is_remote(path) else Path(path)
+        self.path = object_store.as_path(path)
         self.tdef = tdef
         self.schema = tdef.arrow_schema()
         self.refresh_every = refresh_every

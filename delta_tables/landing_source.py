@@ -35,7 +35,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -58,11 +58,17 @@ class LandingLogError(RuntimeError):
     """The landing log holds something an append-only source cannot follow."""
 
 
+class DataFile(NamedTuple):
+    path: str       # absolute path (or s3:// URI) of the parquet file
+    size: int       # bytes, from the commit's add action
+
+
 @dataclass(frozen=True)
 class FileRef:
     table: str      # "<node>/g<NNNNNN>"
     version: int
-    path: str       # absolute path of the parquet file
+    path: str       # absolute path (or s3:// URI) of the parquet file
+    size: int       # bytes: sizing a batch needs no stat (or HEAD request on S3) per file
 
 
 class LandingPartition(InputPartition):
@@ -72,8 +78,8 @@ class LandingPartition(InputPartition):
         self.s3 = s3     # object_store.S3Location when the tables are on S3
 
 
-def version_adds(table_path: Path, version: int) -> list[str]:
-    """Paths of the data files a commit adds; see the module docstring for what is refused."""
+def version_adds(table_path: Path, version: int) -> list[DataFile]:
+    """The data files a commit adds; see the module docstring for what is refused."""
     log_file = table_path / "_delta_log" / f"{version:020d}.json"
     try:
         text = log_file.read_text()
@@ -86,7 +92,8 @@ def version_adds(table_path: Path, version: int) -> list[str]:
         action = json.loads(line)
         if "add" in action:
             if action["add"].get("dataChange", True):
-                adds.append(str(table_path / action["add"]["path"]))
+                add = action["add"]
+                adds.append(DataFile(str(table_path / add["path"]), int(add["size"])))
         elif "remove" in action and action["remove"].get("dataChange", True):
             raise LandingLogError(f"{table_path} version {version} removes data; "
                                   "landing tables are append-only")
@@ -146,7 +153,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> dict:
         return {"v": self._latest(), "boot": self._boot}
 
-    def _adds(self, key: str, version: int) -> list[str]:
+    def _adds(self, key: str, version: int) -> list[DataFile]:
         cached = self._adds_cache.get((key, version))
         if cached is None:
             cached = version_adds(self.layout.landing_root / key, version)
@@ -211,8 +218,8 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
         n = min(self.max_partitions, len(files))
         size = -(-len(files) // n)
-        s3 = object_store.location_of(self.layout.tables) if self.layout.remote else None
-        return [LandingPartition(files[i:i + size], s3) for i in range(0, len(files), size)]
+        return [LandingPartition(files[i:i + size], self.layout.s3)
+                for i in range(0, len(files), size)]
 
     def read(self, partition: LandingPartition) -> Iterator[pa.RecordBatch]:
         if partition.s3 is not None:    # an executor's worker: point pyarrow at the store
@@ -235,8 +242,8 @@ def batch_files(layout: Layout, start: dict, end: dict, adds=None) -> list[FileR
         if not (table_path / "_delta_log").exists():
             continue  # dropped by compaction after it was consumed
         for version in range(begin.get(key, -1) + 1, last + 1):
-            paths = adds(key, version) if adds else version_adds(table_path, version)
-            files.extend(FileRef(key, version, p) for p in paths)
+            added = adds(key, version) if adds else version_adds(table_path, version)
+            files.extend(FileRef(key, version, f.path, f.size) for f in added)
     return files
 
 

@@ -57,14 +57,18 @@ class Layout:
         """What `Layout.at` needs to rebuild this layout in another process (a Spark data
         source's Python worker: it reads the tables too)."""
         opts = {"data_dir": str(self.root), "tables_dir": str(self.tables)}
-        if self.remote:
-            loc = object_store.location_of(self.tables)
-            opts.update(s3_endpoint=loc.endpoint, s3_region=loc.region)
+        if self.s3 is not None:
+            opts.update(s3_endpoint=self.s3.endpoint, s3_region=self.s3.region)
         return opts
 
     @property
     def remote(self) -> bool:
         return object_store.is_remote(self._tables)
+
+    @property
+    def s3(self) -> object_store.S3Location | None:
+        """Where the tables are when they are on S3 (None on a local disk)."""
+        return self._tables.location if self.remote else None
 
     # --- paths -------------------------------------------------------------------------
     @property

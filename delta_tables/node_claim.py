@@ -7,8 +7,9 @@ would each start their own generation, and the first one's, still written to, co
 dropped under it: acked envelopes lost. So an ingress process claims its node id first:
 
 * `<landing>/<node>/_owner.json`, created only if absent (a temporary file `link()`ed to the
-  name, as the relay's keys are: runtime/keys.write_secret_file; with the tables on S3, an empty Delta table `_owner` created by a conditional PUT,
-  its description the record), names the node's token, host and state directory. The token lives in the owner's
+  name, as the relay's keys are: runtime/keys.write_secret_file; with the tables on S3, an
+  empty Delta table `_owner` created by a conditional PUT, its description the record), names
+  the node's token, host and state directory. The token lives in the owner's
   state directory (`<data>/state/nodes/<node>.token`), so a node id taken by another host, or
   by another data directory on this host, is refused with a message naming the owner, and a
   restart of the owner is recognised;

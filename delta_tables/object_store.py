@@ -114,17 +114,25 @@ class S3Path:
     def __lt__(self, other: "S3Path") -> bool:
         return self._key < other._key
 
+    def _listing(self, recursive: bool) -> list:
+        """pyarrow FileInfos under this prefix (one LIST), empty if there is nothing."""
+        from pyarrow import fs as pafs
+        try:
+            return self._fs.get_file_info(pafs.FileSelector(self._key, recursive=recursive))
+        except FileNotFoundError:
+            return []
+
     def rglob(self, pattern: str):
         """Every object under this prefix whose name matches `pattern` (fnmatch)."""
         import fnmatch
-
-        from pyarrow import fs as pafs
-        try:
-            infos = self._fs.get_file_info(pafs.FileSelector(self._key, recursive=True))
-        except FileNotFoundError:
-            return iter(())
-        return iter([self._child(i.path, i.type) for i in infos
+        return iter([self._child(i.path, i.type) for i in self._listing(recursive=True)
                      if fnmatch.fnmatch(i.path.rsplit("/", 1)[-1], pattern)])
+
+    def total_size(self) -> int:
+        """Bytes of every object under this prefix (one recursive LIST)."""
+        from pyarrow import fs as pafs
+        return sum(i.size or 0 for i in self._listing(recursive=True)
+                   if i.type == pafs.FileType.File)
 
     @property
     def name(self) -> str:
@@ -154,12 +162,7 @@ class S3Path:
         return self._info().type == pafs.FileType.File
 
     def iterdir(self):
-        from pyarrow import fs as pafs
-        try:
-            infos = self._fs.get_file_info(pafs.FileSelector(self._key, recursive=False))
-        except FileNotFoundError:
-            return iter(())
-        return iter([self._child(i.path, i.type) for i in infos])
+        return iter([self._child(i.path, i.type) for i in self._listing(recursive=False)])
 
     def listdir(self) -> list[str]:
         return [p.name for p in self.iterdir()]
@@ -209,10 +212,6 @@ def as_path(path):
     return path if is_remote(path) else Path(path)
 
 
-def location_of(path: S3Path) -> S3Location:
-    return path.location
-
-
 def listdir(path) -> list[str]:
     """`os.listdir` for a local or an S3 directory (FileNotFoundError if absent)."""
     if is_remote(path):
@@ -235,12 +234,7 @@ def disk_usage(root) -> int:
     """Bytes of every file under a local directory or S3 prefix (what `relay status` and
     compaction report as the tables' size)."""
     if is_remote(root):
-        from pyarrow import fs as pafs
-        try:
-            infos = root._fs.get_file_info(pafs.FileSelector(root._key, recursive=True))
-        except FileNotFoundError:
-            return 0
-        return sum(i.size or 0 for i in infos if i.type == pafs.FileType.File)
+        return root.total_size()
     total = 0
     for dirpath, _, files in os.walk(root):
         for name in files:
@@ -249,12 +243,3 @@ def disk_usage(root) -> int:
             except FileNotFoundError:  # removed by a concurrent writer or vacuum
                 pass
     return total
-
-
-def file_size(path: str) -> int:
-    """Size of a data file named by a local path or an s3:// URI."""
-    if path.startswith("s3://"):
-        from pyarrow import fs as pafs
-        fs, key = pafs.FileSystem.from_uri(path)
-        return fs.get_file_info(key).size or 0
-    return os.path.getsize(path)

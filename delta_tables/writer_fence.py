@@ -11,8 +11,8 @@ commits each append with the counter + 1. Two commits of one counter value never
   and the writer, reopening, sees the counter moved.
 
 On a local disk a Delta commit is a put-if-absent by `link()` (delta-rs and direct_append.py);
-on S3 delta-rs needs conditional put (`object_store.s3_storage_options`), so the same holds
-there (tests/test_object_store.py races two processes on an S3 server).
+on S3 delta-rs needs conditional put (`object_store.S3Location.storage_options`), so the same
+holds there (tests/test_object_store.py races two processes on an S3 server).
 """
 
 from __future__ import annotations

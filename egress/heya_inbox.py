@@ -31,8 +31,8 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from delta_tables.layout import equals
-from delta_tables.schema import C
 from delta_tables.object_store import as_path
+from delta_tables.schema import C
 from .inbox_view import Sessions
 from .pending import PendingEnvelope
 from engine.heya.ids import PROTOCOL

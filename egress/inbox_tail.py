@@ -25,8 +25,8 @@ from deltalake import DeltaTable
 from delta_tables.group_commit import GroupCommitAppender
 from delta_tables.landing_lag import latest_version
 from delta_tables.layout import equals
-from delta_tables.schema import C, INBOX
 from delta_tables.object_store import as_path
+from delta_tables.schema import C, INBOX
 from runtime.inbox_signal import InboxSignal, signal_dir
 
 from .pending import MailboxHub, PendingEnvelope

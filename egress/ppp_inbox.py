@@ -51,8 +51,8 @@ from typing import Callable, Iterable, Protocol
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from delta_tables.schema import C
 from delta_tables.object_store import as_path
+from delta_tables.schema import C
 from .envelope_cache import EnvelopeCache
 from .inbox_tail import read_protocol_rows
 from .inbox_view import Sessions

@@ -34,8 +34,8 @@ import msgpack
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from delta_tables.schema import C
 from delta_tables.object_store import as_path
+from delta_tables.schema import C
 from engine.ppp.rooms import MAX_SUBSCRIPTIONS, ROOM_PROTOCOL
 
 from .envelope_cache import EnvelopeCache

@@ -38,8 +38,8 @@ from typing import Iterable, Protocol
 import msgpack
 import pyarrow as pa
 
-from delta_tables.schema import C
 from delta_tables.object_store import as_path
+from delta_tables.schema import C
 from .envelope_cache import EnvelopeCache
 from .inbox_tail import read_protocol_rows
 from .pending import PendingEnvelope

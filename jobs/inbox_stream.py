@@ -43,7 +43,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from deltalake.exceptions import CommitFailedError
 
-from delta_tables import object_store, writer_fence
+from delta_tables import writer_fence
 from delta_tables.group_commit import COMMIT_ATTEMPTS, fsync_version
 from delta_tables.landing_source import SOURCE_NAME, batch_files, read_files
 from delta_tables.layout import Layout
@@ -225,7 +225,7 @@ class InboxSink:
         plan = read_batch_plan(self.checkpoint, batch_id, self.start_versions)
         if plan is not None:
             files = batch_files(self.landing, plan.start, plan.end)
-            if sum(object_store.file_size(f.path) for f in files) <= self.driver_read_max_bytes:
+            if sum(f.size for f in files) <= self.driver_read_max_bytes:
                 self.driver_reads += 1
                 return (pa.Table.from_batches(list(read_files(files)),
                                               schema=LANDING_SOURCE.arrow_schema()),

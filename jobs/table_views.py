@@ -106,7 +106,7 @@ def _version_rows(path: Path, version: int) -> pa.Table | None:
     files = version_adds(path, version)
     if not files:
         return None
-    return pa.concat_tables([pq.read_table(f, columns=LANDING.names) for f in files])
+    return pa.concat_tables([pq.read_table(f.path, columns=LANDING.names) for f in files])
 
 
 ROOMS_SCHEMA = pa.schema([

@@ -3,7 +3,7 @@
     relay up          everything on one machine (ingress per protocol, stream, egress, compaction)
     relay ingress     protocol listeners -> landing table of this node (--protocol P: one)
     relay egress      inbox tail -> connected clients, acks
-    relay stream      Spark Structured Streaming: landing -> inbox (--master spark://...: on a cluster)
+    relay stream      Spark Structured Streaming: landing -> inbox (--master: on a cluster)
     relay spark       a Spark standalone master or worker from the installed pyspark
     relay compact     purge delivered / expired envelopes, compact, checkpoint, vacuum
     relay keys        print the relay's public keys

@@ -1,10 +1,10 @@
 """Two ingress nodes, one stream (issue 18): a second ingress process stands for another host
 (its own data directory, keys and node id; the same tables: a shared directory, or the S3
 server with RELAY_TEST_TABLES=s3). It runs trueseal push only: Heya, PPP and cursor-sync
-listeners own their protocol's control tables, one process each, so they are not run twice. Both take pushes while one stream and one egress serve
-them; the second node is killed with SIGKILL mid-load and never comes back. Every push either
-node acked is delivered, none twice in the inbox, cursors gap-free: a dead node's landing is
-still read."""
+listeners own their protocol's control tables, one process each, so they are not run twice.
+Both take pushes while one stream and one egress serve them; the second node is killed with
+SIGKILL mid-load and never comes back. Every push either node acked is delivered, none twice
+in the inbox, cursors gap-free: a dead node's landing is still read."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ PUSHES, LOAD_SECONDS = 800, 40.0        # per node
 def two_nodes(tmp_path, s3_endpoint):
     relay = Relay(tmp_path, s3_endpoint)
     push_port, metrics_port = free_ports(2)
-    env = dict(relay.env, RELAY_DATA_DIR=str(tmp_path / "data-b"), RELAY_NODE_ID="node-b",    # node-b-trueseal
+    # node id node-b-trueseal: `relay ingress --protocol trueseal` appends its protocol
+    env = dict(relay.env, RELAY_DATA_DIR=str(tmp_path / "data-b"), RELAY_NODE_ID="node-b",
                RELAY_TRUESEAL_PUSH_PORT=str(push_port),
                RELAY_METRICS_PORT_INGRESS=str(metrics_port))
     if not s3_endpoint:             # the other "host" shares the first one's tables directory
