@@ -29,7 +29,7 @@ counted (`rejected["<what>_timeout"]`) and logged at most once per 10 s (`ppp_cl
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -145,8 +145,11 @@ class PppConn:
     def lost(self) -> None:
         if not self.gone:
             self.gone = True
-            self._deadline.clear()
+            self._deadline.close()
             self.server.release(self.ticket)
+        # this object and its protocols refer to each other (ws, the deadline's callback,
+        # the protocols' app state): cycles a flood would leave to the full collector
+        self.ws = None
 
     # --- deadlines ------------------------------------------------------------------------------
     def reading(self, what: str, grace: float, rate: float | None = None) -> None:
@@ -202,13 +205,14 @@ class _H11Connection(h11.Connection):
     """h11's connection, telling the protocol when a request head is complete, before uvicorn
     runs anything for it: refused, the request is dropped (the connection is aborted)."""
 
-    def __init__(self, on_head, max_incomplete_event_size: int):
+    def __init__(self, on_head: Callable[[list[tuple[bytes, bytes]]], bool],
+                 max_incomplete_event_size: int):
         super().__init__(h11.SERVER, max_incomplete_event_size)
         self._on_head = on_head
 
     def next_event(self):
         event = super().next_event()
-        if type(event) is h11.Request and not self._on_head(event):
+        if type(event) is h11.Request and not self._on_head(event.headers):
             return h11.NEED_DATA
         return event
 
@@ -219,7 +223,9 @@ class PppHttpProtocol(H11Protocol):
     def __init__(self, config, server_state, app_state: dict, _loop=None):
         super().__init__(config, server_state, app_state, _loop)
         self.ppp: PppConn = app_state["ppp_conn"]
-        self.conn = _H11Connection(self._on_head, config.h11_max_incomplete_event_size)
+        # `PppConn.head`, not a method of this protocol: that would be a reference cycle
+        # (protocol -> h11 connection -> protocol) left to the full collector at every close.
+        self.conn = _H11Connection(self.ppp.head, config.h11_max_incomplete_event_size)
 
     def connection_made(self, transport) -> None:
         super().connection_made(self.ppp.attach(transport))
@@ -243,9 +249,6 @@ class PppHttpProtocol(H11Protocol):
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         self.ppp.read_done()
         super().handle_websocket_upgrade(event)
-
-    def _on_head(self, event: h11.Request) -> bool:
-        return self.ppp.head(event.headers)
 
     def _watch(self) -> None:
         conf, state = self.ppp.conf, self.conn.their_state

@@ -241,8 +241,11 @@ class Listener:
         return False
 
     def release(self, ticket: Ticket | None) -> None:
+        """The connection is gone: its slot is free, and its closer (usually a method of the
+        connection, which holds the ticket: a reference cycle) is dropped."""
         if ticket is not None:
             self.admission.release(ticket)
+            ticket.closer = None
 
     def _evict(self, tickets) -> None:
         for ticket in tickets:
@@ -441,10 +444,21 @@ class Deadline:
             self._handle = None
         self.when = None
 
+    def close(self) -> None:
+        """Disarm for good and drop the callback: it is usually a method of the connection
+        that owns this deadline, a reference cycle that only a full collection would free
+        (thousands at once when a flood leaves)."""
+        self.clear()
+        self._on_expiry = _never
+
     def _fire(self) -> None:
         self._handle = None
         self.when = None
         self._on_expiry(self.what)
+
+
+def _never(_what: str) -> None:
+    pass
 
 
 class RecordClock:

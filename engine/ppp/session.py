@@ -181,6 +181,9 @@ class PppSession:
     def close(self) -> None:
         self.phase = Phase.CLOSED
         self._slots.clear()
+        # `admit` is usually a method of the shell that owns this session: a reference cycle
+        # that only a full collection would free, thousands at a time after a flood.
+        self.admit = None
 
     # --- input -------------------------------------------------------------------------------
     def receive_frame(self, data: bytes, now: float) -> None:
