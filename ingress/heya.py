@@ -222,6 +222,16 @@ class HeyaServer(Listener):
                     session.promote()
 
 
+# Each command's method of `_HeyaConnection`, by name: a table of bound methods built per
+# connection would refer back to it, a reference cycle that only the full collector frees
+# (thousands at once when a flood leaves, with the event loop stopped meanwhile).
+HANDLERS = {
+    Inco: "_inco", Auth: "_auth", Deau: "_deau", Extd: "_extd", ListTokens: "_list",
+    Send: "_send", Want: "_want", Trim: "_trim", Iosa: "_iosa", Iosd: "_iosd", Iosl: "_iosl",
+    Dall: "_dall",
+}
+
+
 class _HeyaConnection:
     def __init__(self, server: HeyaServer, reader: tls_stream.TLSStream,
                  writer: tls_stream.TLSStream, ticket: Ticket | None):
@@ -241,11 +251,6 @@ class _HeyaConnection:
         self._progress = asyncio.Event()   # a store finished
         self._aborted = False
         self.unauth_until: float | None = None   # UNAUTH: closed at this loop time
-        self._handlers = {
-            Inco: self._inco, Auth: self._auth, Deau: self._deau, Extd: self._extd,
-            ListTokens: self._list, Send: self._send, Want: self._want, Trim: self._trim,
-            Iosa: self._iosa, Iosd: self._iosd, Iosl: self._iosl, Dall: self._dall,
-        }
 
     # --- lifecycle -----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -385,7 +390,7 @@ class _HeyaConnection:
             if isinstance(ev, CommandReceived):
                 await self._room()
                 if self.core.is_live(ev.request_id):
-                    await self._handlers[type(ev.command)](ev.request_id, ev.command)
+                    await getattr(self, HANDLERS[type(ev.command)])(ev.request_id, ev.command)
                     self._wake.set()
             elif isinstance(ev, ConnectionClosed):
                 if ev.reason.value not in ("eof", "quit", "local", "refused"):
