@@ -128,7 +128,7 @@ class _ReceiveConnection:
                 # Let durable acks finish before the unacked claims are released.
                 await asyncio.gather(*self.acks, return_exceptions=True)
             finally:
-                self.deadline.clear()
+                self.deadline.close()   # its callback is this connection's: a cycle
                 if self.session is not None:
                     self.session.close()
                 self.core.close()

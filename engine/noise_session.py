@@ -91,11 +91,24 @@ class NoiseResponder:
                 rs = self._hs.rs
                 self.remote_static = getattr(rs, "public_bytes", None)
                 self._hs = None   # drop the ephemeral private key with it
+                self._conn._next_fn = None   # see close()
             return out
         except Exception as exc:   # noise, cryptography and ValueError alike mean "bad peer"
             self.failed = True
-            self._hs = None
+            self.close()
             raise NoiseFailure(f"{self.pattern} handshake failed: {type(exc).__name__}") from None
+
+    def close(self) -> None:
+        """Drop the handshake state. The package's connection keeps its next handshake step as
+        one of its own bound methods (`_next_fn`), a reference cycle: left in place, every
+        connection that ends is freed only by a full collection, and a flood of them that
+        leaves at once stops the event loop for as long as that takes."""
+        self._hs = None
+        self._conn._next_fn = None
+        # An unfinished handshake's states and the protocol refer to each other (the package
+        # drops them itself only when a handshake completes).
+        protocol = self._conn.noise_protocol
+        protocol.handshake_state = protocol.symmetric_state = None
 
     def encrypt(self, plaintext: bytes) -> bytes:
         if len(plaintext) > MAX_PLAINTEXT:

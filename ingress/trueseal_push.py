@@ -180,7 +180,7 @@ class _PushConnection:
                 await asyncio.gather(*self.stores, return_exceptions=True)
                 await self._flush()
         finally:
-            self.deadline.clear()
+            self.deadline.close()   # its callback is this connection's: a cycle
             # A store already queued still commits; only its Ack is lost, and the client's
             # retry then lands as a duplicate the stream drops (same event_id).
             core.close()

@@ -115,6 +115,7 @@ class SessionCore(SansIOOutput[Event]):
             raise LocalProtocolError(f"{trigger!r} is not allowed in state {self.state.name}") from None
 
     def _close(self, reason: CloseReason, trigger: str = "close") -> None:
+        self._noise.close()
         self._move(trigger)
         self.close_reason = reason
         self._events.append(ConnectionClosed(reason))
