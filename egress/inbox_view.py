@@ -41,8 +41,7 @@ class LastSeen:
         self.clock = clock
         # An OrderedDict, not a dict: forgetting the oldest of a dict (`next(iter(d))` then
         # `del`) leaves deleted slots at its front that every later `next(iter(d))` walks
-        # over, so once past `cap` each departure cost time in proportion to the departures
-        # before it (a flood of 6,500 sessions leaving took ~0.15 s of the loop for this alone).
+        # over until the dict is rebuilt (6,500 departures past the cap: 39 ms, against 9 ms).
         self._at: OrderedDict[Hashable, float] = OrderedDict()
 
     def left(self, key: Hashable) -> None:
