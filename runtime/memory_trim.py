@@ -1,17 +1,24 @@
 """Give a drained wave of connections' memory back to the operating system.
 
-A flood of connections that ends leaves the process as big as at its peak: dropped
-connections are reference cycles (asyncio transports, aioquic's timers, uvicorn's protocol
-objects) freed only by the cyclic collector, and glibc keeps freed memory in its arenas for
-reuse. Issue 19 saw the ingress stay 20-30% bigger after each wave of idle connections left.
+A flood of connections that ends leaves the process as big as at its peak: glibc keeps
+freed memory in its arenas for reuse, and dropped connections used to be reference cycles
+(uvicorn's and aioquic's objects, our own callbacks) freed only by the cyclic collector.
+Issue 19 saw the ingress stay 20-30% bigger after each wave of idle connections left. The
+listeners now break their cycles when a connection ends (tests/test_reference_cycles.py:
+asyncio's socket transport keeps one of 5 objects), so what a wave held is freed as it
+leaves and returning it is mostly `malloc_trim`'s work; a collection of ~600,000 objects in
+cycles had stopped the loop for 1.2-1.7 s.
 
 `HeapTrimmer` watches the listeners' admission counters (`engine/admission.py`) once a
 second. When at least `wave` connections have ended since the last trim and what is held
 now is at most half of the most held since then (the wave has drained), it runs a full
 collection and then glibc's `malloc_trim(0)` on a thread (it walks the heap; the event loop
 keeps serving), and once more `AGAIN_AFTER_SECONDS` later. Nothing happens under steady
-load: connections that come and go at a constant level never halve the peak. Where the C
-library is not glibc, only the collection runs.
+load: connections that come and go at a constant level never halve the peak. Between
+trims, once `wave` connections have ended and are no longer ending by the hundred, it runs
+`malloc_trim` alone (`return_due`), at most every `AGAIN_AFTER_SECONDS`: a flood refused,
+evicted and timed out piecemeal may never halve its peak. Where the C library is not glibc,
+only the collection runs.
 
 **Full collections on a schedule** (`take_over_collector`). CPython starts a full
 collection by itself whenever the objects that survived into the oldest generation grew by
@@ -94,6 +101,9 @@ class HeapTrimmer:
             self._released()
         self._full_at = time.monotonic()
         self.draining = False     # connections ended by the hundred at the last check
+        self._released_at_return = self._released_at_trim
+        self._returned_at = time.monotonic()
+        self.returns = 0          # malloc_trim alone, between trims (for tests)
 
     def _released(self) -> int:
         return sum(a.released for a in self._admissions())
@@ -131,6 +141,27 @@ class HeapTrimmer:
         return (ended >= self.full_after_ended or waited >= self.full_every) \
             and not self.draining
 
+    def return_due(self, now: float) -> bool:
+        """At least `wave` connections ended since memory was last given back, they are no
+        longer ending by the hundred, and `again_after` passed: give back what their closes
+        freed, with `malloc_trim` alone. The listeners' connections are freed by reference
+        counting as they end (tests/test_reference_cycles.py), so this needs no collection
+        and no stop of the loop; the wave's trim (`due`) waits for the peak to halve, which
+        a flood that is refused, evicted and timed out piecemeal may take long to reach, and
+        meanwhile the freed memory stayed in the C library's free lists."""
+        return (MALLOC_TRIM is not None and not self.draining
+                and self._released() - self._released_at_return >= self.wave
+                and now - self._returned_at >= self.again_after)
+
+    async def give_back(self) -> None:
+        await self._malloc_trim()
+        self.returns += 1
+
+    async def _malloc_trim(self) -> None:
+        self._released_at_return, self._returned_at = self._released(), time.monotonic()
+        if MALLOC_TRIM is not None:
+            await asyncio.to_thread(MALLOC_TRIM, 0)
+
     def collect(self) -> int:
         self._released_at_full, self._full_at = self._released(), time.monotonic()
         self.full_collections += 1
@@ -139,8 +170,7 @@ class HeapTrimmer:
     async def trim(self) -> None:
         started = time.monotonic()
         collected = self.collect()
-        if MALLOC_TRIM is not None:
-            await asyncio.to_thread(MALLOC_TRIM, 0)
+        await self._malloc_trim()
         self.trims += 1
         log.info("memory given back after a wave of connections", extra={
             "event": "memory_trimmed", "collected": collected,
@@ -162,3 +192,5 @@ class HeapTrimmer:
                 await self.trim()
             elif self.full_due(time.monotonic()):
                 self.collect()
+            elif self.return_due(time.monotonic()):
+                await self.give_back()

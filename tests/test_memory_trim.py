@@ -133,3 +133,26 @@ def test_a_full_collection_is_due_after_enough_connections_ended_or_time():
     assert trimmer.full_due(time.monotonic())           # 5 x 500 ended: overdue too
     trimmer.due()                                # a calm check
     assert not trimmer.draining and trimmer.full_due(time.monotonic())
+
+
+def test_memory_is_given_back_between_trims_once_a_wave_has_ended_and_calmed():
+    """A flood ended piecemeal (evicted, timed out) whose peak never halves still gets its
+    freed memory given back (malloc_trim alone), once it stops ending by the hundred, and
+    not more often than `again_after`."""
+    adm = _admission()
+    trimmer = HeapTrimmer(lambda: [adm], wave=256, again_after=0.05)
+    held = _open(adm, 2000)
+    for t in held[:300]:                 # 300 of 2,000 ended: the peak is far from halved
+        adm.release(t)
+    now = time.monotonic() + 1
+    assert not trimmer.due()             # still ending by the hundred: draining
+    assert not trimmer.return_due(now)
+    assert not trimmer.due()             # calm now, but 1,700 of 2,000 still held
+    assert trimmer.return_due(now)
+    asyncio.run(trimmer.give_back())
+    assert trimmer.returns == 1 and trimmer.trims == 0
+    assert not trimmer.return_due(now + 1)     # nothing more ended since
+    for t in held[300:400]:
+        adm.release(t)
+    trimmer.due()
+    assert not trimmer.return_due(now + 1)     # 100 ended: under a wave
