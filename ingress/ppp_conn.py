@@ -38,6 +38,9 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from engine.admission import Stage, Ticket
 from runtime.config import PppConf
 from runtime.listener import Deadline
+from runtime.teardown import Teardown
+
+TEARDOWN = Teardown()   # the PPP port's WebSockets that are gone (one event loop per process)
 
 
 class Port(Protocol):
@@ -362,5 +365,7 @@ class PppWsProtocol(WebSocketsSansIOProtocol):
         super().data_received(data)
 
     def connection_lost(self, exc) -> None:
-        super().connection_lost(exc)
+        # The slot is free at once; the application's end of the session (uvicorn's
+        # disconnect, the ASGI task, the session's cleanup) waits its turn (runtime/teardown.py).
         self.ppp.lost()
+        TEARDOWN.later(WebSocketsSansIOProtocol.connection_lost, self, exc)
