@@ -33,10 +33,9 @@ after `FULL_AFTER_ENDED` connections ended since the last one or `FULL_EVERY_SEC
 moment connections are not ending by the hundred (a flood's drain is when the clients still
 connected wait most), or regardless once `OVERDUE` times either. With it the loop's stops
 in that hold fell to 0.1-0.6 s and its CPU by a quarter; the round trip did not clearly
-shorten (the rest is measured in the README's hostile-suite section). A flood's cyclic
-garbage (each dropped uvicorn connection leaves ~30 objects in cycles: protocol, transport,
-h11 state, the ASGI cycle) is still returned, in one stop, not in a stop per quarter of
-growth.
+shorten (the rest is measured in the README's hostile-suite section). What cyclic garbage is
+left (asyncio's socket transport: 5 objects a connection) is returned in one stop, not in a
+stop per quarter of growth.
 """
 
 from __future__ import annotations
