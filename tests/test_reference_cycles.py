@@ -14,10 +14,12 @@ that one is CPython's and is not counted."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from nacl.signing import SigningKey
@@ -44,6 +46,24 @@ def server_side_garbage() -> dict[str, int]:
     return out
 
 
+@contextlib.contextmanager
+def cyclic_garbage() -> Iterator[dict[str, int]]:
+    """Inside, the collector keeps what it finds; on leaving, the dict holds the relay's
+    objects that were left in reference cycles, by type."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    left: dict[str, int] = {}
+    try:
+        gc.collect()
+        gc.garbage.clear()
+        yield left
+        gc.collect()
+        left.update(server_side_garbage())
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+
+
 def test_ppp_sessions_that_end_leave_no_reference_cycles(settings):
     async def go():
         async with node(settings, Clock()) as n:
@@ -51,11 +71,7 @@ def test_ppp_sessions_that_end_leave_no_reference_cycles(settings):
             warm, _ = await login(port)     # first-use objects (caches, lazy imports)
             await warm.close()
             await until(lambda: n.ppp.connections == 0)
-            gc.collect()
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            try:
-                gc.collect()
-                gc.garbage.clear()
+            with cyclic_garbage() as left:
                 sessions = []
                 for i in range(20):
                     ws, reply = await login(port, f"127.0.0.{2 + i % 5}", SigningKey.generate())
@@ -68,11 +84,6 @@ def test_ppp_sessions_that_end_leave_no_reference_cycles(settings):
                     await ws.close()
                 await until(lambda: n.ppp.connections == 0)
                 await asyncio.sleep(0.2)      # uvicorn's tasks finish after the app returns
-                gc.collect()
-                left = server_side_garbage()
-            finally:
-                gc.set_debug(0)
-                gc.garbage.clear()
             assert left == {}, f"left to the cyclic collector: {left}"
 
     asyncio.run(go())
@@ -105,21 +116,12 @@ def test_connections_that_end_leave_no_reference_cycles(settings, listener, stag
             port, pub = server.bound_port, node.key.public.hex()
             await attack(listener, stage, port, pub, 2)      # first-use objects
             await asyncio.sleep(0.5)
-            gc.collect()
-            gc.set_debug(gc.DEBUG_SAVEALL)
-            try:
-                gc.collect()
-                gc.garbage.clear()
+            with cyclic_garbage() as left:
                 done = await attack(listener, stage, port, pub, 12)
                 assert done["established"] == 12, done
                 # QUIC connections the attacker closed drain for up to 3 PTOs first
                 await until(lambda: server.connections == 0 and server.admission.total == 0, 10)
                 await asyncio.sleep(0.5)
-                gc.collect()
-                left = server_side_garbage()
-            finally:
-                gc.set_debug(0)
-                gc.garbage.clear()
             assert left == {}, f"left to the cyclic collector: {left}"
         finally:
             await node.close()
