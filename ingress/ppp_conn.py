@@ -40,7 +40,7 @@ from runtime.config import PppConf
 from runtime.listener import Deadline
 from runtime.teardown import Teardown
 
-TEARDOWN = Teardown()   # the PPP port's WebSockets that are gone (one event loop per process)
+TEARDOWN = Teardown()   # the PPP port's connections that are gone (one event loop per process)
 
 
 class Port(Protocol):
@@ -246,8 +246,10 @@ class PppHttpProtocol(H11Protocol):
             self._watch()
 
     def connection_lost(self, exc) -> None:
-        super().connection_lost(exc)
+        # As a WebSocket's (`PppWsProtocol`): the slot now, uvicorn's end of the request (an
+        # ASGI task waiting for a body wakes up and unwinds) in its turn (runtime/teardown.py).
         self.ppp.lost()
+        TEARDOWN.later(H11Protocol.connection_lost, self, exc)
 
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         self.ppp.read_done()
