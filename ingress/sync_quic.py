@@ -384,8 +384,6 @@ def _ignore(*_args, **_kwargs) -> None:
 _TERMINATED = _Terminated()
 
 
-
-
 # --- the listener ---------------------------------------------------------------------------
 
 class SyncServer(Listener):
