@@ -356,7 +356,7 @@ class AdmittingServer(QuicServer):
         protocol.cids.clear()
 
 
-def _nothing(*_args) -> None:
+def _nothing(*_args, **_kwargs) -> None:
     pass
 
 
@@ -374,11 +374,7 @@ class _Terminated:
         return None
 
     def __getattr__(self, name: str):
-        return _ignore
-
-
-def _ignore(*_args, **_kwargs) -> None:
-    pass
+        return _nothing
 
 
 _TERMINATED = _Terminated()
@@ -618,8 +614,8 @@ class SyncConnection(QuicConnectionProtocol):
         """Break the reference cycles of a connection that is over, so that reference counting
         frees it at once. aioquic's `QuicConnection` refers to itself from ~280 objects
         (its frame handler table, its TLS context's and crypto contexts' callbacks, its loss
-        recovery's probe), and this protocol to itself through the server's handlers and its
-        ticket: left to the cyclic collector, a flood of 1,500 QUIC connections that ended
+        recovery's probe), and this protocol to itself through the server's handlers (its
+        ticket's closer is dropped by `Listener.release`, in `_on_closed`): left to the cyclic collector, a flood of 1,500 QUIC connections that ended
         was ~630,000 objects for one full collection, which stopped the event loop for
         ~1.7 s while legitimate devices waited. Called after ConnectionTerminated (or
         `abort`), when aioquic has nothing left to do for it: its timers are cancelled, and a
@@ -633,8 +629,6 @@ class SyncConnection(QuicConnectionProtocol):
         self._timer = self._transmit_task = None
         self._connection_id_issued_handler = self._connection_id_retired_handler = _nothing
         self._connection_terminated_handler = _nothing
-        if self.ticket is not None:
-            self.ticket.closer = None
         quic, self._quic = self._quic, _TERMINATED
         quic.__dict__.clear()
 
