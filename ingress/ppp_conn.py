@@ -251,6 +251,10 @@ class PppHttpProtocol(H11Protocol):
         self.ppp.lost()
         TEARDOWN.later(H11Protocol.connection_lost, self, exc)
 
+    def shutdown(self) -> None:
+        if not self.ppp.gone:   # lost: its end is queued (TEARDOWN), there is no client to tell
+            super().shutdown()
+
     def handle_websocket_upgrade(self, event: h11.Request) -> None:
         self.ppp.read_done()
         super().handle_websocket_upgrade(event)
@@ -371,3 +375,9 @@ class PppWsProtocol(WebSocketsSansIOProtocol):
         # disconnect, the ASGI task, the session's cleanup) waits its turn (runtime/teardown.py).
         self.ppp.lost()
         TEARDOWN.later(WebSocketsSansIOProtocol.connection_lost, self, exc)
+
+    def shutdown(self) -> None:
+        # uvicorn's shutdown closes every connection it still lists; one that is lost but
+        # whose end still waits its turn must not be sent a close (websockets raises)
+        if not self.ppp.gone:
+            super().shutdown()
