@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from runtime.teardown import Teardown
+from runtime.teardown import PER_TURN, Teardown
 
 
 def test_teardowns_run_a_few_per_turn_and_other_callbacks_run_between_them():
@@ -33,3 +33,57 @@ def test_teardowns_run_a_few_per_turn_and_other_callbacks_run_between_them():
         assert log[-1] == "again"
 
     asyncio.run(main())
+
+
+def test_a_ppp_node_stops_while_the_ends_of_lost_websockets_wait_their_turn(settings):
+    """`relay bench` found it: uvicorn's shutdown closes every connection it still lists, and
+    a WebSocket its client had closed (the closing handshake done) but whose end was still
+    queued was sent a second close (websockets raised InvalidState and the stop failed). Real
+    PPP sessions are reset or closed, the queue is held, the node stops: the stop finishes, nothing is raised, and every
+    end queued still runs once the queue moves."""
+    from nacl.signing import SigningKey
+
+    from ingress import ppp_conn
+    from ingress.service import IngressNode
+    from test_ppp_hostile import login
+    from test_ppp_shell import until
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        errors: list[str] = []
+        loop.set_exception_handler(
+            lambda _loop, ctx: errors.append(f"{ctx['message']}: {ctx.get('exception')!r}"))
+        queue = ppp_conn.TEARDOWN
+        settings.heya.enabled = False
+        n = IngressNode(settings, fsync=False)
+        await n.start()
+        stop = None
+        try:
+            sessions = []
+            for i in range(12):
+                ws, reply = await login(n.ppp.bound_port, f"127.0.0.{2 + i % 3}",
+                                        SigningKey.generate())
+                assert reply == {"cmd": "AUTH_OK"}, reply
+                sessions.append(ws)
+            await until(lambda: n.ppp.connections == 12)
+            queue.per_turn = 0                 # the ends wait, as behind a flood's
+            try:
+                for ws in sessions[:6]:      # as a flood leaves: reset
+                    ws.transport.abort()
+                for ws in sessions[6:]:      # as a client leaves: the closing handshake
+                    await ws.close()
+                # the slots are free at once; a reset session counts until its end runs
+                await until(lambda: n.ppp.admission.total == 0 and len(queue) == 12
+                            and n.ppp.connections == 6, 10)
+                stop = asyncio.create_task(n.close())
+                await asyncio.sleep(0.3)       # uvicorn's shutdown has gone over them
+            finally:
+                queue.per_turn = PER_TURN
+            await asyncio.wait_for(stop, 30)
+            await until(lambda: len(queue) == 0 and n.ppp.connections == 0, 10)
+        finally:
+            if stop is None:
+                await n.close()
+        assert errors == [], errors
+
+    asyncio.run(go())
