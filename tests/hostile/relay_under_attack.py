@@ -254,16 +254,18 @@ class RelayUnderAttack:
             time.sleep(0.2)
         return False
 
-    def attack(self, listener: str, stage: str, addresses: list[str]
+    def attack(self, listener: str, stage: str, addresses: list[str], attempt: int = 1
                ) -> tuple[dict, list[str]]:
-        """Run one attack; its figures and the rules it broke (empty: passed)."""
+        """Run one attack; its figures and the rules it broke (empty: passed). `attempt` 2 is
+        the second run of a scenario whose first missed only its latency bound (scenarios.py)."""
         spread = "one_address" if len(addresses) == 1 else f"{len(addresses)}_addresses"
         recovered = self._recovered()
         role = LISTENER_ROLE[listener]
         pid = self.relay.role_pid(role)
         if pid is None or self.relay.proc.poll() is not None:
             figures = {"listener": listener, "stage": stage, "addresses": spread,
-                       "broken": ["the relay is not running"], "passed": False}
+                       "attempt": attempt, "broken": ["the relay is not running"],
+                       "passed": False}
             self.results.listener(listener)["scenarios"].append(figures)
             self.results.save()
             return figures, figures["broken"]
@@ -347,7 +349,7 @@ class RelayUnderAttack:
             0, peak_socks - socks0)
         ramped, done = events.get("ramped", {}), events.get("done", {})
         figures = {
-            "listener": listener, "stage": stage, "addresses": spread,
+            "listener": listener, "stage": stage, "addresses": spread, "attempt": attempt,
             "recovered_before": recovered,
             "attacker": {k: attacker.get(k) for k in (
                 "attempted", "established", "peak_open", "open_at_hold_end", "closed_in_ramp",
@@ -458,10 +460,21 @@ def summary(data: dict) -> str:
     rows = ["| listener | stage | from | at the stage / tried | relay held | KiB per conn. "
             "| RSS before -> after MiB | legit p50/max s (trueseal, heya, ppp, sync) "
             "| log lines/s | passed |", "|" + "---|" * 10]
+    scenarios = passed = retried = 0
     for listener, rec in data.get("listeners", {}).items():
         for s in rec.get("scenarios", []):
+            second = s.get("attempt", 1) == 2     # the first attempt's row is just above
+            scenarios += not second
+            retried += second
+            passed += s.get("passed", False) and (second or not _missed_only_latency(s))
+            verdict = "yes" if s.get("passed") else "no"
+            if second:
+                verdict += " (attempt 2)"
+            elif not s.get("passed") and _missed_only_latency(s):
+                verdict += " (slower: run again)"
             if "attacker" not in s:
-                rows.append(f"| {listener} | {s['stage']} | {s['addresses']} | | | | | | | no |")
+                rows.append(f"| {listener} | {s['stage']} | {s['addresses']} | | | | | | "
+                            f"| {verdict} |")
                 continue
             a, legit = s["attacker"], s["legit"]
             lat = ", ".join(f"{legit[p]['p50_s']}/{legit[p]['max_s']}"
@@ -471,12 +484,24 @@ def summary(data: dict) -> str:
                 f"| {listener} | {s['stage']} | {s['addresses'].replace('_', ' ')} "
                 f"| {a['established']} / {a['attempted']} | {s['relay_sockets_peak']} "
                 f"| {s['memory_per_connection_kib']} | {s['rss_before_mib']} -> "
-                f"{s['rss_after_mib']} | {lat} | {s['log_lines_per_s']} "
-                f"| {'yes' if s['passed'] else 'no'} |")
+                f"{s['rss_after_mib']} | {lat} | {s['log_lines_per_s']} | {verdict} |")
     base = data.get("relay", {}).get("baseline", {})
     head = "baseline p50/max s: " + ", ".join(
         f"{p} {b.get('p50_s')}/{b.get('max_s')}" for p, b in base.items())
-    return head + "\n\n" + "\n".join(rows)
+    tally = (f"{passed} of {scenarios} scenarios passed; {retried} run a second time after "
+             f"missing only the latency bound")
+    return head + "\n" + tally + "\n\n" + "\n".join(rows)
+
+
+def only_slower(broken: list[str]) -> bool:
+    """Every rule broken is the latency bound (`attack`'s wording): scenarios.py runs such
+    a scenario once more."""
+    return bool(broken) and all("legitimate round trip" in b and " > baseline " in b
+                                for b in broken)
+
+
+def _missed_only_latency(s: dict) -> bool:
+    return only_slower(s.get("broken") or [])
 
 
 if __name__ == "__main__":

@@ -1,12 +1,20 @@
 """What every listener module of the suite runs: each stage of its protocol (attacker.STAGES)
-from one source address and spread over 253, then the check that nothing acked was lost."""
+from one source address and spread over 253, then the check that nothing acked was lost.
+
+One rule is judged twice: a scenario whose only miss is a legitimate round trip slower than
+its bound is run once more, and passes only if that second attack is within every rule.
+Whole runs on this 2-core machine (the attacker, Spark and every role on the same cores) miss
+at most one of 57 scenarios, a different one each time, by 0.1-0.2 s at a transition (the
+ramp's end, the attacker leaving); a relay that locks clients out misses both attacks. Both
+attempts are kept in the results file (`attempt`) and the table, so a retry stays visible.
+A failed or lost round trip, memory, the log and the relay's life are never retried."""
 
 from __future__ import annotations
 
 import pytest
 
 from attacker import STAGES
-from relay_under_attack import MANY_ADDRESSES, ONE_ADDRESS
+from relay_under_attack import MANY_ADDRESSES, ONE_ADDRESS, only_slower
 
 
 def params(listener: str) -> list:
@@ -18,6 +26,10 @@ def params(listener: str) -> list:
 
 def run(relay_under_attack, listener: str, stage: str, addresses: list[str]) -> None:
     figures, broken = relay_under_attack.attack(listener, stage, addresses)
+    if only_slower(broken):
+        print(f"\n{listener} {stage} {figures['addresses']}: attempt 1 missed "
+              f"({'; '.join(broken)}); attempt 2")
+        figures, broken = relay_under_attack.attack(listener, stage, addresses, attempt=2)
     if "attacker" not in figures:
         pytest.fail("; ".join(broken))
     a = figures["attacker"]
