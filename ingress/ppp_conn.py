@@ -38,9 +38,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from engine.admission import Stage, Ticket
 from runtime.config import PppConf
 from runtime.listener import Deadline
-from runtime.teardown import Teardown
-
-TEARDOWN = Teardown()   # the PPP port's connections that are gone (one event loop per process)
+from runtime.teardown import TEARDOWN
 
 
 class Port(Protocol):

@@ -13,6 +13,10 @@ of the loop (one callback that re-arms itself with `call_soon`), so a turn carri
 that many application teardowns and the clients still connected are served between them.
 What must happen at once is not queued: the transport is already closed by asyncio, and the
 shell frees the connection's admission slot itself before queuing (`PppWsProtocol`).
+
+`TEARDOWN` is the process's queue (every listener of a process shares its event loop, so the
+bound per turn holds for all of them): PPP's WebSockets and HTTP requests, and cursor-sync's
+QUIC connections, whose disposal (`SyncConnection._dispose`) frees ~280 objects each.
 """
 
 from __future__ import annotations
@@ -38,10 +42,13 @@ class Teardown:
     def later(self, fn: Callable[..., object], *args) -> None:
         self._due.append((fn, args))
         self.peak = max(self.peak, len(self._due))
-        if not self._armed:
+        loop = asyncio.get_running_loop()
+        # armed on a loop that has since closed (a test's asyncio.run ended with ends queued):
+        # arm again here, or nothing would ever run them
+        if not self._armed or self._loop is not loop:
             self._armed = True
-            self._loop = asyncio.get_running_loop()
-            self._loop.call_soon(self._turn)
+            self._loop = loop
+            loop.call_soon(self._turn)
 
     def _turn(self) -> None:
         due = self._due
@@ -56,3 +63,6 @@ class Teardown:
             self._loop.call_soon(self._turn)
         else:
             self._armed = False
+
+
+TEARDOWN = Teardown()

@@ -35,6 +35,25 @@ def test_teardowns_run_a_few_per_turn_and_other_callbacks_run_between_them():
     asyncio.run(main())
 
 
+def test_ends_left_queued_by_a_loop_that_closed_run_on_the_next_one():
+    t = Teardown(per_turn=0)
+    ran: list[str] = []
+
+    async def first():
+        t.later(ran.append, "old")        # armed, never run: per_turn 0, then the loop closes
+
+    asyncio.run(first())
+    t.per_turn = 8
+
+    async def second():
+        t.later(ran.append, "new")
+        for _ in range(3):
+            await asyncio.sleep(0)
+
+    asyncio.run(second())
+    assert ran == ["old", "new"] and len(t) == 0
+
+
 def test_a_ppp_node_stops_while_the_ends_of_lost_websockets_wait_their_turn(settings):
     """`relay bench` found it: uvicorn's shutdown closes every connection it still lists, and
     a WebSocket its client had closed (the closing handshake done) but whose end was still
