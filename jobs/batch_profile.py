@@ -126,6 +126,7 @@ if __name__ == "__main__":
     import sys
 
     from .spark_session import get_spark
-    result = measure(get_spark("local[2]", "batch-profile"),
+    result = measure(get_spark("local[2]", "batch-profile",
+                               jvm_options=config.load(None).stream.jvm_options),
                      float(sys.argv[1]) if len(sys.argv) > 1 else 30.0)
     print(json.dumps(result, indent=1))

@@ -20,14 +20,14 @@ from runtime import logs
 LOG4J2_CONF = Path(__file__).resolve().parents[1] / "conf" / "log4j2.properties"
 
 
-def driver_java_options(app_name: str) -> str:
+def driver_java_options(app_name: str, jvm_options: str = "") -> str:
     """`spark.driver.extraJavaOptions`: the log4j2 configuration and what it reads.
 
     `relay.log.appender` picks its layout: json, text or color (text with a coloured level);
     `relay.log.process` is each line's `process`. Under a relay process the JVM always writes
     json: `logs.child_stderr` turns each line into a record of ours (formatted as this process
     formats). `-Dlog4j2.level` only applies when no configuration file is found (the log4j
-    default configuration): WARN there too."""
+    default configuration): WARN there too. `jvm_options` (stream.jvm_options) come last."""
     opts = ["-Dlog4j2.level=warn"]
     if LOG4J2_CONF.is_file():
         act = logs.active()
@@ -40,13 +40,14 @@ def driver_java_options(app_name: str) -> str:
         opts += [f"-Dlog4j2.configurationFile={LOG4J2_CONF.as_uri()}",   # URI: no spaces
                  f"-Drelay.log.appender={appender}",
                  f"-Drelay.log.process={re.sub(r'[^A-Za-z0-9_.-]', '_', process)}"]
-    return " ".join(opts)
+    return " ".join(opts + jvm_options.split())
 
 
 def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | None = None,
-              secret: str | None = None):
+              secret: str | None = None, jvm_options: str = ""):
     """`secret`: a standalone cluster's shared secret (jobs/spark_cluster.py). It reaches the
-    driver JVM over Py4J after the JVM has started, never on its command line."""
+    driver JVM over Py4J after the JVM has started, never on its command line.
+    `jvm_options`: more driver JVM options (stream.jvm_options)."""
     # Executors must run the same interpreter that has the project installed.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -78,7 +79,8 @@ def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | N
                .config("spark.sql.streaming.checkpointFileManagerClass",
                        "org.apache.spark.sql.execution.streaming.checkpointing."
                        "FileSystemBasedCheckpointFileManager")
-               .config("spark.driver.extraJavaOptions", driver_java_options(app_name))
+               .config("spark.driver.extraJavaOptions",
+                       driver_java_options(app_name, jvm_options))
                # no "[Stage 0:>  (0 + 2) / 2]" progress bar on stderr: lines are records
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable))

@@ -50,7 +50,9 @@ def run(settings: Settings, stop: threading.Event, *, available_now: bool = Fals
     handlers there: pyspark replaces the SIGINT handler when it creates a SparkContext)."""
     master = settings.stream.master
     spark = get_spark(master, "relay-inbox-stream", secret=(
-        spark_cluster.secret(settings.data_dir) if spark_cluster.is_standalone(master) else None))
+        spark_cluster.secret(settings.data_dir) if spark_cluster.is_standalone(master) else None),
+        jvm_options=settings.stream.jvm_options,
+        extra={k: str(v) for k, v in settings.stream.spark_conf.items()})
     if on_spark_started:
         on_spark_started()
     layout = Layout.of(settings)

@@ -109,6 +109,11 @@ class StreamConf:
     cursor_start: dict[str, int] = field(default_factory=lambda: {"heya": 0})
     app_id: str = "relay-inbox-stream"
     master: str = "local[2]"
+    # Appended to the driver JVM's options (`spark.driver.extraJavaOptions`) of the stream
+    # and of `relay bench`: how the JVM spends memory and CPU while the relay idles.
+    jvm_options: str = ""
+    # More Spark settings for the stream's session (`[stream.spark_conf]`, strings).
+    spark_conf: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -8,12 +8,19 @@ import json
 import os
 import signal
 
+from relay.bench.startup import _tree
 from relay_up_process import RelayUp
 from trueseal_client import ACK, NK, XX, AsyncClient, deliver_ack_frame, keypair, push_frame
 
 
 def test_relay_up_serves_and_stops_cleanly(tmp_path):
-    relay = RelayUp(tmp_path / "data", RELAY_TRIGGER_INTERVAL_MS="100")
+    # The stream's JVM options and Spark settings reach its session (stream.jvm_options,
+    # [stream.spark_conf]): without Spark's Python daemon, its planning workers are plain
+    # processes (the default keeps three pyspark.daemon processes for the query's life).
+    conf = tmp_path / "relay.toml"
+    conf.write_text('[stream]\njvm_options = "-Drelay.test.marker=up"\n'
+                    '[stream.spark_conf]\n"spark.python.use.daemon" = "false"\n')
+    relay = RelayUp(tmp_path / "data", RELAY_TRIGGER_INTERVAL_MS="100", RELAY_CONF=str(conf))
     keys_out = relay.cli("keys")
     relay_pub = bytes.fromhex(keys_out.split()[1])
     assert oct(os.stat(relay.data / "keys" / "trueseal_static.key").st_mode & 0o777) == "0o600"
@@ -33,6 +40,9 @@ def test_relay_up_serves_and_stops_cleanly(tmp_path):
                           ("ppp", "PPP"), ("sync", "SYNC")):
             assert listening[name] == f"127.0.0.1:{relay.ports[var]}", name
         asyncio.run(_one_message(push, recv, relay_pub))
+        commands = [_cmdline(pid) for pid in _tree(relay.proc.pid)]
+        assert any("java" in c and "-Drelay.test.marker=up" in c for c in commands), commands
+        assert not any("pyspark.daemon" in c for c in commands), commands
         # `relay status` reads the tables and scrapes every running process
         st = json.loads(relay.cli("status", "--json"))
         roles = {r["role"]: r for r in st["roles"]}
@@ -50,6 +60,14 @@ def test_relay_up_serves_and_stops_cleanly(tmp_path):
     assert [e["role"] for e in relay.events if e["event"] == "role_stopped"] == [
         "ingress-trueseal", "ingress-heya", "ingress-ppp", "ingress-sync", "stream", "egress",
         "push", "compact"]
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return fh.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:      # gone meanwhile
+        return ""
 
 
 async def _one_message(push, recv, relay_pub):

@@ -181,7 +181,8 @@ def main(args) -> int:
                  "delivery_events": EVENTS, "rounds": []}
     base = settings_for(args, root / "unused")
     spark = get_spark(base.stream.master, "relay-bench-peer",
-                      extra={"spark.ui.showConsoleProgress": "false"})
+                      extra={"spark.ui.showConsoleProgress": "false"},
+                      jvm_options=base.stream.jvm_options)
     spark.sparkContext.setLogLevel("ERROR")
     try:
         for n in range(rounds):

@@ -291,7 +291,8 @@ def main(args) -> int:
             from jobs.spark_session import get_spark
             t = time.perf_counter()
             s = get_spark(base.stream.master, "relay-bench",
-                          extra={"spark.ui.showConsoleProgress": "false"})
+                          extra={"spark.ui.showConsoleProgress": "false"},
+                          jvm_options=base.stream.jvm_options)
             s.sparkContext.setLogLevel("ERROR")
             res["spark_start_seconds"] = rounded(time.perf_counter() - t, 1)
             return s

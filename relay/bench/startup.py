@@ -61,20 +61,52 @@ def _tree(root: int) -> list[int]:
     return out
 
 
+RELAY_COMMANDS = ("up", "ingress", "stream", "egress", "compact", "push", "spark")
+
+
+def process_label(argv: list[str]) -> str:
+    """What a process of the relay's tree is, from its command line: `ingress ppp`, `stream`,
+    `spark jvm`, `spark python daemon` (the module Spark started), ..."""
+    if not argv:
+        return "?"
+    if os.path.basename(argv[0]).startswith("java"):
+        return "spark jvm"
+    if "-m" in argv[:-1] and argv[argv.index("-m") + 1].startswith("pyspark"):
+        return "spark python " + argv[argv.index("-m") + 1].rsplit(".", 1)[-1]
+    if any("pyspark" in a for a in argv):
+        return "spark python"
+    cmd = next((a for a in argv[1:] if a in RELAY_COMMANDS), None)
+    if cmd is None:
+        return os.path.basename(argv[0])
+    if cmd == "ingress" and "--protocol" in argv:
+        return f"ingress {argv[argv.index('--protocol') + 1]}"
+    return cmd
+
+
 def memory_mib(root: int) -> dict:
-    """PSS and RSS of a process tree, MiB (Linux smaps_rollup)."""
+    """PSS and RSS of a process tree, MiB (Linux smaps_rollup), and PSS by process (what to
+    cut first: issue 20's idle target is for the whole tree)."""
     pss = rss = 0
-    for pid in _tree(root):
+    by: dict[str, int] = {}
+    pids = _tree(root)
+    for pid in pids:
         try:
+            mine = 0
             for line in open(f"/proc/{pid}/smaps_rollup"):
                 if line.startswith("Pss:"):
-                    pss += int(line.split()[1])
+                    mine = int(line.split()[1])
+                    pss += mine
                 elif line.startswith("Rss:"):
                     rss += int(line.split()[1])
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
+        label = process_label([a for a in argv.split("\0") if a])
+        by[label] = by.get(label, 0) + mine
     return {"pss_mib": round(pss / 1024), "rss_mib": round(rss / 1024),
-            "processes": len(_tree(root))}
+            "processes": len(pids),
+            "pss_mib_by_process": {k: round(v / 1024) for k, v in
+                                   sorted(by.items(), key=lambda kv: -kv[1])}}
 
 
 async def _first_ack(port: int, deadline: float) -> float:
@@ -199,11 +231,20 @@ def main(args) -> int:
             res["rounds"].append(r)
         finally:
             shutil.rmtree(root, ignore_errors=True)
-    keys = [k for k in res["rounds"][0] if not k.endswith("exit_code")]
+    first = res["rounds"][0]
+    keys = [k for k, v in first.items()
+            if not k.endswith("exit_code") and not isinstance(v, dict)]
     res["median"] = {k: statistics.median(r[k] for r in res["rounds"]) for k in keys}
+    labels = {p for r in res["rounds"] for p in r.get("pss_mib_by_process", {})}
+    res["median_pss_mib_by_process"] = dict(sorted(
+        ((p, statistics.median(r.get("pss_mib_by_process", {}).get(p, 0)
+                               for r in res["rounds"])) for p in labels),
+        key=lambda kv: -kv[1]))
     res["targets"] = {"first_ack_s": {"target": 3.0, "measured": res["median"]["first_ppp_ack_s"]},
                       "idle_cores": {"target": 0.05, "measured": res["median"]["idle_cores"]},
                       "idle_pss_mib": {"target": 800, "measured": res["median"]["pss_mib"]}}
     out.write_text(json.dumps(res, indent=2) + "\n")
     say(f"wrote {out}: " + ", ".join(f"{k} {v}" for k, v in res["median"].items()))
+    say("idle PSS MiB by process: " + ", ".join(
+        f"{k} {v}" for k, v in res["median_pss_mib_by_process"].items()))
     return 0
