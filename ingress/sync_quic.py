@@ -617,14 +617,14 @@ class SyncConnection(QuicConnectionProtocol):
         frees it at once. aioquic's `QuicConnection` refers to itself from ~280 objects
         (its frame handler table, its TLS context's and crypto contexts' callbacks, its loss
         recovery's probe), and this protocol to itself through the server's handlers (its
-        ticket's closer is dropped by `Listener.release`, in `_on_closed`): left to the cyclic collector, a flood of 1,500 QUIC connections that ended
-        was ~630,000 objects for one full collection, which stopped the event loop for
-        ~1.7 s while legitimate devices waited. Queued after ConnectionTerminated (or
-        `abort`), when aioquic has nothing left to do for it, and run a few per turn of the
-        loop (`TEARDOWN`: ~1,500 that drain at once are ~1,500 x ~280 objects freed, which
-        must not be one turn): its timers are cancelled, and a
-        late call (a request handler finishing after the close: `closed` guards our side)
-        reaches `_TERMINATED`, never a half-cleared object."""
+        ticket's closer is dropped by `Listener.release`, in `_on_closed`): left to the cyclic
+        collector, a flood of 1,500 QUIC connections that ended was ~630,000 objects for one
+        full collection, which stopped the event loop for ~1.7 s while legitimate devices
+        waited. Queued after ConnectionTerminated (or `abort`), when aioquic has nothing left
+        to do for it, and run a few per turn of the loop (`TEARDOWN`: ~1,500 that drain at
+        once are ~1,500 x ~280 objects freed, which must not be one turn): its timers are
+        cancelled, and a late call (a request handler finishing after the close: `closed`
+        guards our side) reaches `_TERMINATED`, never a half-cleared object."""
         if self._quic is _TERMINATED:
             return
         for handle in (self._timer, self._transmit_task):

@@ -151,6 +151,10 @@ class RelayUp:
                 continue
             yield int(pid), args, env
 
+    def commands(self) -> list[str]:
+        """The command line of each of this relay's processes, arguments joined by spaces."""
+        return [" ".join(args).strip() for _, args, _ in self._own_processes()]
+
     def leftovers(self) -> list[int]:
         """Processes still running with this relay's environment."""
         return [pid for pid, _, _ in self._own_processes()]

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 
-from relay.bench.startup import _tree
 from relay_up_process import RelayUp
 from trueseal_client import ACK, NK, XX, AsyncClient, deliver_ack_frame, keypair, push_frame
 
@@ -40,7 +39,7 @@ def test_relay_up_serves_and_stops_cleanly(tmp_path):
                           ("ppp", "PPP"), ("sync", "SYNC")):
             assert listening[name] == f"127.0.0.1:{relay.ports[var]}", name
         asyncio.run(_one_message(push, recv, relay_pub))
-        commands = [_cmdline(pid) for pid in _tree(relay.proc.pid)]
+        commands = relay.commands()
         assert any("java" in c and "-Drelay.test.marker=up" in c for c in commands), commands
         assert not any("pyspark.daemon" in c for c in commands), commands
         # `relay status` reads the tables and scrapes every running process
@@ -60,14 +59,6 @@ def test_relay_up_serves_and_stops_cleanly(tmp_path):
     assert [e["role"] for e in relay.events if e["event"] == "role_stopped"] == [
         "ingress-trueseal", "ingress-heya", "ingress-ppp", "ingress-sync", "stream", "egress",
         "push", "compact"]
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return fh.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:      # gone meanwhile
-        return ""
 
 
 async def _one_message(push, recv, relay_pub):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from runtime.teardown import PER_TURN, Teardown
+from runtime.teardown import PER_TURN, TEARDOWN, Teardown
 
 
 def test_teardowns_run_a_few_per_turn_and_other_callbacks_run_between_them():
@@ -58,11 +58,10 @@ def test_a_ppp_node_stops_while_the_ends_of_lost_websockets_wait_their_turn(sett
     """`relay bench` found it: uvicorn's shutdown closes every connection it still lists, and
     a WebSocket its client had closed (the closing handshake done) but whose end was still
     queued was sent a second close (websockets raised InvalidState and the stop failed). Real
-    PPP sessions are reset or closed, the queue is held, the node stops: the stop finishes, nothing is raised, and every
-    end queued still runs once the queue moves."""
+    PPP sessions are reset or closed, the queue is held, the node stops: the stop finishes,
+    nothing is raised, and every end queued still runs once the queue moves."""
     from nacl.signing import SigningKey
 
-    from ingress import ppp_conn
     from ingress.service import IngressNode
     from test_ppp_hostile import login
     from test_ppp_shell import until
@@ -72,7 +71,7 @@ def test_a_ppp_node_stops_while_the_ends_of_lost_websockets_wait_their_turn(sett
         errors: list[str] = []
         loop.set_exception_handler(
             lambda _loop, ctx: errors.append(f"{ctx['message']}: {ctx.get('exception')!r}"))
-        queue = ppp_conn.TEARDOWN
+        queue = TEARDOWN
         settings.heya.enabled = False
         n = IngressNode(settings, fsync=False)
         await n.start()

@@ -464,13 +464,14 @@ def summary(data: dict) -> str:
     for listener, rec in data.get("listeners", {}).items():
         for s in rec.get("scenarios", []):
             second = s.get("attempt", 1) == 2     # the first attempt's row is just above
+            run_again = not second and only_slower(s.get("broken") or [])
             scenarios += not second
             retried += second
-            passed += s.get("passed", False) and (second or not _missed_only_latency(s))
+            passed += s.get("passed", False) and not run_again
             verdict = "yes" if s.get("passed") else "no"
             if second:
                 verdict += " (attempt 2)"
-            elif not s.get("passed") and _missed_only_latency(s):
+            elif run_again:
                 verdict += " (slower: run again)"
             if "attacker" not in s:
                 rows.append(f"| {listener} | {s['stage']} | {s['addresses']} | | | | | | "
@@ -498,10 +499,6 @@ def only_slower(broken: list[str]) -> bool:
     a scenario once more."""
     return bool(broken) and all("legitimate round trip" in b and " > baseline " in b
                                 for b in broken)
-
-
-def _missed_only_latency(s: dict) -> bool:
-    return only_slower(s.get("broken") or [])
 
 
 if __name__ == "__main__":

@@ -4,8 +4,9 @@ from one source address and spread over 253, then the check that nothing acked w
 One rule is judged twice: a scenario whose only miss is a legitimate round trip slower than
 its bound is run once more, and passes only if that second attack is within every rule.
 Whole runs on this 2-core machine (the attacker, Spark and every role on the same cores) miss
-at most one of 57 scenarios, a different one each time, by 0.1-0.2 s at a transition (the
-ramp's end, the attacker leaving); a relay that locks clients out misses both attacks. Both
+at most one of 57 scenarios by latency, a different one each time, by 0.1-0.8 s at a
+transition (the ramp's end, the attacker leaving); a relay that locks clients out misses both
+attacks. Both
 attempts are kept in the results file (`attempt`) and the table, so a retry stays visible.
 A failed or lost round trip, memory, the log and the relay's life are never retried."""
 
