@@ -44,9 +44,11 @@ import os
 import re
 import secrets
 import time
+import weakref
 from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 from aioquic.asyncio import QuicConnectionProtocol
 from aioquic.asyncio.server import QuicServer, _encode_invalid_token_close
@@ -164,6 +166,32 @@ def sync_limits(conf) -> Limits:
         auth=Cap(conf.max_concurrent_sessions, conf.max_sessions_per_address))
 
 
+# Every finished handshake's staging buffers (BoundedStreams.handshake_done): always empty.
+SPENT_CRYPTO_BUFFER = Buffer(capacity=0)
+
+
+class _FrameHandlers:
+    """aioquic's table of frame handlers, shared. aioquic builds it for every connection: 34
+    bound methods, each with a new frozenset of the epochs it may come in (~14 KiB, 100+
+    objects a connection, all the same). Here one table of (method name, epochs) is taken
+    from the first connection and a handler is bound when a frame asks for it. The weak
+    reference keeps the connection out of a reference cycle."""
+
+    __slots__ = ("_conn",)
+    _table: dict[int, tuple[str, frozenset]] | None = None
+
+    def __init__(self, conn: QuicConnection, own: dict):
+        cls = type(self)
+        if cls._table is None:
+            cls._table = {ft: (handler.__func__.__name__, epochs)
+                          for ft, (handler, epochs) in own.items()}
+        self._conn = weakref.ref(conn)
+
+    def __getitem__(self, frame_type: int) -> tuple[Callable, frozenset]:
+        name, epochs = self._table[frame_type]     # KeyError: aioquic's "Unknown frame type"
+        return getattr(self._conn(), name), epochs
+
+
 class BoundedStreams(QuicConnection):
     """A server connection whose client streams have fixed receive windows.
 
@@ -178,6 +206,8 @@ class BoundedStreams(QuicConnection):
 
     def __init__(self, *, max_streams: int, stream_window: int, **kwargs):
         super().__init__(**kwargs)
+        self._QuicConnection__frame_handlers = _FrameHandlers(
+            self, self._QuicConnection__frame_handlers)
         self.stream_window = stream_window
         self.max_streams = max_streams        # open at once
         self._local_max_streams_bidi = Limit(QuicFrameType.MAX_STREAMS_BIDI, "max_streams_bidi",
@@ -192,6 +222,15 @@ class BoundedStreams(QuicConnection):
         for up to 11 s. A packet that comes later for a forgotten connection id is dropped."""
         super()._close_begin(is_initiator, now)
         self._close_at = min(self._close_at, now + CLOSE_PERIOD_MAX_SECONDS)
+
+    def handshake_done(self) -> None:
+        """The TLS handshake is over: aioquic's staging buffers for outgoing CRYPTO data (16 KiB
+        for each of three epochs, allocated at the first packet and kept for the connection's
+        life) give way to one shared empty buffer, 48 KiB of an idle session's ~90 KiB. What
+        they staged went to the crypto streams at once (`_push_crypto_data`), and a server's
+        TLS writes nothing after its Finished (any later handshake message is refused with an
+        alert before a byte is written; QUIC has no TLS KeyUpdate)."""
+        self._crypto_buffers = dict.fromkeys(self._crypto_buffers, SPENT_CRYPTO_BUFFER)
 
     def accepted_hello(self, stream_window: int, max_streams: int) -> None:
         """HELLO was accepted: one largest frame per stream, and `max_streams` of them open
@@ -642,6 +681,7 @@ class SyncConnection(QuicConnectionProtocol):
 
     def _on_handshake(self) -> None:
         srv = self.server
+        self._quic.handshake_done()
         if self.handshake_timer is not None:
             self.handshake_timer.cancel()
             self.handshake_timer = None

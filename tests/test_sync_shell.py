@@ -455,6 +455,36 @@ async def _extra_frames(settings):
         await ca.close()
 
 
+def test_a_session_keeps_no_handshake_buffers_and_shares_its_frame_table(settings):
+    """Memory per session (issue 19): once the handshake is over a connection holds no 16 KiB
+    CRYPTO staging buffers, and its frame handlers come from one shared table, each bound to
+    its own connection; the sessions still push and pull, and an unknown frame type is still
+    aioquic's KeyError ("Unknown frame type")."""
+    asyncio.run(_lean_sessions(settings))
+
+
+async def _lean_sessions(settings):
+    from ingress.sync_quic import SPENT_CRYPTO_BUFFER
+    async with relay(settings) as (port, node, _):
+        g, a, b = group_id(b"lean"), Device(), Device()
+        ca, _ = await device_session(port, a, g)
+        cb, _ = await device_session(port, b, g, admission=admission(a, g, b))
+        quics = [next(c for c in node.sync.conns if c.device_id == d.id)._quic for d in (a, b)]
+        for q in quics:
+            assert set(q._crypto_buffers.values()) == {SPENT_CRYPTO_BUFFER}
+            table = q._QuicConnection__frame_handlers
+            handler, epochs = table[0x08]                  # STREAM
+            assert handler.__self__ is q and handler.__func__.__name__ == "_handle_stream_frame"
+            assert epochs is quics[0]._QuicConnection__frame_handlers[0x08][1]   # shared
+            with pytest.raises(KeyError):
+                table[0x2F]
+        assert (await ca.request(push(blob(1), b"lean", 0)))[:1] == ["PushAck"]
+        page = await cb.request(pull(0, 10))
+        assert page[0] == "PullResponse" and [e[0] for e in page[1]] == [blob(1)]
+        await ca.close()
+        await cb.close()
+
+
 def push_ack(n: int) -> bytes:
     return msg("PushAck", b"\xc4\x10" + blob(n), uint(n))
 
