@@ -145,6 +145,8 @@ class SyncInbox:   # an inbox_view.InboxView; sessions are kept with each group
         g = self._groups.get(group)
         if g is not None:
             g.sessions.discard(session)
+            if not (g.sessions or g.blobs or g.cursors or g.top):
+                del self._groups[group]     # nothing stored: as if never seen (`_group`)
 
     def sessions_of(self, group: bytes) -> list[GroupSession]:
         g = self._groups.get(group)

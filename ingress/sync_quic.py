@@ -256,6 +256,8 @@ class BoundedStreams(QuicConnection):
             stream.max_stream_data_local_sent = stream.max_stream_data_local
 
 
+SWEEP_SECONDS = 5.0        # SyncServer._loop_sweep
+
 # New connections started per event-loop turn (~1 ms of CPU each); the sessions' packets read
 # in the same turn go first.
 INITIALS_PER_TURN = 8
@@ -458,6 +460,7 @@ class SyncServer(Listener):
         self._server: AdmittingServer | None = None
         self._stop = asyncio.Event()
         self._tail_task: asyncio.Task | None = None
+        self._sweep: asyncio.TimerHandle | None = None
 
     @property
     def cert_sha256(self) -> str:
@@ -473,6 +476,7 @@ class SyncServer(Listener):
         self._tail_task = asyncio.create_task(
             self.tail.follow(self.settings, self._stop, "sync"),
             name="sync-inbox-tail")
+        self._loop_sweep()
         self.push_desk = await PushDesk.open(desk_dir(self.settings.data_dir), "sync",
                                              SyncDesk(self, decode_meta))
         conf = self.conf
@@ -536,11 +540,22 @@ class SyncServer(Listener):
         if self._server is not None:
             self._server.close()
         self._stop.set()
+        if self._sweep is not None:
+            self._sweep.cancel()
         if self._tail_task is not None:
             await self._tail_task
         await self.control.close()
         if self.acks is not None:
             await self.acks.close()
+
+    def _loop_sweep(self) -> None:
+        """Every `SWEEP_SECONDS`, forget the rate limits' keys whose bucket is full again: a
+        flood of new device ids or addresses leaves nothing behind once it has refilled."""
+        now = time.monotonic()
+        for keyed in (self.device_limit, self.control_limit, self.connect_limit,
+                      self.handshake_rate):
+            keyed.sweep(now)
+        self._sweep = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._loop_sweep)
 
     # --- shared state the connections use ------------------------------------------------------
     def group_sessions(self, group: bytes) -> list["SyncConnection"]:

@@ -4,9 +4,12 @@ framing, the hardening helpers, token buckets, the state table, the identity che
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from nacl.signing import SigningKey
 
+from egress.sync_inbox import SyncInbox
 from engine.sync import identity, limits
 from engine.sync import messages as m
 from engine.sync.framing import FrameError, FrameReader, frame
@@ -166,6 +169,41 @@ def test_token_bucket_burst_then_refill():
     assert kb.take(b"b", 0)                 # keys are independent
     kb.take(b"c", 10)                       # over max_keys: refilled keys are dropped
     assert len(kb) <= 2 and "a" not in repr(kb)
+
+
+def test_keyed_buckets_decide_as_a_token_bucket_and_forget_refilled_keys():
+    """One float a key (the generic cell rate algorithm) gives the same decisions as
+    `TokenBucket` at random arrival rates below, at and above the quota; `sweep` forgets
+    exactly the keys whose bucket is full again (issue 19: what a flood of new device ids
+    leaves behind)."""
+    rng = random.Random(19)
+    for _ in range(100):
+        count, period = rng.randint(1, 12), rng.choice([1.0, 5.0, 60.0])
+        keyed, single, t = KeyedBuckets(count, period), TokenBucket(count, period, 0.0), 0.0
+        for _ in range(200):
+            t += rng.expovariate(count / period * rng.choice([0.5, 1.0, 3.0]))
+            assert keyed.take(b"k", t) == single.take(t)
+    kb = KeyedBuckets(10, 60.0)                 # one cell every 6 s
+    for key in (b"a", b"b"):
+        assert kb.take(key, 0.0)
+    for _ in range(9):
+        assert kb.take(b"b", 0.0)
+    assert not kb.take(b"b", 0.0)                  # b is empty: full again at 60 s
+    assert kb.sweep(5.9) == 0 and len(kb) == 2
+    assert kb.sweep(6.0) == 1 and len(kb) == 1     # a is full again, b is not
+    assert kb.sweep(59.9) == 0 and kb.sweep(60.0) == 1 and len(kb) == 0
+    assert kb.take(b"b", 60.0)                     # forgotten = full: a burst again
+
+
+def test_a_group_with_nothing_stored_is_forgotten_when_its_last_session_leaves(tmp_path):
+    inbox = SyncInbox(tmp_path / "inbox", tmp_path / "acks")
+    a, b = object(), object()
+    inbox.register(b"g" * 32, a)
+    inbox.register(b"g" * 32, b)
+    inbox.unregister(b"g" * 32, a)
+    assert inbox.sessions_of(b"g" * 32) == [b]
+    inbox.unregister(b"g" * 32, b)
+    assert "groups=0" in repr(inbox) and inbox.top(b"g" * 32) == 0
 
 
 def test_state_table():
