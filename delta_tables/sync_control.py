@@ -44,7 +44,8 @@ class SyncControl(ControlTables):
         self.quiet = LogRate()      # a failing table fails every PULL's ack: one line per 10 s
 
     async def load(self) -> None:
-        # members and push: one append per change; acks: group-committed in the background
+        # members: admissions that arrive together share an append; push: one per change;
+        # acks: group-committed in the background
         paths = await self.open({name: tdef for name, tdef in SYNC_TABLES.items()
                                  if name != SYNC_DEVICE_ACKS.name})
         self.state = await asyncio.to_thread(load_state, paths)
