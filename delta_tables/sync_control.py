@@ -78,8 +78,7 @@ class SyncControl(ControlTables):
 
         Admissions that arrive together share one commit (`_admit_batches`): a wave of new
         devices was one Delta commit each, in line behind the lock, so a new device's HELLO
-        waited behind hundreds of commits (the hostile-load suite's 300 new devices), and
-        their delta-rs writes spawned ~70 threads whose memory the process kept."""
+        waited behind hundreds of commits (the hostile-load suite's 300 new devices)."""
         fut = asyncio.get_running_loop().create_future()
         self._admits.append((group, device, admitter, open_group, fut))
         if self._admitting is None:
@@ -101,20 +100,23 @@ class SyncControl(ControlTables):
 
     async def _admit_batch(self, batch: list) -> None:
         st = self.state
-        joined: set[tuple[bytes, bytes]] = set()
+        joined: set[tuple[bytes, bytes]] = set()     # members by this batch's rows
         created: set[bytes] = set()
+
+        def member(group: bytes, device: bytes | None) -> bool:
+            return device is not None and (st.is_member(group, device)
+                                           or (group, device) in joined)
+
         rows, outcomes = [], []
         for group, device, admitter, open_group, _ in batch:
-            def member(d: bytes | None) -> bool:
-                return d is not None and (st.is_member(group, d) or (group, d) in joined)
             if st.is_revoked(group, device):
                 outcomes.append(("refused", False))
                 continue
-            if member(device):
+            if member(group, device):
                 outcomes.append(("member", False))
                 continue
             exists = st.exists(group) or group in created
-            if exists and not open_group and not member(admitter):
+            if exists and not open_group and not member(group, admitter):
                 outcomes.append(("refused", False))
                 continue
             op = OP_JOIN if exists else OP_CREATE
@@ -124,7 +126,7 @@ class SyncControl(ControlTables):
             if op == OP_CREATE:
                 created.add(group)
             outcomes.append(("joined" if exists else "created", True))
-        failed: BaseException | None = None
+        failed: Exception | None = None
         if rows:
             try:
                 await self.write(SYNC_MEMBERS.name, rows)
