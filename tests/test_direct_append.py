@@ -91,3 +91,48 @@ def test_rows_are_cast_to_the_table_schema_or_refused(tmp_path):
     else:
         raise AssertionError("a table without the schema's columns must be refused")
     assert DeltaTable(str(path)).version() == 1
+
+
+def test_a_commit_is_linked_only_after_its_data_name_and_content_are_durable(tmp_path,
+                                                                            monkeypatch):
+    """Crash safety is an order of system calls (a kill -9 cannot show it: the page cache
+    survives a process): the data file, the table directory holding its name and the commit's
+    content are fsync'ed, concurrently, before the link that publishes the version; the log
+    directory after it, before append returns. The calls are the real ones, recorded."""
+    path = tmp_path / "t"
+    ensure_table(path, LANDING)
+    app = DirectAppender(path, SCHEMA, fsync=True)
+    events: list[tuple] = []
+    lock = threading.Lock()
+    real_fsync, real_link = os.fsync, os.link
+    import time
+
+    def fsync(fd):
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        t0 = time.monotonic()
+        time.sleep(0.05)               # long enough to see whether the three overlap
+        real_fsync(fd)
+        with lock:
+            events.append(("fsync", target, t0, time.monotonic()))
+
+    def link(src, dst):
+        real_link(src, dst)
+        with lock:
+            events.append(("link", str(dst), time.monotonic(), time.monotonic()))
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
+    version = app.append(rows(b"a"))
+    monkeypatch.undo()
+
+    kinds = [(e[0], e[1]) for e in events]
+    linked = kinds.index(("link", str(path / "_delta_log" / f"{version:020d}.json")))
+    before = {t for k, t in kinds[:linked]}
+    data = version_adds(path, version)[0].path
+    assert data in before and str(path) in before
+    assert any(t.startswith(str(path / "_delta_log" / "_commit_")) for t in before)
+    assert kinds[linked + 1:] == [("fsync", str(path / "_delta_log"))]
+    pre = events[:linked]
+    assert len(pre) == 3
+    assert max(e[2] for e in pre) < min(e[3] for e in pre)   # all three were in flight at once
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 1
