@@ -248,18 +248,28 @@ def batch_files(layout: Layout, start: dict, end: dict, adds=None) -> list[FileR
 
 
 def read_files(files: list[FileRef]) -> Iterator[pa.RecordBatch]:
+    """The rows of `files`, tagged with their landing table and version. Each file is read
+    with `ParquetFile`, not `read_table`: a landing file is small (a lone client's commit is
+    one row) and `read_table` builds a dataset for each, ~0.75 against ~0.4 ms a file here;
+    in a micro-batch at a trickle, reading was most of the driver's time in the sink."""
     schema = LANDING_SOURCE.arrow_schema()
     names = LANDING.names
+    file_schema = LANDING.arrow_schema()
+    required = [i for i, f in enumerate(file_schema) if not f.nullable]
     for ref in files:
-        table = pq.read_table(ref.path, columns=names)
+        with pq.ParquetFile(ref.path) as pf:
+            table = pf.read(columns=names)
         n = table.num_rows
         if n == 0:
             continue
-        table = table.append_column(schema.field(C.LANDING_TABLE),
-                                    pa.array([ref.table] * n, pa.string()))
-        table = table.append_column(schema.field(C.LANDING_VERSION),
-                                    pa.array([ref.version] * n, pa.int64()))
-        yield from table.cast(schema).to_batches()
+        columns = table.columns + [pa.array([ref.table] * n, pa.string()),
+                                   pa.array([ref.version] * n, pa.int64())]
+        if table.schema == file_schema and not any(table.column(i).null_count
+                                                   for i in required):
+            tagged = pa.Table.from_arrays(columns, schema=schema)   # as written: no cast
+        else:    # cast, which refuses a null where the schema has none
+            tagged = pa.Table.from_arrays(columns, names=schema.names).cast(schema)
+        yield from tagged.to_batches()
 
 
 class LandingDataSource(DataSource):
