@@ -112,8 +112,18 @@ def read_batch_plan(checkpoint: Path, batch_id: int,
     if prev is None and batch_id > 0:
         return None   # purged: let Spark read it
     start = prev[1] if prev else {"v": json.loads(start_versions) if start_versions else {}}
-    ts = datetime.fromtimestamp(meta["batchTimestampMs"] / 1000, timezone.utc)
-    return BatchPlan(start, end, ts)
+    return BatchPlan(start, end, _batch_ts(meta))
+
+
+def _batch_ts(meta: dict) -> datetime:
+    return datetime.fromtimestamp(meta["batchTimestampMs"] / 1000, timezone.utc)
+
+
+def read_batch_ts(checkpoint: Path, batch_id: int) -> datetime:
+    """Spark's timestamp for batch `batch_id` (what `current_timestamp()` is in that batch),
+    from its offset log entry, which Spark writes before running the batch."""
+    lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+    return _batch_ts(json.loads(lines[1]))
 
 
 @dataclass
@@ -231,8 +241,11 @@ class InboxSink:
                                               schema=LANDING_SOURCE.arrow_schema()),
                         plan.batch_ts)
         table = batch_df.toArrow()
-        ts = table.column(BATCH_TS)[0].as_py() if table.num_rows else datetime.now(timezone.utc)
-        return table.drop_columns([BATCH_TS]), ts
+        if BATCH_TS in table.column_names:   # a batch handed in with its time (jobs/loadgen.py)
+            ts = (table.column(BATCH_TS)[0].as_py() if table.num_rows
+                  else datetime.now(timezone.utc))
+            return table.drop_columns([BATCH_TS]), ts
+        return table, read_batch_ts(self.checkpoint, batch_id)
 
     def _finish_audit(self, batch_df, batch_id: int) -> None:
         """A replay of a batch whose inbox commit is done: its padding_audit commit (written
@@ -299,10 +312,16 @@ class InboxSink:
 
 def landing_stream(spark, layout: Layout, stream_conf, start_versions: str | None = None,
                    record_consumed: bool = True):
-    """The source DataFrame, with Spark's batch timestamp attached (replay-stable).
-    `record_consumed=False` for a stream that is not the relay's own (an incident replay into
-    another inbox): only the relay's stream may tell compaction what landing it can drop."""
-    from pyspark.sql import functions as F
+    """The source DataFrame. `record_consumed=False` for a stream that is not the relay's own
+    (an incident replay into another inbox): only the relay's stream may tell compaction what
+    landing it can drop.
+
+    The batch's timestamp is read from Spark's offset log (`read_batch_ts`: replay-stable, the
+    same value `current_timestamp()` takes), not attached as a column: that column made each
+    batch's plan differ by a literal, so Spark generated and compiled new code for every
+    micro-batch (foreachBatch plans its DataFrame even when the sink reads the files itself).
+    A JFR profile of the driver JVM at a trickle (one PPP sender) had the Janino compiler in 30
+    of the 79 samples of `ForeachBatchSink.addBatch`."""
     reader = spark.readStream.format(SOURCE_NAME)
     for key, value in layout.options().items():
         reader = reader.option(key, value)
@@ -314,7 +333,7 @@ def landing_stream(spark, layout: Layout, stream_conf, start_versions: str | Non
               .option("minBatchGapMs", str(stream_conf.trigger_interval_ms)))
     if start_versions:
         reader = reader.option("startVersions", start_versions)
-    return reader.load().withColumn(BATCH_TS, F.current_timestamp())
+    return reader.load()
 
 
 def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
