@@ -78,9 +78,9 @@ def read_appends(table: Path, first: int, last: int, columns: list[str],
         stamp = info.get("timestamp")
         for a in actions:
             if "add" in a:
-                try:
-                    rows = pq.read_table(str(table / a["add"]["path"]),
-                                         columns=columns).cast(schema)
+                try:   # ParquetFile: read_table builds a dataset per file (~2x the time)
+                    with pq.ParquetFile(str(table / a["add"]["path"])) as pf:
+                        rows = pf.read(columns=columns).cast(schema)
                 except FileNotFoundError:
                     raise LookupError(v)
                 out.append(Append(v, rows, None if stamp is None else stamp / 1000))
