@@ -8,10 +8,12 @@
    its own client certificate and `CONNECTIONS_PER_CLIENT` TLS connections that keep
    `WINDOW` SENDs of `BODY_SIZE` bytes in flight over `TOKENS` send tokens of one mailbox.
    Counted: RECVs, i.e. rows the landing appender committed in the measured window.
-2. `heya_send_to_have_ms` {p50, p99}: the node and the inbox stream (Spark Structured
-   Streaming, this process) running together; one sender at a steady rate, one receiver
-   session of the mailbox; from writing a SEND to reading its `HAVE <token> <seq + 1>`:
-   landing commit, stream micro-batch (inbox commit), inbox tail, HAVE.
+2. `heya_send_to_have_ms` {p50, p99}: `relay ingress` (Heya) as a child process and the
+   inbox stream (Spark Structured Streaming, this process), as `relay up` runs them; one
+   sender at a steady rate and one receiver session of the mailbox, in a spawned process;
+   from writing a SEND to reading its `HAVE <token> <seq + 1>`: landing commit, stream
+   micro-batch (inbox commit), inbox tail, HAVE. (Until 2026-11-27 the listener and the
+   clients shared this process with the stream's foreachBatch, and its GIL.)
 
 The clients are written from the spec like the tests (no relay code on the client side).
 """
@@ -19,6 +21,7 @@ The clients are written from the spec like the tests (no relay code on the clien
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import multiprocessing as mp
 import os
@@ -31,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .harness import measure_appender, p50_p99, rounded
+from .harness import (child_ingress_and_stream, collect, measure_appender, p50_p99,
+                      port_of, rounded, spawn)
 
 BODY_SIZE = 600
 TOKENS = 64
@@ -201,93 +205,116 @@ async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
 
 # --- 2. latency: SEND -> HAVE through the stream -------------------------------------------------
 
-async def _latency(settings, p: dict, workdir: str) -> dict:
-    from delta_tables.layout import Layout
-    from delta_tables.heya_control import mint_inbox_tokens
-    from ingress.service import IngressNode
-    node = IngressNode(settings)
-    await node.start()
+def latency_worker(queue, port: int, inbox_token: bytes, p: dict, workdir: str) -> None:
+    """A spawned client process: the receiver's session and the sender, measured here."""
     try:
-        port = node.heya.bound_port
-        (inbox_token,) = mint_inbox_tokens(Layout.of(settings))
-        rreader, rwriter, tokens = await _mailbox(port, client_cert(workdir, "receiver"),
-                                                  inbox_token, 9)
-        sreader, swriter = await _connect(port, client_cert(workdir, "sender"))
-        # Warm-up (not measured): the stream's first micro-batches start its Python workers.
-        warm, tokens = tokens[0], tokens[1:]
-        for i in range(WARMUP_MESSAGES):
-            swriter.write(_send_line(warm, b"warm-up %d" % i))
-            assert (await sreader.readline()).startswith(b"RECV ")
-        while (await rreader.readline()) != b"HAVE " + warm + b" %d\n" % WARMUP_MESSAGES:
-            pass
-        sent: dict[bytes, list[float]] = {t: [] for t in tokens}
-        lat: list[float] = []
-        total = int(p["rate"] * p["latency_seconds"])
-        got = 0
-        done = asyncio.Event()
+        queue.put({"ok": True, **asyncio.run(_latency_clients(port, inbox_token, p, workdir))})
+    except Exception as exc:   # the parent reports it
+        queue.put({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
 
-        async def receive() -> None:
-            nonlocal got
-            while got < total:
-                line = await rreader.readline()
-                if not line:
-                    raise RuntimeError("receiver connection closed")
-                now = time.perf_counter()
-                if line.startswith(b"HAVE "):
-                    _, token, n = line.split()
-                    lat.append(now - sent[token][int(n) - 1])
-                    got += 1
-            done.set()
 
-        async def ping() -> None:   # as the reference client: keeps the idle timer away
-            while True:
-                await asyncio.sleep(5)
-                rwriter.write(b"PING\n")
+async def _latency_clients(port: int, inbox_token: bytes, p: dict, workdir: str) -> dict:
+    rreader, rwriter, tokens = await _mailbox(port, client_cert(workdir, "receiver"),
+                                              inbox_token, 9)
+    sreader, swriter = await _connect(port, client_cert(workdir, "sender"))
+    # Warm-up (not measured): the stream's first micro-batches start its Python workers.
+    warm, tokens = tokens[0], tokens[1:]
+    for i in range(WARMUP_MESSAGES):
+        swriter.write(_send_line(warm, b"warm-up %d" % i))
+        assert (await sreader.readline()).startswith(b"RECV ")
+    while (await rreader.readline()) != b"HAVE " + warm + b" %d\n" % WARMUP_MESSAGES:
+        pass
+    sent: dict[bytes, list[float]] = {t: [] for t in tokens}
+    lat: list[float] = []
+    total = int(p["rate"] * p["latency_seconds"])
+    got = 0
+    done = asyncio.Event()
 
-        recv_at: list[float] = []
+    async def receive() -> None:
+        nonlocal got
+        while got < total:
+            line = await rreader.readline()
+            if not line:
+                raise RuntimeError("receiver connection closed")
+            now = time.perf_counter()
+            if line.startswith(b"HAVE "):
+                _, token, n = line.split()
+                lat.append(now - sent[token][int(n) - 1])
+                got += 1
+        done.set()
 
-        async def recvs() -> None:
-            for _ in range(total):
-                if not (await sreader.readline()).startswith(b"RECV "):
-                    raise RuntimeError("SEND refused")
-                recv_at.append(time.perf_counter())
+    async def ping() -> None:   # as the reference client: keeps the idle timer away
+        while True:
+            await asyncio.sleep(5)
+            rwriter.write(b"PING\n")
 
-        rx, acks = asyncio.create_task(receive()), asyncio.create_task(recvs())
-        pinger = asyncio.create_task(ping())
-        rng = np.random.default_rng(5)
-        t0 = time.perf_counter()
-        for i in range(total):
-            target = t0 + i / p["rate"]
-            delay = target - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            token = tokens[i % len(tokens)]
-            sent[token].append(time.perf_counter())
-            swriter.write(_send_line(token, rng.bytes(BODY_SIZE)))
-        await asyncio.wait_for(acks, 60)
-        await asyncio.wait_for(done.wait(), 120)
-        rx.cancel()
-        pinger.cancel()
-        rwriter.close()
-        swriter.close()
-        ms = [x * 1000 for x in lat]
-        # RECVs come back in SEND order on the one connection: i-th RECV <-> i-th SEND.
-        order = sorted(x for v in sent.values() for x in v)
-        recv_ms = [(r - s_) * 1000 for r, s_ in zip(recv_at, order)]
-        return {**p50_p99(ms), "max": rounded(max(ms)),
-                "mean": rounded(statistics.fmean(ms)), "messages": len(ms),
-                "send_to_recv_ms": p50_p99(recv_ms),
-                "rate_per_s": p["rate"], "seconds": p["latency_seconds"],
-                "trigger_interval_ms": settings.stream.trigger_interval_ms,
-                "poll_interval_ms": settings.egress.poll_interval_ms}
-    finally:
-        await node.close()
+    recv_at: list[float] = []
+
+    async def recvs() -> None:
+        for _ in range(total):
+            if not (await sreader.readline()).startswith(b"RECV "):
+                raise RuntimeError("SEND refused")
+            recv_at.append(time.perf_counter())
+
+    rx, acks = asyncio.create_task(receive()), asyncio.create_task(recvs())
+    pinger = asyncio.create_task(ping())
+    rng = np.random.default_rng(5)
+    t0 = time.perf_counter()
+    for i in range(total):
+        target = t0 + i / p["rate"]
+        delay = target - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        token = tokens[i % len(tokens)]
+        sent[token].append(time.perf_counter())
+        swriter.write(_send_line(token, rng.bytes(BODY_SIZE)))
+    await asyncio.wait_for(acks, 60)
+    await asyncio.wait_for(done.wait(), 120)
+    rx.cancel()
+    pinger.cancel()
+    rwriter.close()
+    swriter.close()
+    ms = [x * 1000 for x in lat]
+    # RECVs come back in SEND order on the one connection: i-th RECV <-> i-th SEND.
+    order = sorted(x for v in sent.values() for x in v)
+    recv_ms = [(r - s_) * 1000 for r, s_ in zip(recv_at, order)]
+    return {**p50_p99(ms), "max": rounded(max(ms)),
+            "mean": rounded(statistics.fmean(ms)), "messages": len(ms),
+            "send_to_recv_ms": p50_p99(recv_ms)}
+
+
+def _latency(spark, settings, p: dict, workdir: str) -> dict:
+    """`relay ingress` (Heya only) as a child process and the stream in this process, as
+    `relay up` runs them, the clients in a spawned process: the stream's foreachBatch holds
+    this process's GIL for each micro-batch, and neither the listener nor the clients share
+    a process with it (sync.py does the same)."""
+    from delta_tables.heya_control import mint_inbox_tokens
+    from delta_tables.layout import Layout
+    s = copy.deepcopy(settings)
+    s.heya.port = 0
+    s.ppp.enabled = False
+    s.sync.enabled = False
+    with child_ingress_and_stream(spark, s) as (listening, _query, sink, _proc):
+        (inbox_token,) = mint_inbox_tokens(Layout.of(s))
+        queue = mp.get_context("spawn").Queue()
+        worker = spawn(latency_worker, queue, port_of(listening, "heya"), inbox_token, p,
+                       workdir)
+        res = collect(queue, [worker], 1, p["latency_seconds"] + 240)[0]
+        worker.join(timeout=10)
+        batches = [b.seconds * 1000 for b in sink.history if b.rows_in]
+    res.pop("ok", None)
+    return {**res, "rate_per_s": p["rate"], "seconds": p["latency_seconds"],
+            "trigger_interval_ms": s.stream.trigger_interval_ms,
+            "poll_interval_ms": s.egress.poll_interval_ms,
+            "stream_batch_ms": {**p50_p99(batches), "batches": len(batches)},
+            "method": ("relay ingress (Heya) as a child process (fsync on), the inbox stream "
+                       "in the bench process, one spawned client process with the receiver's "
+                       "session and the sender at an open-loop rate; latency = HAVE arrival - "
+                       "SEND write")}
 
 
 def run(settings, quick: bool, spark=None) -> dict:
     """Both Heya figures; `settings.data_dir` is this section's own (empty) directory."""
-    import copy
-    from jobs.inbox_stream import start_inbox_stream
     p = QUICK if quick else FULL
     out: dict = {}
     workdir = tempfile.mkdtemp(prefix="heya-bench-certs-")
@@ -301,13 +328,5 @@ def run(settings, quick: bool, spark=None) -> dict:
     if spark is not None:
         s2 = copy.deepcopy(settings)
         s2.data_dir = str(root / "latency")
-        s2.heya.port = 0
-        query, sink = start_inbox_stream(spark, s2)
-        try:
-            out["heya_send_to_have_ms"] = asyncio.run(_latency(s2, p, workdir))
-            batches = [b.seconds * 1000 for b in sink.history if b.rows_in]
-            out["heya_send_to_have_ms"]["stream_batch_ms"] = {**p50_p99(batches),
-                                                               "batches": len(batches)}
-        finally:
-            query.stop()
+        out["heya_send_to_have_ms"] = _latency(spark, s2, p, workdir)
     return out
