@@ -52,18 +52,36 @@ from .landing_lag import latest_version
 CLIENT = "spark-relay/direct_append"
 
 # Two threads per process, shared by every appender: with the caller's own thread, the three
-# fsyncs before a link run at once. fsync releases the GIL.
-_FSYNC_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsync")
+# fsyncs before a link run at once. fsync releases the GIL. Made per process: a forked child
+# inherits the pool's bookkeeping but not its threads.
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
+
+
+def _fsync_pool() -> ThreadPoolExecutor:
+    global _pool, _pool_pid
+    if _pool is None or _pool_pid != os.getpid():
+        _pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsync")
+        _pool_pid = os.getpid()
+    return _pool
 
 
 def fsync_all(fds: list[int]) -> None:
-    """fsync every fd, concurrently; returns once all are durable, raises the first failure."""
-    pending = [_FSYNC_POOL.submit(os.fsync, fd) for fd in fds[1:]]
+    """fsync every fd, concurrently; returns once all are durable (each one, when one fails:
+    the caller may close the fds), then raises the first failure."""
+    pending = [_fsync_pool().submit(os.fsync, fd) for fd in fds[1:]]
+    errors: list[OSError] = []
     try:
         os.fsync(fds[0])
-    finally:
-        for f in pending:
+    except OSError as exc:
+        errors.append(exc)
+    for f in pending:
+        try:
             f.result()
+        except OSError as exc:
+            errors.append(exc)
+    if errors:
+        raise errors[0]
 
 
 def _write_new(path: Path, data) -> int:
