@@ -92,38 +92,43 @@ class BatchPlan:
     batch_ts: datetime
 
 
-def read_batch_plan(checkpoint: Path, batch_id: int,
-                    start_versions: str | None = None) -> BatchPlan | None:
-    """Batch `batch_id`'s source offsets from Spark's offset log (`offsets/<id>`: a version
-    line, the batch metadata with `batchTimestampMs`, then one JSON offset per source; ours is
-    the only source). The start is the previous batch's end, or the source's initial offset."""
-    def load(n: int):
-        try:
-            lines = (checkpoint / "offsets" / str(n)).read_text().splitlines()
-        except FileNotFoundError:
-            return None
-        return json.loads(lines[1]), json.loads(lines[2])
-
-    this = load(batch_id)
-    if this is None:
+def _offsets(checkpoint: Path, batch_id: int) -> tuple[dict, dict] | None:
+    """(batch metadata, our source's end offset) from Spark's offset log entry
+    `offsets/<id>`: a version line, the metadata with `batchTimestampMs`, then one JSON offset
+    per source (ours is the only one). None when Spark has not written it or has purged it."""
+    try:
+        lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
+    except FileNotFoundError:
         return None
-    meta, end = this
-    prev = load(batch_id - 1) if batch_id > 0 else None
-    if prev is None and batch_id > 0:
-        return None   # purged: let Spark read it
-    start = prev[1] if prev else {"v": json.loads(start_versions) if start_versions else {}}
-    return BatchPlan(start, end, _batch_ts(meta))
+    return json.loads(lines[1]), json.loads(lines[2])
 
 
 def _batch_ts(meta: dict) -> datetime:
     return datetime.fromtimestamp(meta["batchTimestampMs"] / 1000, timezone.utc)
 
 
+def read_batch_plan(checkpoint: Path, batch_id: int,
+                    start_versions: str | None = None) -> BatchPlan | None:
+    """Batch `batch_id`'s source offsets from Spark's offset log. The start is the previous
+    batch's end, or the source's initial offset."""
+    this = _offsets(checkpoint, batch_id)
+    if this is None:
+        return None
+    meta, end = this
+    prev = _offsets(checkpoint, batch_id - 1) if batch_id > 0 else None
+    if prev is None and batch_id > 0:
+        return None   # purged: let Spark read it
+    start = prev[1] if prev else {"v": json.loads(start_versions) if start_versions else {}}
+    return BatchPlan(start, end, _batch_ts(meta))
+
+
 def read_batch_ts(checkpoint: Path, batch_id: int) -> datetime:
     """Spark's timestamp for batch `batch_id` (what `current_timestamp()` is in that batch),
     from its offset log entry, which Spark writes before running the batch."""
-    lines = (checkpoint / "offsets" / str(batch_id)).read_text().splitlines()
-    return _batch_ts(json.loads(lines[1]))
+    this = _offsets(checkpoint, batch_id)
+    if this is None:
+        raise FileNotFoundError(checkpoint / "offsets" / str(batch_id))
+    return _batch_ts(this[0])
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
@@ -105,7 +106,6 @@ def test_a_commit_is_linked_only_after_its_data_name_and_content_are_durable(tmp
     events: list[tuple] = []
     lock = threading.Lock()
     real_fsync, real_link = os.fsync, os.link
-    import time
 
     def fsync(fd):
         target = os.readlink(f"/proc/self/fd/{fd}")
