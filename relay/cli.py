@@ -82,6 +82,11 @@ def _run_async(main) -> None:
             loop.add_signal_handler(sig, stop.set)
         _watch_supervisor(lambda: loop.call_soon_threadsafe(stop.set))
         await main(stop)
+        # Stopped: a second SIGTERM (a group signal, then the supervisor's own) must not kill
+        # the process on its way out, which closing the loop would allow (SIG_DFL again).
+        for sig in _stop_signals():
+            loop.remove_signal_handler(sig)
+            signal.signal(sig, signal.SIG_IGN)
     asyncio.run(runner())
 
 

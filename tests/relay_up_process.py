@@ -146,7 +146,9 @@ class RelayUp:
                 if mark not in env:
                     continue
                 with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    args = fh.read().decode(errors="replace").split("\0")
+                    args = [a for a in fh.read().decode(errors="replace").split("\0") if a]
+                if len(args) == 1:    # a title the process set: a role forked by the zygote
+                    args = args[0].split()
             except OSError:
                 continue
             yield int(pid), args, env

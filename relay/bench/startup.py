@@ -69,6 +69,10 @@ def process_label(argv: list[str]) -> str:
     `spark jvm`, `spark python daemon` (the module Spark started), ..."""
     if not argv:
         return "?"
+    if len(argv) == 1:     # a title set by the process (the zygote's children: relay/zygote.py)
+        argv = argv[0].split()
+    if argv[:2] == ["relay", "zygote"]:
+        return "zygote"
     if os.path.basename(argv[0]).startswith("java"):
         return "spark jvm"
     if "-m" in argv[:-1] and argv[argv.index("-m") + 1].startswith("pyspark"):
