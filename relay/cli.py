@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -190,11 +191,51 @@ def cmd_compact(args) -> None:
         # steps are logged (`compaction_step`), like every long-running role's output
         compact.compaction_loop(settings, stop.event,
                                 on_report=compaction_metrics.observe,
-                                on_failure=compaction_metrics.failed)
+                                on_failure=compaction_metrics.failed,
+                                run=lambda: _compact_in_child(args, stop.event))
         metrics.stop(exporter)
+        return
+    if args.json:
+        if _supervisor():      # a run of `compact --loop`: Ctrl-C is for `relay up` to handle
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        report = compact.run_compaction(settings)     # steps are logged on stderr
+        print(json.dumps(dataclasses.asdict(report)), flush=True)
         return
     report = compact.run_compaction(settings, progress=lambda m: print(m, flush=True))
     print(report.format())
+
+
+COMPACT_STOP_GRACE_SECONDS = 45.0   # under `relay up`'s 60 s before it kills a role
+
+
+def _compact_in_child(args, stop: threading.Event):
+    """One compaction run as `relay compact --json` in a child process, its report read back.
+
+    Idle between runs (5 minutes by default), the loop used to hold what its last run's
+    delta-rs and Arrow work had allocated: ~32 MiB private of a 49 MiB process (`relay bench
+    --startup`). A child gives all of it back, for ~1 s of imports per run. Asked to stop
+    mid-run, the loop lets the run finish (Delta commits are atomic either way) for up to
+    COMPACT_STOP_GRACE_SECONDS, then ends it."""
+    import subprocess
+    from jobs.compact_step import CompactionReport
+    argv = [sys.executable, "-m", "relay.cli"] + (["--conf", args.conf] if args.conf else []) + (
+        ["--data-dir", args.data_dir] if args.data_dir else []) + ["compact", "--json"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    try:
+        while proc.poll() is None and not stop.wait(0.5):
+            pass
+        out, _ = proc.communicate(timeout=COMPACT_STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, _ = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = out.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"compaction child exited with {proc.returncode}")
+    return CompactionReport(**json.loads(lines[-1]))
 
 
 def cmd_keys(args) -> None:
@@ -784,6 +825,8 @@ def main(argv: list[str] | None = None) -> None:
     p.set_defaults(func=cmd_spark_worker)
     p = sub.add_parser("compact", help="purge, compact, checkpoint, vacuum")
     p.add_argument("--loop", action="store_true", help="repeat every compaction.interval_seconds")
+    p.add_argument("--json", action="store_true",
+                   help="one run; its report as one JSON line on stdout (what --loop runs)")
     p.set_defaults(func=cmd_compact)
     sub.add_parser("keys", help="print the relay public keys").set_defaults(func=cmd_keys)
     heya = sub.add_parser("heya", help="Heya operator tools").add_subparsers(

@@ -380,3 +380,26 @@ def test_step_that_always_loses_is_skipped_not_fatal(tmp_path, layout, monkeypat
     assert report.conflicts_retried == compact_step.COMMIT_ATTEMPTS
     assert "skipped" in lines[0] and "skipped (lost to writers)    purge acked" in report.format()
     assert report.expired_deleted == 1, "the other steps still ran"
+
+
+def test_the_loop_runs_each_pass_in_a_child_and_reads_its_report_back(tmp_path, layout):
+    """`relay compact --loop` runs every pass as `relay compact --json` in a child process
+    (memory given back between runs): the child's work is real, its report is the loop's."""
+    import argparse
+
+    from relay import cli
+    long_ago = NOW - timedelta(days=2)
+    write_deltalake(str(layout.inbox), inbox_rows(
+        [(MB_A, 1, 1, NOW + timedelta(days=1), True), (MB_A, 2, 2, NOW + timedelta(days=1),
+                                                      True)]), mode="append")
+    write_deltalake(str(layout.acks), ack_rows([(MB_A, 1, long_ago)]), mode="append")
+    args = argparse.Namespace(conf=None, data_dir=str(tmp_path))
+    report = cli._compact_in_child(args, threading.Event())
+    assert report.tombstoned_acked == 1 and report.bytes_after > 0 and report.seconds > 0
+    rows = inbox_by_key(layout)
+    assert rows[(MB_A, 1)][C.ENVELOPE] is None
+    assert rows[(MB_A, 2)][C.ENVELOPE] == envelope(MB_A, 2)
+    # a child that fails is a failed run for the loop (logged, retried on schedule)
+    bad = argparse.Namespace(conf=str(tmp_path / "missing.toml"), data_dir=str(tmp_path))
+    with pytest.raises(RuntimeError, match="exited with"):
+        cli._compact_in_child(bad, threading.Event())
