@@ -55,10 +55,6 @@ def _title(text: str) -> None:
     setproctitle.setproctitle(text[:TITLE_ROOM])
 
 
-def _exit_code(status: int) -> int:
-    return os.waitstatus_to_exitcode(status)
-
-
 class _Child:
     """What a forked child runs once it has left the zygote's loop."""
 
@@ -108,7 +104,7 @@ def serve(ctl: socket.socket) -> _Child | None:
             if pid == 0:
                 return
             children.discard(pid)
-            _send(ctl, {"exited": pid, "code": _exit_code(status)})
+            _send(ctl, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
 
     while True:
         for key, _ in sel.select():
@@ -154,7 +150,10 @@ def serve(ctl: socket.socket) -> _Child | None:
 
 
 def _send(ctl: socket.socket, msg: dict) -> None:
-    ctl.send(json.dumps(msg).encode())
+    try:
+        ctl.send(json.dumps(msg).encode())
+    except OSError:      # the supervisor is gone: the next read of the socket ends the loop
+        pass
 
 
 class Zygote:
