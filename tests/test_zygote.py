@@ -12,8 +12,9 @@ import time
 
 import pytest
 
-from relay.up import preload
+from relay.up import LISTENER_MODULES, preload
 from relay.zygote import Zygote
+from runtime.config import INGRESS_PROTOCOLS
 
 MARK = "RELAY_ZYGOTE_TEST_MARK"
 
@@ -86,6 +87,15 @@ def test_a_forked_role_serves_shares_the_imports_and_reports_its_exit(zygote, tm
     _ready_line(child)
     child.kill()
     assert child.wait(timeout=30) == -signal.SIGKILL
+
+
+def test_every_role_but_the_stream_is_forked_with_its_listener_preloaded():
+    assert set(LISTENER_MODULES) == set(INGRESS_PROTOCOLS)
+    assert preload("stream") is None
+    for protocol, module in LISTENER_MODULES.items():
+        assert module in preload(f"ingress-{protocol}")
+    assert set(LISTENER_MODULES.values()) <= set(preload("ingress"))   # one process, all
+    assert all(preload(r) for r in ("egress", "push", "compact"))
 
 
 def test_a_module_that_cannot_be_imported_fails_that_start_only(zygote, tmp_path):
