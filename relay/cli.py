@@ -196,8 +196,6 @@ def cmd_compact(args) -> None:
         metrics.stop(exporter)
         return
     if args.json:
-        if _supervisor():      # a run of `compact --loop`: Ctrl-C is for `relay up` to handle
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
         report = compact.run_compaction(settings)     # steps are logged on stderr
         print(json.dumps(dataclasses.asdict(report)), flush=True)
         return
@@ -215,21 +213,23 @@ def _compact_in_child(args, stop: threading.Event):
     delta-rs and Arrow work had allocated: ~32 MiB private of a 49 MiB process (`relay bench
     --startup`). A child gives all of it back, for ~1 s of imports per run. Asked to stop
     mid-run, the loop lets the run finish (Delta commits are atomic either way) for up to
-    COMPACT_STOP_GRACE_SECONDS, then ends it."""
+    COMPACT_STOP_GRACE_SECONDS, then kills it. The child has a process group of its own:
+    Ctrl-C, or a SIGTERM to the whole group (`timeout`, a service manager), is the loop's to
+    handle, as when passes ran in its process; it reached the child first and killed the pass."""
     import subprocess
     from jobs.compact_step import CompactionReport
     argv = [sys.executable, "-m", "relay.cli"] + (["--conf", args.conf] if args.conf else []) + (
         ["--data-dir", args.data_dir] if args.data_dir else []) + ["compact", "--json"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, process_group=0)
     try:
         while proc.poll() is None and not stop.wait(0.5):
             pass
         out, _ = proc.communicate(timeout=COMPACT_STOP_GRACE_SECONDS)
     except subprocess.TimeoutExpired:
-        proc.terminate()
+        proc.kill()
         out, _ = proc.communicate()
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:    # anything else raised: leave no pass running behind
             proc.kill()
             proc.wait()
     lines = out.strip().splitlines()

@@ -394,7 +394,28 @@ def test_the_loop_runs_each_pass_in_a_child_and_reads_its_report_back(tmp_path, 
                                                       True)]), mode="append")
     write_deltalake(str(layout.acks), ack_rows([(MB_A, 1, long_ago)]), mode="append")
     args = argparse.Namespace(conf=None, data_dir=str(tmp_path))
-    report = cli._compact_in_child(args, threading.Event())
+    # The pass runs in a process group of its own: a Ctrl-C or SIGTERM to the relay's group
+    # is the loop's to handle, not the pass's (it killed the pass, -15).
+    groups: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set() and not groups:
+            for d in Path("/proc").iterdir():
+                try:
+                    if b"compact\0--json" in (d / "cmdline").read_bytes():
+                        groups.append((int(d.name), os.getpgid(int(d.name))))
+                except (OSError, ValueError):
+                    pass
+            time.sleep(0.01)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        report = cli._compact_in_child(args, threading.Event())
+    finally:
+        done.set()
+        watcher.join()
+    assert groups and groups[0][0] == groups[0][1] != os.getpgid(0), groups
     assert report.tombstoned_acked == 1 and report.bytes_after > 0 and report.seconds > 0
     rows = inbox_by_key(layout)
     assert rows[(MB_A, 1)][C.ENVELOPE] is None
