@@ -77,6 +77,12 @@ def role_env(command: str, env: Mapping[str, str]) -> dict[str, str]:
     return dict(env)
 
 
+def child_env(command: str) -> dict[str, str]:
+    """The environment of a child of this supervisor running `command` (or of the zygote,
+    which the listener roles are forked from)."""
+    return role_env(command, {**os.environ, SUPERVISED_ENV: str(os.getpid())})
+
+
 class Output:
     """The supervisor's own lines on stdout, readable or JSON (`fmt` from runtime/logs.py)."""
 
@@ -154,11 +160,9 @@ class Child:
                              role=self.role, line=str(exc))
                 self.proc = NotStarted()
                 return
-            threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
-            return
-        env = role_env(command(self.role)[0], {**os.environ, SUPERVISED_ENV: str(os.getpid())})
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True, bufsize=1,
-                                     env=env)
+        else:
+            self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, text=True,
+                                         bufsize=1, env=child_env(command(self.role)[0]))
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
 
     def _read(self, proc: subprocess.Popen) -> None:
@@ -191,9 +195,7 @@ def run(settings: Settings, conf: str | None) -> int:
         signal.signal(sig, lambda *_: stopping.set())
     # Data-flow order, which is also the stop order: every ingress first (it stops accepting
     # and finishes the commits of pushes it is storing), then the stream, egress, compaction.
-    zygote = (Zygote(role_env(LISTENER_ROLES[0], {**os.environ,
-                                                  SUPERVISED_ENV: str(os.getpid())}))
-              if settings.process.fork_roles else None)
+    zygote = Zygote(child_env(LISTENER_ROLES[0])) if settings.process.fork_roles else None
     children = {role: Child(role, conf, data_dir, out, zygote)
                 for role in process_roles(settings)}
     announced = threading.Event()

@@ -4,8 +4,9 @@
 aioquic, ... for itself: ~52-73 MiB of private memory apiece before it did any work, most
 of the relay's idle memory outside the JVM (issue 20). A child forked from a process that
 has imported them shares those pages with it copy-on-write; `gc.freeze()` before each fork
-keeps the collector from writing to them. Measured with the same modules (/tmp experiment,
-in the README): 413 MiB PSS for seven spawned processes, 224 for a zygote and seven forks.
+keeps the collector from writing to them. Importing the same modules in seven processes
+measured 413 MiB PSS spawned, 224 for a zygote and seven forks; `relay up` idle went from
+1,128 to 994 MiB (`relay bench --startup`, README).
 
 delta-rs must not be inherited across fork (DESIGN.md): its tokio runtime is created on
 first use, and the zygote only imports, never opens a table or starts a thread of its own.
