@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable, ReadLimit, ReadMaxFiles, SupportsTriggerAvailableNow,
@@ -251,7 +250,11 @@ def read_files(files: list[FileRef]) -> Iterator[pa.RecordBatch]:
     """The rows of `files`, tagged with their landing table and version. Each file is read
     with `ParquetFile`, not `read_table`: a landing file is small (a lone client's commit is
     one row) and `read_table` builds a dataset for each, ~0.75 against ~0.4 ms a file here;
-    in a micro-batch at a trickle, reading was most of the driver's time in the sink."""
+    in a micro-batch at a trickle, reading was most of the driver's time in the sink.
+    (pyarrow.parquet is imported here: the source runner, a process of its own that only
+    plans, does without it and pyarrow.fs, ~6 MiB.)"""
+    import pyarrow.parquet as pq
+
     schema = LANDING_SOURCE.arrow_schema()
     names = LANDING.names
     file_schema = LANDING.arrow_schema()

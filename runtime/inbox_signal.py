@@ -16,7 +16,6 @@ removed, a send that fails is counted. The directory is re-listed only when it c
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -132,14 +131,26 @@ class InboxSignalSender:
         self._sock.close()
 
 
-class _Datagrams(asyncio.DatagramProtocol):
-    def __init__(self, event: asyncio.Event):
+class _Datagrams:
+    """An asyncio datagram protocol (duck-typed: asyncio is imported where it runs, so the
+    stream's landing source, which needs only BlockingSignal, does not load it)."""
+
+    def __init__(self, event):
         self.event = event
         self.received = 0
+
+    def connection_made(self, transport) -> None:
+        pass
 
     def datagram_received(self, data: bytes, addr) -> None:
         self.received += 1
         self.event.set()
+
+    def error_received(self, exc: Exception) -> None:
+        pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        pass
 
 
 class InboxSignal:
@@ -147,6 +158,8 @@ class InboxSignal:
     last wait (many commits during one poll make one wake-up), False on timeout."""
 
     def __init__(self, directory: Path, name: str):
+        import asyncio
+
         self.directory = Path(directory)
         self.path = self.directory / f"{os.getpid()}-{name}"
         self._event = asyncio.Event()
@@ -155,6 +168,8 @@ class InboxSignal:
 
     @classmethod
     async def open(cls, directory: Path, name: str) -> "InboxSignal":
+        import asyncio
+
         sig = cls(directory, name)
         loop = asyncio.get_running_loop()
         sig._transport, sig._protocol = await loop.create_datagram_endpoint(
@@ -171,6 +186,8 @@ class InboxSignal:
         self._event.set()
 
     async def wait(self, timeout: float) -> bool:
+        import asyncio
+
         try:
             await asyncio.wait_for(self._event.wait(), timeout)
             return True
