@@ -21,7 +21,7 @@ from delta_tables.layout import Layout
 from runtime import metrics
 from runtime.config import Settings
 
-from . import spark_cluster
+from . import python_daemons, spark_cluster
 from .inbox_stream import start_inbox_stream
 from .spark_session import get_spark
 
@@ -65,9 +65,12 @@ def run(settings: Settings, stop: threading.Event, *, available_now: bool = Fals
         query, sink = start_inbox_stream(spark, settings, available_now=available_now,
                                          on_batch=stream_metrics.observe_batch)
         exporter = metrics.serve_role(settings, "stream", stream_metrics.registry)
-        if wait_first_batch(query, stop) and ready:
-            metrics.announce(ready, exporter, settings.metrics.bind)(
-                {"checkpoint": str(settings.stream_checkpoint), "spark": settings.stream.master})
+        if wait_first_batch(query, stop):
+            python_daemons.retire_query_start_daemons(spark)
+            if ready:
+                metrics.announce(ready, exporter, settings.metrics.bind)(
+                    {"checkpoint": str(settings.stream_checkpoint),
+                     "spark": settings.stream.master})
         while query.isActive and not stop.is_set():
             stop.wait(0.5)
             stream_metrics.observe_progress(query.lastProgress)

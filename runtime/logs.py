@@ -155,6 +155,10 @@ EVENTS: dict[str, str] = {
     "stream_writer_lost": "another stream committed to the inbox since this one built its "
                           "cursor cache: it stops (expected, found)",
     "stream_stopped": "the stream stopped (batches)",
+    "python_daemons_stopped": "the Python daemons Spark used only to start the query were "
+                              "stopped (modules; jobs/python_daemons.py)",
+    "python_daemons_kept": "they could not be stopped (Spark's internals differ): the stream "
+                           "runs on with them",
     # compaction
     "compaction_step": "one compaction step finished (msg says what it removed)",
     "compaction_run": "a compaction run finished (counts per kind, bytes_after, ms)",
