@@ -28,10 +28,11 @@ spreads the protocols over the cores. Nothing acked is lost: what is in landing 
 the inbox is picked up by the next start. A child whose supervisor vanished (`kill -9` of
 `relay up`) stops by itself.
 
-Forked, not spawned: every Python role but the stream is forked from one zygote process that
-imported their modules once (relay/zygote.py, `process.fork_roles`): the children share those
-pages (the relay idle 1,128 -> 994 MiB PSS), and a role starts without importing anything.
-The stream is spawned as before: it runs on CPython's own allocator and starts a JVM.
+Forked, not spawned: every Python role is forked from one zygote process that imported their
+modules once (relay/zygote.py, `process.fork_roles`): the children share those pages (the
+relay idle 1,128 -> 994 MiB PSS), and a role starts without importing anything. A forked
+role's environment is the one it would have had spawned (`fork_env`), so the processes it
+starts (the stream's JVM and Spark's Python workers) do not inherit the zygote's allocator.
 
 Output: stdout carries what the relay tells its operator (where it listens, ready, stopped):
 readable lines, or one JSON object per line when the log format is json (runtime/logs.py);
@@ -61,8 +62,9 @@ INGRESS_HEAD_START_SECONDS = 15.0
 # that came and went left the process at its peak: 2,500 idle PPP WebSockets left ingress
 # 73 MiB bigger for good, against 14 MiB with glibc's malloc and `malloc_trim`
 # (runtime/memory_trim.py), for ~7% more CPU in that wave. An operator's PYTHONMALLOC wins.
-# `relay up` sets it for those children, and for the zygote they are forked from (so push
-# and compaction, forked from it too, run on malloc as well: both are mostly native code).
+# `relay up` sets it for those children, and for the zygote they are forked from (so push,
+# compaction and the stream's driver, forked from it too, run on malloc as well: their work
+# is mostly native code, Arrow and delta-rs).
 # Run alone, the role re-executes itself with it (relay/cli.py), which costs a second
 # interpreter start (~0.2 s of imports).
 LISTENER_ROLES = ("ingress", "egress")
@@ -83,6 +85,13 @@ def child_env(command: str) -> dict[str, str]:
     return role_env(command, {**os.environ, SUPERVISED_ENV: str(os.getpid())})
 
 
+def fork_env(command: str) -> dict[str, str | None]:
+    """What a role forked from the zygote (whose environment is `child_env` of a listener)
+    changes in its environment to have `child_env(command)`'s: the allocator variable, set or
+    removed (None)."""
+    return {"PYTHONMALLOC": child_env(command).get("PYTHONMALLOC")}
+
+
 class Output:
     """The supervisor's own lines on stdout, readable or JSON (`fmt` from runtime/logs.py)."""
 
@@ -101,7 +110,7 @@ class Output:
 LISTENER_MODULES = {"ppp": "ingress.ppp_app", "trueseal": "ingress.trueseal_push",
                     "heya": "ingress.heya", "sync": "ingress.sync_quic"}
 ROLE_MODULES = {"egress": ["egress.service"], "push": ["egress.push.job"],
-                "compact": ["jobs.compact", "runtime.metrics"]}
+                "compact": ["jobs.compact", "runtime.metrics"], "stream": ["jobs.stream_main"]}
 
 
 def preload(role: str) -> list[str] | None:
@@ -154,7 +163,8 @@ class Child:
         self.ready = None
         if self.zygote is not None:
             try:
-                self.proc = self.zygote.spawn("relay.cli", self.args, preload(self.role))
+                self.proc = self.zygote.spawn("relay.cli", self.args, preload(self.role),
+                                              fork_env(command(self.role)[0]))
             except (OSError, RuntimeError) as exc:   # restarted with backoff, like an exit
                 self.out.say("role_output", f"[{self.role}] not started: {exc}",
                              role=self.role, line=str(exc))

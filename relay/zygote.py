@@ -14,9 +14,10 @@ first use, and the zygote only imports, never opens a table or starts a thread o
 takes its locks around fork, so the child's allocator is consistent.)
 
 Protocol, over a SOCK_SEQPACKET socket pair (one datagram per message, JSON):
-  supervisor -> zygote  {"main": module, "argv": [...], "preload": [modules]} + the write
-                        end of the child's stdout pipe (SCM_RIGHTS); the child runs
-                        `module.main(argv)`, as `python -m module argv...` would
+  supervisor -> zygote  {"main": module, "argv": [...], "preload": [modules],
+                         "env": {name: value or null}} + the write end of the child's stdout
+                        pipe (SCM_RIGHTS); the child sets (null: removes) the `env` variables
+                        and runs `module.main(argv)`, as `python -m module argv...` would
   zygote -> supervisor  {"pid": n} or {"error": text}; later {"exited": n, "code": c}
                         (c as subprocess's returncode: -signal when killed)
 The zygote exits when the supervisor's end closes. Its children then find their parent gone
@@ -59,14 +60,23 @@ def _title(text: str) -> None:
 class _Child:
     """What a forked child runs once it has left the zygote's loop."""
 
-    def __init__(self, main: str, argv: list[str], stdout_fd: int):
+    def __init__(self, main: str, argv: list[str], stdout_fd: int, env: dict | None = None):
         self.main = main
         self.argv = argv
         self.stdout_fd = stdout_fd
+        self.env = env or {}
 
     def run(self) -> None:
         os.dup2(self.stdout_fd, 1)
         os.close(self.stdout_fd)
+        # The environment the role's own children get (the stream's JVM and Spark's Python
+        # workers): the one it would have had spawned. The allocator of this interpreter,
+        # chosen when the zygote started, stays.
+        for name, value in self.env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         # A role started by `relay up` watches its parent and stops when it is gone: that is
         # the zygote now, which exits when `relay up` does.
         os.environ[SUPERVISED_ENV] = str(os.getppid())
@@ -143,7 +153,7 @@ def serve(ctl: socket.socket) -> _Child | None:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.close(wake_r)
                 os.close(wake_w)
-                return _Child(msg["main"], msg["argv"], fds[0])
+                return _Child(msg["main"], msg["argv"], fds[0], msg.get("env"))
             for fd in fds:
                 os.close(fd)
             children.add(pid)
@@ -202,9 +212,11 @@ class Zygote:
                 self._reply = self._reply or {"error": "the zygote exited"}
             self._cond.notify_all()
 
-    def spawn(self, main: str, argv: list[str], preload: list[str]) -> "ForkedProcess":
+    def spawn(self, main: str, argv: list[str], preload: list[str],
+              env: Mapping[str, str | None] | None = None) -> "ForkedProcess":
         """A child running `main.main(argv)` (`main` a module), forked once the zygote has
-        imported `preload`."""
+        imported `preload`, with the variables of `env` set in its environment (None:
+        removed)."""
         with self._lock:
             if not self._alive:
                 self._start()
@@ -212,7 +224,8 @@ class Zygote:
             with self._cond:
                 self._reply = None
             try:
-                request = {"main": main, "argv": argv, "preload": preload}
+                request = {"main": main, "argv": argv, "preload": preload,
+                           "env": dict(env or {})}
                 socket.send_fds(self.ctl, [json.dumps(request).encode()], [w])
             finally:
                 os.close(w)

@@ -454,9 +454,9 @@ class ProcessConf:
     # /metrics: past the limit minus this, they stop accepting until descriptors free up.
     # (Each process raises its soft RLIMIT_NOFILE to the hard limit at start.)
     open_files_reserve: int = 256
-    # `relay up` forks its Python roles (all but the stream) from one process that imported
-    # their modules once (relay/zygote.py): they share those pages (idle: 1,128 -> 994 MiB
-    # PSS for the whole relay, `relay bench --startup`).
+    # `relay up` forks its Python roles from one process that imported their modules once
+    # (relay/zygote.py): they share those pages (idle: 1,128 -> 994 MiB PSS for the whole
+    # relay, `relay bench --startup`; the stream too since: README).
     # false: each is spawned fresh and imports for itself.
     fork_roles: bool = True
 

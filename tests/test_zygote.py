@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from relay.up import LISTENER_MODULES, preload
+from relay.up import LISTENER_MODULES, fork_env, preload
 from relay.zygote import Zygote
 from runtime.config import INGRESS_PROTOCOLS
 
@@ -89,13 +89,44 @@ def test_a_forked_role_serves_shares_the_imports_and_reports_its_exit(zygote, tm
     assert child.wait(timeout=30) == -signal.SIGKILL
 
 
-def test_every_role_but_the_stream_is_forked_with_its_listener_preloaded():
+def test_every_role_is_forked_with_its_modules_preloaded():
     assert set(LISTENER_MODULES) == set(INGRESS_PROTOCOLS)
-    assert preload("stream") is None
     for protocol, module in LISTENER_MODULES.items():
         assert module in preload(f"ingress-{protocol}")
     assert set(LISTENER_MODULES.values()) <= set(preload("ingress"))   # one process, all
     assert all(preload(r) for r in ("egress", "push", "compact"))
+    assert "jobs.stream_main" in preload("stream")
+
+
+def test_a_forked_role_gets_the_environment_it_would_have_spawned(tmp_path, monkeypatch):
+    # The zygote runs on malloc for the listeners; the stream forked from it must not pass
+    # that on to its JVM and Spark's Python workers (relay/up.py fork_env).
+    monkeypatch.delenv("PYTHONMALLOC", raising=False)
+    assert fork_env("stream") == {"PYTHONMALLOC": None}
+    assert fork_env("ingress") == {"PYTHONMALLOC": "malloc"}
+    monkeypatch.setenv("PYTHONMALLOC", "pymalloc_debug")         # an operator's choice wins
+    assert fork_env("stream") == fork_env("ingress") == {"PYTHONMALLOC": "pymalloc_debug"}
+
+    (tmp_path / "envdump.py").write_text(
+        "import json, os\n"
+        "def main(argv):\n"
+        "    print(json.dumps({k: os.environ.get(k) for k in argv}), flush=True)\n")
+    env = {**_env(tmp_path), "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    z = Zygote(env)
+    try:
+        names = ["PYTHONMALLOC", "RELAY_ZYGOTE_TEST_SET"]
+        child = z.spawn("envdump", names, ["envdump"],
+                        {"PYTHONMALLOC": None, "RELAY_ZYGOTE_TEST_SET": "yes"})
+        assert child.wait(timeout=30) == 0
+        assert json.loads(child.stdout.read()) == {"PYTHONMALLOC": None,
+                                                   "RELAY_ZYGOTE_TEST_SET": "yes"}
+        child = z.spawn("envdump", names, ["envdump"])
+        assert child.wait(timeout=30) == 0
+        assert json.loads(child.stdout.read()) == {"PYTHONMALLOC": "malloc",
+                                                   "RELAY_ZYGOTE_TEST_SET": None}
+    finally:
+        z.stop()
 
 
 def test_a_module_that_cannot_be_imported_fails_that_start_only(zygote, tmp_path):
