@@ -96,12 +96,15 @@ class RelayUp:
                 if isinstance(msg, dict) and "event" in msg:
                     self._events.put(msg)
 
-    def wait_event(self, event: str, timeout: float = 240.0) -> dict:
+    def wait_event(self, event: str, timeout: float = 240.0, *, nth: int = 1,
+                   **fields) -> dict:
+        """The `nth` event named `event` whose fields include `fields`."""
         deadline = time.monotonic() + timeout
         while True:
-            for e in self.events:
-                if e["event"] == event:
-                    return e
+            found = [e for e in self.events if e["event"] == event
+                     and all(e.get(k) == v for k, v in fields.items())]
+            if len(found) >= nth:
+                return found[nth - 1]
             left = deadline - time.monotonic()
             assert left > 0, f"no {event} in {timeout:.0f} s: {self.stdout[-20:]}"
             assert self.proc.poll() is None, f"relay up exited: {self.stdout[-20:]}"

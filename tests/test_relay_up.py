@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 
 from relay_up_process import RelayUp
 from trueseal_client import ACK, NK, XX, AsyncClient, deliver_ack_frame, keypair, push_frame
@@ -59,6 +60,40 @@ def test_relay_up_serves_and_stops_cleanly(tmp_path):
     assert [e["role"] for e in relay.events if e["event"] == "role_stopped"] == [
         "ingress-trueseal", "ingress-heya", "ingress-ppp", "ingress-sync", "stream", "egress",
         "push", "compact"]
+
+
+def test_a_killed_stream_is_forked_again_and_serves(tmp_path):
+    # The stream is forked from the zygote like every role (relay/up.py): killed, it is
+    # forked again, its orphaned JVM goes, and Spark's Python processes never run on the
+    # zygote's allocator.
+    relay = RelayUp(tmp_path / "data", RELAY_TRIGGER_INTERVAL_MS="100")
+    relay_pub = bytes.fromhex(relay.cli("keys").split()[1])
+    push, recv = relay.ports["TRUESEAL_PUSH"], relay.ports["TRUESEAL_RECEIVE"]
+    try:
+        relay.start()
+        relay.ready(timeout=180)
+        first = relay.role_pid("stream")
+        assert _ppid(first) != relay.proc.pid          # the zygote's child, not relay up's
+        runners = [env for _, args, env in relay._own_processes()
+                   if "pyspark.sql.streaming.python_streaming_source_runner" in args]
+        assert runners and not any("PYTHONMALLOC=malloc" in env for env in runners)
+        os.kill(first, signal.SIGKILL)
+        relay.wait_event("role_exited", 60, role="stream")
+        relay.wait_event("role_ready", 180, nth=2, role="stream")
+        assert relay.role_pid("stream") not in (None, first)
+        asyncio.run(_one_message(push, recv, relay_pub))
+        code = relay.stop(signal.SIGTERM)
+    finally:
+        relay.kill()
+    assert code == 0
+    deadline = time.monotonic() + 30
+    while relay.leftovers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not relay.leftovers(), relay.commands()
+
+
+def _ppid(pid: int) -> int:
+    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 
 
 async def _one_message(push, recv, relay_pub):
