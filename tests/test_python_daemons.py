@@ -14,9 +14,9 @@ from pyspark import SparkContext
 from jobs.inbox_stream import start_inbox_stream
 from jobs.python_daemons import QUERY_START_MODULES, retire_query_start_daemons
 from jobs.stream_main import wait_first_batch
+from relay.bench.startup import parent_pid
 
 from landing_rows import envelope, land, landing_row
-
 
 
 def daemons() -> set[str]:
@@ -27,7 +27,7 @@ def daemons() -> set[str]:
         if not d.name.isdigit():
             continue
         try:
-            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            ppid = parent_pid(int(d.name))
             argv = [a for a in (d / "cmdline").read_bytes().decode().split("\0") if a]
         except (OSError, IndexError, ValueError):
             continue

@@ -9,6 +9,8 @@ import os
 import signal
 import time
 
+from relay.bench.startup import parent_pid
+
 from relay_up_process import RelayUp
 from trueseal_client import ACK, NK, XX, AsyncClient, deliver_ack_frame, keypair, push_frame
 
@@ -73,7 +75,7 @@ def test_a_killed_stream_is_forked_again_and_serves(tmp_path):
         relay.start()
         relay.ready(timeout=180)
         first = relay.role_pid("stream")
-        assert _ppid(first) != relay.proc.pid          # the zygote's child, not relay up's
+        assert parent_pid(first) != relay.proc.pid          # the zygote's child, not relay up's
         runners = [env for _, args, env in relay._own_processes()
                    if "pyspark.sql.streaming.python_streaming_source_runner" in args]
         assert runners and not any("PYTHONMALLOC=malloc" in env for env in runners)
@@ -90,10 +92,6 @@ def test_a_killed_stream_is_forked_again_and_serves(tmp_path):
     while relay.leftovers() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not relay.leftovers(), relay.commands()
-
-
-def _ppid(pid: int) -> int:
-    return int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
 
 
 async def _one_message(push, recv, relay_pub):

@@ -44,12 +44,17 @@ IDLE_AFTER_S = 70.0
 IDLE_FOR_S = 20.0
 
 
+def parent_pid(pid: int) -> int:
+    """The parent of `pid`, from /proc (after the last ")": a command name may hold one)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def _tree(root: int) -> list[int]:
     kids: dict[int, list[int]] = {}
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                ppid = parent_pid(int(d.name))
             except (OSError, IndexError, ValueError):
                 continue
             kids.setdefault(ppid, []).append(int(d.name))
