@@ -872,7 +872,13 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["RELAY_LOG_FORMAT"] = args.log_format   # children of `relay up` inherit it
     if args.log_level:
         os.environ["RELAY_LOG_LEVEL"] = args.log_level     # likewise
-    args.func(args)
+    try:
+        args.func(args)
+    except BrokenPipeError:
+        # `relay keys | head -1`: the reader left. What is left to print has nowhere to go:
+        # no traceback, and none either when Python flushes stdout at exit (its docs' recipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -626,3 +626,11 @@ async def _sync(used, port):
     page = await c.request(pull(0, 10))
     assert [bytes(e[2]) for e in page[1]] == [payload]
     await c.close()
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    # `relay keys | head -1`, as an operator types it: head exits after one line.
+    out = subprocess.run(f"{sys.executable} -m relay.cli --data-dir {tmp_path} keys | head -c1",
+                         shell=True, capture_output=True, text=True, timeout=120)
+    assert out.stdout == "t"
+    assert "Traceback" not in out.stderr and "BrokenPipe" not in out.stderr, out.stderr
