@@ -27,4 +27,7 @@ fi
 # on this sandbox and many CI images) every process would otherwise compile them again at each
 # start, ~0.4 s of a PPP listener's ~1.8 s of imports. Up-to-date files are skipped.
 .venv/bin/python -m compileall -q engine ingress egress delta_tables runtime relay jobs >/dev/null
+# Spark's Python processes import the installed pyspark instead of compiling its zipped copy
+# at each start (jobs/spark_python_path.py: a .pth file in the virtualenv).
+.venv/bin/python -m jobs.spark_python_path 2>/dev/null
 echo "setup: ready (.venv/bin/relay)" >&2
