@@ -8,8 +8,11 @@ like runtime/logs.py's: one JSON object per line, or a readable text line). In a
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +31,39 @@ LOG4J2_CONF = Path(__file__).resolve().parents[1] / "conf" / "log4j2.properties"
 IDLE_HEAP_OPTIONS = ["-XX:G1PeriodicGCInterval=30000", "-XX:MinHeapFreeRatio=10",
                      "-XX:MaxHeapFreeRatio=30"]
 
+# ... and idle native memory: glibc keeps what the JVM frees (compiler arenas, class loading,
+# ...) unless asked to return it; the JVM's own trimmer asks every 30 s. Measured 2026-11-27:
+# `jcmd System.trim_native_heap` on the idle relay's JVM freed 23 MiB; `relay bench
+# --startup`, 3 alternating rounds each, whole relay 797 -> 777 MiB PSS (JVM 330 -> 310), idle
+# CPU 0.04 cores both. The option exists from JDK 17.0.9 and 21.0.1 (experimental before
+# 17.0.11 and 21.0.3): `native_trim_options` asks the JVM Spark will run which form it takes.
+NATIVE_TRIM_INTERVAL_MS = 30000
+
+
+def _java() -> str | None:
+    """The `java` Spark's launcher runs: $JAVA_HOME/bin/java, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    return os.path.join(home, "bin", "java") if home else shutil.which("java")
+
+
+@functools.lru_cache(maxsize=None)
+def native_trim_options(java: str | None = None) -> tuple[str, ...]:
+    """The options that make this JVM trim its native heap periodically, or () when it has no
+    such option (an older JDK starts as before). One `java -version` per form, ~50 ms."""
+    java = java or _java()
+    if not java:
+        return ()
+    for form in ((f"-XX:TrimNativeHeapInterval={NATIVE_TRIM_INTERVAL_MS}",),
+                 ("-XX:+UnlockExperimentalVMOptions",
+                  f"-XX:TrimNativeHeapInterval={NATIVE_TRIM_INTERVAL_MS}")):
+        try:
+            if subprocess.run([java, *form, "-version"], capture_output=True,
+                              timeout=60).returncode == 0:
+                return form
+        except (OSError, subprocess.TimeoutExpired):
+            return ()
+    return ()
+
 
 def driver_java_options(app_name: str, jvm_options: str = "") -> str:
     """`spark.driver.extraJavaOptions`: the log4j2 configuration and what it reads.
@@ -36,9 +72,9 @@ def driver_java_options(app_name: str, jvm_options: str = "") -> str:
     `relay.log.process` is each line's `process`. Under a relay process the JVM always writes
     json: `logs.child_stderr` turns each line into a record of ours (formatted as this process
     formats). `-Dlog4j2.level` only applies when no configuration file is found (the log4j
-    default configuration): WARN there too. Then IDLE_HEAP_OPTIONS; `jvm_options`
-    (stream.jvm_options) come last."""
-    opts = ["-Dlog4j2.level=warn", *IDLE_HEAP_OPTIONS]
+    default configuration): WARN there too. Then IDLE_HEAP_OPTIONS and the native heap
+    trimmer; `jvm_options` (stream.jvm_options) come last."""
+    opts = ["-Dlog4j2.level=warn", *IDLE_HEAP_OPTIONS, *native_trim_options()]
     if LOG4J2_CONF.is_file():
         act = logs.active()
         if act is not None:

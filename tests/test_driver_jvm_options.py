@@ -1,0 +1,46 @@
+"""The driver JVM gives idle memory back (jobs/spark_session.py): the shared session's real
+JVM reports the options in force, and a JDK without the native heap trimmer still starts."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from pyspark import SparkContext
+
+from jobs.spark_session import NATIVE_TRIM_INTERVAL_MS, native_trim_options
+
+
+def vm_option(name: str) -> str:
+    jvm = SparkContext._gateway.jvm
+    bean = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
+        jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
+    return bean.getVMOption(name).getValue()
+
+
+def java_version(spark) -> tuple[int, ...]:
+    text = SparkContext._gateway.jvm.java.lang.System.getProperty("java.version")
+    return tuple(int(p) for p in text.split("-")[0].split("+")[0].split(".")[:3])
+
+
+def test_driver_jvm_returns_idle_heap_and_native_memory(spark):
+    assert vm_option("G1PeriodicGCInterval") == "30000"
+    assert vm_option("MaxHeapFreeRatio") == "30"
+    version = java_version(spark)
+    has_trimmer = version >= (22,) or (21, 0, 1) <= version < (22,) or (17, 0, 9) <= version < (18,)
+    if has_trimmer:
+        assert native_trim_options(), f"JDK {version} has the trimmer, the probe missed it"
+        assert vm_option("TrimNativeHeapInterval") == str(NATIVE_TRIM_INTERVAL_MS)
+    else:
+        assert native_trim_options() == ()
+
+
+def test_a_jvm_without_the_trimmer_gets_no_trim_option(tmp_path):
+    """A `java` that refuses the option (as JDK 17.0.8 does: "Unrecognized VM option") and
+    one that is missing: no option, so the driver JVM starts as before."""
+    old = tmp_path / "java"
+    old.write_text("#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in -XX:*TrimNative*) "
+                   "echo 'Unrecognized VM option' >&2; exit 1;; esac; done\nexit 0\n")
+    old.chmod(old.stat().st_mode | stat.S_IEXEC)
+    assert native_trim_options(str(old)) == ()
+    assert native_trim_options(os.fspath(tmp_path / "absent")) == ()
