@@ -97,15 +97,37 @@ def _write_new(path: Path, data) -> int:
     return fd
 
 
+def column_stats(table: pa.Table, columns: tuple[str, ...] = ()) -> dict:
+    """An add action's `stats`: numRecords, and for `columns` (strings) their minValues,
+    maxValues and nullCount, as Delta writers record them for data skipping."""
+    stats: dict = {"numRecords": table.num_rows}
+    if columns and table.num_rows:
+        import pyarrow.compute as pc
+        mins, maxs, nulls = {}, {}, {}
+        for name in columns:
+            col = table.column(name)
+            mm = pc.min_max(col)
+            if mm["min"].is_valid:
+                mins[name], maxs[name] = mm["min"].as_py(), mm["max"].as_py()
+            nulls[name] = col.null_count
+        stats.update(minValues=mins, maxValues=maxs, nullCount=nulls)
+    return stats
+
+
 class DirectAppender:
     """Appends to one existing Delta table; one instance per writer process and table. Holds
     the table's and its log's directories open, to fsync them without reopening."""
 
-    def __init__(self, path: Path, schema: pa.Schema, *, fsync: bool = True):
+    def __init__(self, path: Path, schema: pa.Schema, *, fsync: bool = True,
+                 stats_columns: tuple[str, ...] = ()):
         self.path = Path(path)
         self.log_dir = self.path / "_delta_log"
         self.schema = schema
         self.fsync = fsync
+        # String columns whose min/max each add action's stats carry (Delta's minValues and
+        # maxValues): the landing source reads the protocols of a commit from them, without
+        # opening its file.
+        self.stats_columns = stats_columns
         self.version = latest_version(self.path)   # the newest version we know of
         if self.version < 0:
             raise FileNotFoundError(f"no Delta table at {self.path}")
@@ -130,7 +152,7 @@ class DirectAppender:
         parquet = sink.getvalue()
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         now_ms = int(time.time() * 1000)
-        stats = json.dumps({"numRecords": table.num_rows}, separators=(",", ":"))
+        stats = json.dumps(column_stats(table, self.stats_columns), separators=(",", ":"))
         actions = (
             {"commitInfo": {"timestamp": now_ms, "operation": "WRITE",
                             "operationParameters": {"mode": "Append"},

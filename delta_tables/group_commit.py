@@ -35,7 +35,7 @@ from runtime.inbox_signal import InboxSignalSender, landing_signal_dir
 from . import object_store
 from .direct_append import DirectAppender, fsync_all
 from .layout import Layout, ensure_table
-from .schema import LANDING, TableDef
+from .schema import C, LANDING, TableDef
 
 log = logging.getLogger("relay.group_commit")
 
@@ -127,12 +127,13 @@ class DirectAppendTarget:
     not slow as the log grows (direct_append.py says why not delta-rs here)."""
 
     def __init__(self, path: Path, tdef: TableDef, *, fsync: bool = True,
-                 key: str | None = None):
+                 key: str | None = None, stats_columns: tuple[str, ...] = ()):
         self.path = Path(path)
         self.schema = tdef.arrow_schema()
         self.key = key or str(self.path)
         ensure_table(self.path, tdef)
-        self._appender = DirectAppender(self.path, self.schema, fsync=fsync)
+        self._appender = DirectAppender(self.path, self.schema, fsync=fsync,
+                                        stats_columns=stats_columns)
         self.commits = 0
 
     def commit(self, table: pa.Table) -> CommitResult:
@@ -173,7 +174,10 @@ class LandingTarget:
             # A direct append creates its commit with link(), which S3 lacks; delta-rs commits
             # there with a conditional PUT (object_store.py).
             return DeltaAppendTarget(path, LANDING, fsync=self.fsync, key=key)
-        return DirectAppendTarget(path, LANDING, fsync=self.fsync, key=key)
+        # Each commit's protocols in its stats: the stream's source paces commits whose
+        # recipients were served at once differently (landing_source.py, early_batch_gap_ms).
+        return DirectAppendTarget(path, LANDING, fsync=self.fsync, key=key,
+                                  stats_columns=(C.PROTOCOL,))
 
     @property
     def current_key(self) -> str:

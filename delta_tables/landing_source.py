@@ -23,6 +23,16 @@ landing commit, up to `waitForDataMs` (so a signal that cannot come, from anothe
 costs at most that delay, and a stop waits at most that long). It paces the batches itself:
 at most one start per `minBatchGapMs` (stream.trigger_interval_ms), as the trigger did.
 
+Early gap (`earlyGapMs`, stream.early_batch_gap_ms; `earlyProtocols`): a commit whose rows
+are all of a protocol served early (a PPP STORE, a trueseal push: ingress handed it to the
+recipient's session right after the landing commit, runtime/handoff.py) needs its inbox row
+soon, not at once. When every commit waiting is such, batches start at most one per early
+gap, so a lone sender's trickle does not run a micro-batch every 100 ms beside the listeners
+on two cores; the protocols come from each add's stats (the landing writer records the
+`protocol` column's min and max). A commit that needs the stream (Heya and cursor-sync
+replies carry its cursors, a PPP room message waits for its number, a commit without stats)
+ends the early gap within one usual gap.
+
 Rules for the log: landing tables are append-only. An OPTIMIZE add (`dataChange=false`) is
 skipped; any other remove is refused rather than silently re-read or lost. A table that
 disappears was dropped by compaction after the stream consumed it, and is skipped.
@@ -60,6 +70,16 @@ class LandingLogError(RuntimeError):
 class DataFile(NamedTuple):
     path: str       # absolute path (or s3:// URI) of the parquet file
     size: int       # bytes, from the commit's add action
+    # (min, max) of the file's `protocol` column from the add's stats; None when not recorded
+    protocols: tuple[str, str] | None = None
+
+
+def _protocols(add: dict) -> tuple[str, str] | None:
+    try:
+        stats = json.loads(add.get("stats") or "{}")
+        return stats["minValues"][C.PROTOCOL], stats["maxValues"][C.PROTOCOL]
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -92,7 +112,8 @@ def version_adds(table_path: Path, version: int) -> list[DataFile]:
         if "add" in action:
             if action["add"].get("dataChange", True):
                 add = action["add"]
-                adds.append(DataFile(str(table_path / add["path"]), int(add["size"])))
+                adds.append(DataFile(str(table_path / add["path"]), int(add["size"]),
+                                     _protocols(add)))
         elif "remove" in action and action["remove"].get("dataChange", True):
             raise LandingLogError(f"{table_path} version {version} removes data; "
                                   "landing tables are append-only")
@@ -114,6 +135,9 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._boot = secrets.token_hex(4)   # see the module docstring: one warm-up batch
         self.wait_s = int(options.get("waitForDataMs", "0")) / 1000.0
         self.min_gap_s = int(options.get("minBatchGapMs", "0")) / 1000.0
+        self.early_gap_s = int(options.get("earlyGapMs", "0")) / 1000.0
+        self.early_protocols = frozenset(p for p in options.get("earlyProtocols", "").split(",")
+                                         if p)
         self._signal: BlockingSignal | None = None
         self._last_start = 0.0
 
@@ -173,15 +197,37 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if not self._signal.wait(self.wait_s):
                 return end
             waited = True
-        gap = self._last_start + self.min_gap_s - time.monotonic()
-        if gap > 0:
-            time.sleep(gap)
+        gap_s = self._gap_s(start, end)
+        while (left := self._last_start + gap_s - time.monotonic()) > 0:
+            # The early gap is slept in slices of the usual one: a commit that needs the
+            # stream (Heya, cursor-sync, a room message) ends it within one slice.
+            time.sleep(min(left, self.min_gap_s) if gap_s > self.min_gap_s > 0 else left)
             waited = True
+            if gap_s > self.min_gap_s:
+                end = self._end(start, limit)
+                gap_s = self._gap_s(start, end)
         if waited:                      # more may have landed meanwhile
             end = self._end(start, limit)
         if end["v"] != start.get("v", {}):
             self._last_start = time.monotonic()
         return end
+
+    def _gap_s(self, start: dict, end: dict) -> float:
+        """The least time between two batch starts for the commits in (start, end]: the early
+        gap when every one of them holds only protocols whose online recipients were served
+        from the landing commit (`earlyProtocols`), else the usual one."""
+        if self.early_gap_s <= self.min_gap_s:
+            return self.min_gap_s
+        begin = start.get("v", {})
+        changed = False
+        for key, v_end in end.get("v", {}).items():
+            for version in range(begin.get(key, -1) + 1, v_end + 1):
+                changed = True
+                for f in self._adds(key, version):
+                    if (f.protocols is None or f.protocols[0] != f.protocols[1]
+                            or f.protocols[0] not in self.early_protocols):
+                        return self.min_gap_s
+        return self.early_gap_s if changed else self.min_gap_s
 
     def stop(self) -> None:
         if self._signal is not None:

@@ -316,7 +316,7 @@ class InboxSink:
 
 
 def landing_stream(spark, layout: Layout, stream_conf, start_versions: str | None = None,
-                   record_consumed: bool = True):
+                   record_consumed: bool = True, early_protocols: tuple[str, ...] = ()):
     """The source DataFrame. `record_consumed=False` for a stream that is not the relay's own
     (an incident replay into another inbox): only the relay's stream may tell compaction what
     landing it can drop.
@@ -335,10 +335,20 @@ def landing_stream(spark, layout: Layout, stream_conf, start_versions: str | Non
               .option("maxPartitions", str(stream_conf.max_partitions))
               .option("recordConsumed", "true" if record_consumed else "false")
               .option("waitForDataMs", str(stream_conf.wait_for_data_ms))
-              .option("minBatchGapMs", str(stream_conf.trigger_interval_ms)))
+              .option("minBatchGapMs", str(stream_conf.trigger_interval_ms))
+              .option("earlyGapMs", str(stream_conf.early_batch_gap_ms if early_protocols else 0))
+              .option("earlyProtocols", ",".join(early_protocols)))
     if start_versions:
         reader = reader.option("startVersions", start_versions)
     return reader.load()
+
+
+def early_protocols(settings) -> tuple[str, ...]:
+    """Protocols whose online recipients ingress serves from the landing commit, before the
+    inbox row: PPP's STORE (`PppInbox.land_early`), trueseal's push with early_delivery."""
+    from engine.ppp.ids import PROTOCOL as PPP
+    from engine.trueseal.ids import PROTOCOL as TRUESEAL
+    return (PPP,) + ((TRUESEAL,) if settings.trueseal.early_delivery else ())
 
 
 def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
@@ -357,7 +367,8 @@ def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
     sink.on_batch = on_batch
     if settings.egress.inbox_signal:
         sink.on_inbox_commit = InboxSignalSender(signal_dir(settings.data_dir)).notify
-    writer = (landing_stream(spark, layout, settings.stream, start_versions).writeStream
+    writer = (landing_stream(spark, layout, settings.stream, start_versions,
+                             early_protocols=early_protocols(settings)).writeStream
               .queryName(QUERY_NAME)
               .foreachBatch(sink)
               .option("checkpointLocation", str(checkpoint)))

@@ -93,6 +93,14 @@ class StreamConf:
     # an idle stream costs almost nothing and a commit starts a batch at once. 0: poll every
     # trigger_interval_ms as Spark's processing-time trigger does.
     wait_for_data_ms: int = 1000
+    # When every landing commit waiting is of a protocol whose online recipients ingress already
+    # served from the landing commit (PPP STOREs; trueseal pushes with early_delivery), at most
+    # one micro-batch start per this interval: their inbox rows (dedup, cursors, audits,
+    # offline recipients) follow within it, and a lone sender's trickle stops costing a
+    # micro-batch every trigger_interval_ms beside the listeners. A commit that needs the
+    # stream (Heya, cursor-sync, PPP rooms) ends it within trigger_interval_ms. <= the trigger
+    # interval: off.
+    early_batch_gap_ms: int = 500
     # Bounds a micro-batch: every batch passes through driver memory (DESIGN.md).
     max_files_per_trigger: int = 2000
     max_partitions: int = 4
