@@ -189,25 +189,20 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Waiting for data (module docstring): the first batch after a start at once, later
         # ones at most one per `min_gap_s`, and none before something landed.
         end = self._end(start, limit)
-        waited = False
         if end["v"] == start.get("v", {}) and start.get("boot") == self._boot:
             if self._signal is None:
                 self._signal = BlockingSignal(landing_signal_dir(self.layout.root),
                                               "landing-source")
             if not self._signal.wait(self.wait_s):
                 return end
-            waited = True
+            end = self._end(start, limit)       # what woke it decides the gap
         gap_s = self._gap_s(start, end)
         while (left := self._last_start + gap_s - time.monotonic()) > 0:
             # The early gap is slept in slices of the usual one: a commit that needs the
             # stream (Heya, cursor-sync, a room message) ends it within one slice.
             time.sleep(min(left, self.min_gap_s) if gap_s > self.min_gap_s > 0 else left)
-            waited = True
-            if gap_s > self.min_gap_s:
-                end = self._end(start, limit)
-                gap_s = self._gap_s(start, end)
-        if waited:                      # more may have landed meanwhile
-            end = self._end(start, limit)
+            end = self._end(start, limit)       # more may have landed meanwhile
+            gap_s = self._gap_s(start, end)
         if end["v"] != start.get("v", {}):
             self._last_start = time.monotonic()
         return end

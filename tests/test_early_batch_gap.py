@@ -75,6 +75,25 @@ def test_the_source_takes_the_early_gap_only_when_every_waiting_commit_was_serve
     assert reader(layout, early_ms=0)._gap_s(start, end) == 0.1
 
 
+def test_a_commit_that_wakes_an_idle_source_is_paced_by_its_own_protocol(layout):
+    """A slow trickle: each batch takes everything, so the source waits on the landing signal;
+    the commit that wakes it decides the gap (here PPP: the early one, from the last start)."""
+    target = land(layout, rows("ppp", 1), node="n4-ppp")
+    src = reader(layout)
+    limit = ReadAllAvailable()
+    first = src.latestOffset({"v": {}, "boot": src._boot}, limit)
+    started = src._last_start                  # that batch just started
+    try:
+        threading.Timer(0.1, lambda: target.commit(pa.Table.from_pylist(
+            rows("ppp", 1, 1), schema=LANDING.arrow_schema()))).start()
+        end = src.latestOffset(first, limit)
+        elapsed = time.monotonic() - started
+    finally:
+        src.stop()
+    assert end["v"][target.current_key] == 2
+    assert elapsed >= 0.5, elapsed             # not the usual 0.1 s
+
+
 def test_early_protocols_follow_the_settings(settings):
     assert early_protocols(settings) == ("ppp", "trueseal")
     settings.trueseal.early_delivery = False
