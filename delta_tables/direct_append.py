@@ -42,7 +42,9 @@ import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Callable, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -97,9 +99,29 @@ def _write_new(path: Path, data) -> int:
     return fd
 
 
+def stats_columns_of(schema: pa.Schema) -> tuple[str, ...]:
+    """The columns delta-rs keeps min/max stats for (not binary): strings, integers,
+    timestamps and booleans."""
+    return tuple(f.name for f in schema
+                 if pa.types.is_string(f.type) or pa.types.is_integer(f.type)
+                 or pa.types.is_timestamp(f.type) or pa.types.is_boolean(f.type))
+
+
+def _stat_value(value, up: bool):
+    """A min (`up` False) or max as Delta's stats JSON holds it: a timestamp as UTC ISO to the
+    millisecond (as delta-rs writes it), a max rounded up so it stays an upper bound."""
+    if isinstance(value, datetime):
+        us = value.microsecond % 1000
+        if up and us:
+            value += timedelta(microseconds=1000 - us)
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    return value
+
+
 def column_stats(table: pa.Table, columns: tuple[str, ...] = ()) -> dict:
-    """An add action's `stats`: numRecords, and for `columns` (strings) their minValues,
-    maxValues and nullCount, as Delta writers record them for data skipping."""
+    """An add action's `stats`: numRecords, and for `columns` (strings, integers, timestamps,
+    booleans) their minValues, maxValues and nullCount, as Delta writers record them for data
+    skipping."""
     stats: dict = {"numRecords": table.num_rows}
     if columns and table.num_rows:
         import pyarrow.compute as pc
@@ -108,7 +130,8 @@ def column_stats(table: pa.Table, columns: tuple[str, ...] = ()) -> dict:
             col = table.column(name)
             mm = pc.min_max(col)
             if mm["min"].is_valid:
-                mins[name], maxs[name] = mm["min"].as_py(), mm["max"].as_py()
+                mins[name] = _stat_value(mm["min"].as_py(), up=False)
+                maxs[name] = _stat_value(mm["max"].as_py(), up=True)
             nulls[name] = col.null_count
         stats.update(minValues=mins, maxValues=maxs, nullCount=nulls)
     return stats
@@ -119,7 +142,7 @@ class DirectAppender:
     the table's and its log's directories open, to fsync them without reopening."""
 
     def __init__(self, path: Path, schema: pa.Schema, *, fsync: bool = True,
-                 stats_columns: tuple[str, ...] = ()):
+                 stats_columns: tuple[str, ...] = (), version: int | None = None):
         self.path = Path(path)
         self.log_dir = self.path / "_delta_log"
         self.schema = schema
@@ -128,7 +151,8 @@ class DirectAppender:
         # maxValues): the landing source reads the protocols of a commit from them, without
         # opening its file.
         self.stats_columns = stats_columns
-        self.version = latest_version(self.path)   # the newest version we know of
+        # the newest version we know of (a caller that read the table passes its version)
+        self.version = latest_version(self.path) if version is None else version
         if self.version < 0:
             raise FileNotFoundError(f"no Delta table at {self.path}")
         self._dir_fd = os.open(self.path, os.O_RDONLY)
@@ -143,8 +167,16 @@ class DirectAppender:
         if getattr(self, "_log_fd", -1) >= 0:
             self.close()
 
-    def append(self, table: pa.Table) -> int:
-        """Commit `table` as a new version (returned) once it and its data are durable."""
+    def append(self, table: pa.Table, *, txns: Mapping[str, int] | None = None,
+               on_taken: Callable[[int], int] | None = None) -> int:
+        """Commit `table` as a new version (returned) once it and its data are durable.
+
+        `txns`: Delta app transactions (app id -> version) the commit carries, for writers that
+        commit exactly once (delta_tables/txn_append.py). Such a commit is not a blind append:
+        when its version is taken, `on_taken(version)` decides, from the table as it now is,
+        whether it may still go ahead (returns the version to try next) or raises; the data
+        file, never named by a commit, is removed then. Without `on_taken` a taken version
+        just moves the commit to the next free one (blind appends never conflict)."""
         if table.schema != self.schema:
             table = table.cast(self.schema)
         sink = pa.BufferOutputStream()
@@ -153,13 +185,16 @@ class DirectAppender:
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         now_ms = int(time.time() * 1000)
         stats = json.dumps(column_stats(table, self.stats_columns), separators=(",", ":"))
-        actions = (
-            {"commitInfo": {"timestamp": now_ms, "operation": "WRITE",
-                            "operationParameters": {"mode": "Append"},
-                            "isBlindAppend": True, "clientVersion": CLIENT}},
+        info = {"timestamp": now_ms, "operation": "WRITE",
+                "operationParameters": {"mode": "Append"}, "clientVersion": CLIENT}
+        if not txns:
+            info["isBlindAppend"] = True
+        actions = [
+            {"commitInfo": info},
             {"add": {"path": name, "partitionValues": {}, "size": parquet.size,
                      "modificationTime": now_ms, "dataChange": True, "stats": stats}},
-        )
+        ]
+        actions += [{"txn": {"appId": app, "version": v}} for app, v in (txns or {}).items()]
         body = "\n".join(json.dumps(a, separators=(",", ":")) for a in actions) + "\n"
         tmp = self.log_dir / f"_commit_{uuid.uuid4()}.json.tmp"
         data_fd = _write_new(self.path / name, parquet)
@@ -168,6 +203,7 @@ class DirectAppender:
         except BaseException:
             os.close(data_fd)
             raise
+        linked = False
         try:
             try:
                 if self.fsync:   # data, its name, the commit's content: all before the link
@@ -179,13 +215,20 @@ class DirectAppender:
             while True:
                 try:
                     os.link(tmp, self.log_dir / f"{version:020d}.json")
+                    linked = True
                     break
                 except OSError as exc:
                     if exc.errno != errno.EEXIST:
                         raise
-                    version = max(version + 1, latest_version(self.path) + 1)
+                    version = (on_taken(version) if on_taken is not None
+                               else max(version + 1, latest_version(self.path) + 1))
         finally:
             os.unlink(tmp)
+            if not linked and on_taken is not None:
+                try:
+                    os.unlink(self.path / name)
+                except OSError:
+                    pass
         if self.fsync:
             os.fsync(self._log_fd)
         self.version = version

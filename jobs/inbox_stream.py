@@ -2,7 +2,8 @@
 
     source     spark.readStream.format("relay_landing")       delta_tables/landing_source.py
     transform  jobs/inbox_transform.transform (pure, Arrow)   unit-tested without Spark I/O
-    sink       foreachBatch -> delta-rs, one commit per table with an app transaction marker
+    sink       foreachBatch -> one commit per table with an app transaction marker: a direct
+               append on a local disk (delta_tables/txn_append.py), delta-rs on an object store
 
 Exactly once: every table write of batch N carries `Transaction(app_id, N)` in the same
 commit as its data, and a table whose marker is already >= N is skipped, so a batch replayed
@@ -45,6 +46,7 @@ from deltalake.exceptions import CommitFailedError
 
 from delta_tables import writer_fence
 from delta_tables.group_commit import COMMIT_ATTEMPTS, fsync_version
+from delta_tables.txn_append import AlreadyCommitted, TxnAppender, UnsupportedTable
 from delta_tables.landing_source import SOURCE_NAME, batch_files, read_files
 from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX, LANDING_SOURCE, PADDING_AUDIT, REJECTS, TableDef
@@ -168,6 +170,12 @@ class InboxSink:
         self.state = load_state(layout.inbox, dt=inbox)
         self.fence_id = writer_fence.fence_id(app_id_prefix)
         self.fence = writer_fence.read(inbox, self.fence_id)   # as of self.state
+        # Direct appenders per table on a local disk, None where delta-rs commits (an object
+        # store, or a table whose protocol a direct append does not honour). The inbox's
+        # starts from the snapshot the cursor cache was built from, like the counter.
+        self._appenders: dict[str, TxnAppender | None] = {}
+        if not layout.remote:
+            self._appenders[INBOX.name] = self._direct(INBOX, inbox)
         self.history: list[BatchStats] = []
         self.on_batch = None  # optional callback(BatchStats) for metrics
         # optional callback(batch_id) right after the inbox commit: wakes the listeners
@@ -190,7 +198,53 @@ class InboxSink:
             dt = self._handles[tdef.name] = DeltaTable(str(self.layout.table(tdef)))
         return dt
 
+    def _direct(self, tdef: TableDef, dt: DeltaTable | None = None) -> TxnAppender | None:
+        try:
+            return TxnAppender(self.layout.table(tdef), tdef, dt=dt, fsync=self.fsync)
+        except UnsupportedTable as exc:
+            log.warning("table committed through delta-rs", extra={
+                "event": "stream_direct_append_off", "table": tdef.name, "reason": str(exc)})
+            return None
+
+    def _appender(self, tdef: TableDef) -> TxnAppender | None:
+        if self.layout.remote:
+            return None
+        if tdef.name not in self._appenders:
+            self._appenders[tdef.name] = self._direct(tdef)
+        return self._appenders[tdef.name]
+
+    def _done(self, tdef: TableDef) -> int | None:
+        """The newest batch id committed to `tdef` by this stream's app id."""
+        appender = self._appender(tdef)
+        if appender is not None:
+            return appender.txn_version(self.app_id)
+        return self._table(tdef).transaction_version(self.app_id)
+
     def _write(self, tdef: TableDef, data: pa.Table, batch_id: int) -> bool:
+        appender = self._appender(tdef)
+        if appender is None:
+            return self._write_delta_rs(tdef, data, batch_id)
+        done = appender.txn_version(self.app_id)
+        if done is not None and done >= batch_id:
+            return False
+        if data.num_rows == 0:
+            return True
+        txns = {self.app_id: batch_id}
+        fence = None
+        if tdef is INBOX:
+            fence = self.fence_id
+            txns[fence] = self.fence + 1
+        try:
+            appender.append(data, txns, fence=fence)
+        except AlreadyCommitted:
+            return False
+        except writer_fence.WriterLost as exc:
+            self._writer_lost(exc, appender.txn_version(self.fence_id))
+        if tdef is INBOX:
+            self.fence += 1
+        return True
+
+    def _write_delta_rs(self, tdef: TableDef, data: pa.Table, batch_id: int) -> bool:
         inbox = tdef is INBOX
         for attempt in range(COMMIT_ATTEMPTS):
             dt = self._table(tdef)
@@ -224,10 +278,19 @@ class InboxSink:
             return writer_fence.next_transaction(dt, self.fence_id, self.fence,
                                                  str(self.layout.inbox))
         except writer_fence.WriterLost as exc:
-            log.error("another stream writes this inbox", extra={
-                "event": "stream_writer_lost", "expected": self.fence,
-                "found": writer_fence.read(dt, self.fence_id)})
-            raise InboxWriterLost(f"{exc}: stopping; a restart rebuilds from it") from None
+            self._writer_lost(exc, writer_fence.read(dt, self.fence_id))
+
+    def _writer_lost(self, exc: Exception, found: int | None):
+        log.error("another stream writes this inbox", extra={
+            "event": "stream_writer_lost", "expected": self.fence, "found": found})
+        raise InboxWriterLost(f"{exc}: stopping; a restart rebuilds from it") from None
+
+    def _checkpoints(self) -> None:
+        """Checkpoints of the tables a direct append wrote to, where one is due (delta-rs
+        writes them in its commit; here they follow the batch's commits, off the inbox's)."""
+        for appender in self._appenders.values():
+            if appender is not None and appender.checkpoint_due():
+                appender.checkpoint()
 
     def _read_batch(self, batch_df, batch_id: int) -> tuple[pa.Table, datetime]:
         """The micro-batch's landing rows and Spark's timestamp for it.
@@ -258,11 +321,11 @@ class InboxSink:
         and timestamp: the accepted rows are, in the transform's order, the first landing
         row of each event id the inbox holds for that batch (read from landing, not the inbox,
         whose envelopes may be tombstones by now)."""
-        audit_done = self._table(PADDING_AUDIT).transaction_version(self.app_id)
+        audit_done = self._done(PADDING_AUDIT)
         if audit_done is not None and audit_done >= batch_id:
             return
         table, batch_ts = self._read_batch(batch_df, batch_id)
-        committed = set(self._table(INBOX).to_pyarrow_dataset().to_table(
+        committed = set(DeltaTable(str(self.layout.inbox)).to_pyarrow_dataset().to_table(
             columns=[C.EVENT_ID], filter=ds.field(C.BATCH_ID) == batch_id).column(C.EVENT_ID)
             .to_pylist())
         ordered, keep = order_rows(table), []
@@ -281,7 +344,7 @@ class InboxSink:
         t0 = time.perf_counter()
         stats = BatchStats(batch_id)
         self._uses += 1
-        inbox_done = self._table(INBOX).transaction_version(self.app_id)
+        inbox_done = self._done(INBOX)
         if inbox_done is not None and inbox_done >= batch_id:
             stats.skipped_replay = True
             self._finish_audit(batch_df, batch_id)
@@ -297,6 +360,7 @@ class InboxSink:
                     and self.on_inbox_commit):
                 self.on_inbox_commit(batch_id)
             self._write(PADDING_AUDIT, result.audit, batch_id)   # after: off the critical path
+            self._checkpoints()
             self.state.apply(result)
             self.state.evict(int(batch_ts.timestamp() * 1_000_000))
             stats.accepted = result.inbox.num_rows

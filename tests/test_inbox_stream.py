@@ -234,7 +234,8 @@ def test_a_second_stream_never_commits_from_a_stale_cache(spark, settings, layou
     """Two streams on one inbox (a second one started by mistake, its own checkpoint): each
     commit advances one writer counter, so the stream whose cursor cache is stale stops with
     InboxWriterLost before writing, whether it sees the counter moved before committing or
-    delta-rs fails its concurrent commit; a restart rebuilds and continues gap-free."""
+    finds its commit's version taken by the other's (a direct append re-reads the table
+    then, as delta-rs's conflict check would); a restart rebuilds and continues gap-free."""
     from delta_tables import writer_fence
     from jobs.inbox_stream import InboxWriterLost
     rules = StreamRules.from_conf(settings.stream, {"trueseal": 65482})
@@ -249,7 +250,7 @@ def test_a_second_stream_never_commits_from_a_stale_cache(spark, settings, layou
     first, second = stream("first"), stream("second")
     second._table(INBOX)                      # its handle predates the first's commit
     first(_batch_of(spark, rows[:10]), 0)
-    with pytest.raises(InboxWriterLost):      # delta-rs fails the concurrent commit
+    with pytest.raises(InboxWriterLost):      # its version is taken: the counter moved
         second(_batch_of(spark, rows[10:20]), 0)
     assert read(layout.inbox).num_rows == 10
 
@@ -263,3 +264,51 @@ def test_a_second_stream_never_commits_from_a_stale_cache(spark, settings, layou
     assert_gap_free(inbox)
     assert writer_fence.read(DeltaTable(str(layout.inbox)),
                              writer_fence.fence_id("relay-inbox-stream")) == 3
+
+
+def _commit_clients(path) -> list[str]:
+    log_dir = Path(path) / "_delta_log"
+    clients = []
+    for name in sorted(n for n in os.listdir(log_dir) if n.endswith(".json")):
+        for line in (log_dir / name).read_text().splitlines():
+            info = __import__("json").loads(line).get("commitInfo")
+            if info and info.get("operationParameters", {}).get("mode") == "Append":
+                clients.append(info.get("clientVersion", ""))
+    return clients
+
+
+def test_the_sink_commits_directly_and_through_delta_rs_where_it_must(spark, settings, layout,
+                                                                      tmp_path):
+    """On a local disk each batch's commits are direct appends (delta_tables/txn_append.py);
+    an inbox whose protocol asks more of writers (change data feed: writer version 4) is
+    committed through delta-rs instead. Both are exactly once and gap-free."""
+    from delta_tables.direct_append import CLIENT
+    rules = StreamRules.from_conf(settings.stream, {"trueseal": 65482})
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "metadata").write_text('{"id":"direct"}')
+    rows = [landing_row(MB[i % 2], envelope(i)) for i in range(20)]
+    rows.append(dict(rows[0]))                  # a duplicate: rejects gets a commit too
+
+    sink = InboxSink(layout, rules, checkpoint, fsync=True)
+    sink(_batch_of(spark, rows[:11]), 0)
+    sink(_batch_of(spark, rows[11:]), 1)
+    InboxSink(layout, rules, checkpoint, fsync=True)(_batch_of(spark, rows[11:]), 1)  # replay
+    for path in (layout.inbox, layout.padding_audit, layout.rejects):
+        assert set(_commit_clients(path)) == {CLIENT}, path
+    inbox = read(layout.inbox)
+    assert inbox.num_rows == 20 and read(layout.rejects).num_rows == 1
+    assert_gap_free(inbox)
+
+    other = Layout(tmp_path / "cdf")
+    other.ensure_shared_tables()
+    DeltaTable(str(other.inbox)).alter.set_table_properties(
+        {"delta.enableChangeDataFeed": "true"})
+    assert DeltaTable(str(other.inbox)).protocol().min_writer_version == 4
+    sink = InboxSink(other, rules, checkpoint, fsync=True)
+    sink(_batch_of(spark, rows[:11]), 0)
+    InboxSink(other, rules, checkpoint, fsync=True)(_batch_of(spark, rows[:11]), 0)  # replay
+    assert CLIENT not in _commit_clients(other.inbox)
+    assert set(_commit_clients(other.padding_audit)) == {CLIENT}
+    assert read(other.inbox).num_rows == 11
+    assert_gap_free(read(other.inbox))
