@@ -154,6 +154,8 @@ EVENTS: dict[str, str] = {
     "stream_batch_replay_skipped": "a replayed micro-batch was already committed (batch_id)",
     "stream_writer_lost": "another stream committed to the inbox since this one built its "
                           "cursor cache: it stops (expected, found)",
+    "stream_direct_append_off": "a table's protocol asks more of writers than a direct append "
+                                "does: the sink commits to it through delta-rs (table, reason)",
     "stream_stopped": "the stream stopped (batches)",
     "python_daemons_stopped": "the Python daemons Spark used only to start the query were "
                               "stopped (modules; jobs/python_daemons.py)",
