@@ -147,9 +147,9 @@ class DirectAppender:
         self.log_dir = self.path / "_delta_log"
         self.schema = schema
         self.fsync = fsync
-        # String columns whose min/max each add action's stats carry (Delta's minValues and
-        # maxValues): the landing source reads the protocols of a commit from them, without
-        # opening its file.
+        # Columns whose min/max each add action's stats carry (Delta's minValues and
+        # maxValues): the landing source reads the protocols of a commit from them without
+        # opening its file; readers of the sink's tables skip files by them.
         self.stats_columns = stats_columns
         # the newest version we know of (a caller that read the table passes its version)
         self.version = latest_version(self.path) if version is None else version

@@ -27,9 +27,9 @@ Early gap (`earlyGapMs`, stream.early_batch_gap_ms; `earlyProtocols`): a commit 
 are all of a protocol served early (a PPP STORE, a trueseal push: ingress handed it to the
 recipient's session right after the landing commit, runtime/handoff.py) needs its inbox row
 soon, not at once. When every commit waiting is such, batches start at most one per early
-gap, so a lone sender's trickle does not run a micro-batch every 100 ms beside the listeners
-on two cores; the protocols come from each add's stats (the landing writer records the
-`protocol` column's min and max). A commit that needs the stream (Heya and cursor-sync
+gap, so a lone sender's trickle does not run a micro-batch every trigger interval beside the
+listeners on two cores; the protocols come from each add's stats (the landing writer records
+the `protocol` column's min and max). A commit that needs the stream (Heya and cursor-sync
 replies carry its cursors, a PPP room message waits for its number, a commit without stats)
 ends the early gap within one usual gap.
 

@@ -96,10 +96,13 @@ class TxnAppender:
 
     def refresh(self) -> None:
         """Forget what this writer knew: the table as it is now."""
-        self._dt = DeltaTable(str(self.path))
-        _check_protocol(self._dt)
-        self._txns.clear()
-        self._appender.version = self._dt.version()
+        self._adopt(DeltaTable(str(self.path)))
+
+    def _adopt(self, dt: DeltaTable) -> None:
+        """Know the table as of `dt` from now on (its markers are read from it when asked)."""
+        _check_protocol(dt)
+        self._dt, self._txns = dt, {}
+        self._appender.version = dt.version()
 
     def append(self, data: pa.Table, txns: dict[str, int], *, fence: str | None = None) -> int:
         """Commit `data` with `txns` (app id -> version) once durable; returns the version.
@@ -127,5 +130,4 @@ class TxnAppender:
         dt.create_checkpoint()
         self._checkpointed = dt.version()
         if dt.version() != self.version:   # someone else committed meanwhile: start over
-            self._dt, self._txns = dt, {}
-            self._appender.version = dt.version()
+            self._adopt(dt)

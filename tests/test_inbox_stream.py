@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -271,7 +272,7 @@ def _commit_clients(path) -> list[str]:
     clients = []
     for name in sorted(n for n in os.listdir(log_dir) if n.endswith(".json")):
         for line in (log_dir / name).read_text().splitlines():
-            info = __import__("json").loads(line).get("commitInfo")
+            info = json.loads(line).get("commitInfo")
             if info and info.get("operationParameters", {}).get("mode") == "Append":
                 clients.append(info.get("clientVersion", ""))
     return clients
