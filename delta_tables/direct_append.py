@@ -50,6 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .landing_lag import latest_version
+from .small_parquet import write_options
 
 CLIENT = "spark-relay/direct_append"
 
@@ -180,7 +181,7 @@ class DirectAppender:
         if table.schema != self.schema:
             table = table.cast(self.schema)
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, compression="snappy")
+        pq.write_table(table, sink, **write_options(self.schema))
         parquet = sink.getvalue()
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         now_ms = int(time.time() * 1000)
