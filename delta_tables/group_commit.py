@@ -6,6 +6,10 @@ a node at a few hundred pushes/s. Callers `await append(row)`; a single writer t
 everything queued, commits it in a worker thread, and only then releases the callers, so an
 ack sent after `append` returns is an ack of durable data. While one commit is in flight the
 next group accumulates: under load, groups grow by themselves and latency stays ~one commit.
+A group of at most `inline_rows` rows (ingress.inline_commit_rows) commits on the loop's own
+thread instead, where the target allows it (a local landing table): a lone client's ack
+skips the hop to a worker thread and back (~0.1 ms each way on this machine), and whoever
+sends meanwhile waits in its socket and joins the next group, which goes to the thread.
 
 Durability: the new data files, the commit file and their directories are fsync'ed before the
 callers are released (delta-rs writes through the page cache, so `DeltaAppendTarget` fsyncs
@@ -103,6 +107,9 @@ class DeltaAppendTarget:
             self._since_refresh = 0
         return self._dt
 
+    def inline_ok(self) -> bool:
+        return False    # a delta-rs commit: ~10-20 ms, or a network round trip
+
     def commit(self, table: pa.Table) -> CommitResult:
         t0 = time.perf_counter()
         for attempt in range(COMMIT_ATTEMPTS):
@@ -135,6 +142,9 @@ class DirectAppendTarget:
         self._appender = DirectAppender(self.path, self.schema, fsync=fsync,
                                         stats_columns=stats_columns)
         self.commits = 0
+
+    def inline_ok(self) -> bool:
+        return True     # four fsyncs on a local disk, no log reading
 
     def commit(self, table: pa.Table) -> CommitResult:
         t0 = time.perf_counter()
@@ -183,6 +193,11 @@ class LandingTarget:
     def current_key(self) -> str:
         return self._target.key
 
+    def inline_ok(self) -> bool:
+        """Not when this commit opens a new generation (delta-rs creates the table, ~5 ms)."""
+        return (self._target.commits < self.commits_per_generation
+                and self._target.inline_ok())
+
     def commit(self, table: pa.Table) -> CommitResult:
         if self._target.commits >= self.commits_per_generation:
             self.generation += 1
@@ -201,8 +216,9 @@ class GroupCommitAppender:
     """
 
     def __init__(self, target: DeltaAppendTarget | LandingTarget, *, max_rows: int = 20000,
-                 max_queue: int = 200_000, latency_window: int = 4096):
+                 max_queue: int = 200_000, latency_window: int = 4096, inline_rows: int = 0):
         self.target = target
+        self.inline_rows = inline_rows
         self.schema: pa.Schema = target.schema
         self.max_rows = max_rows
         self.max_queue = max_queue
@@ -263,7 +279,10 @@ class GroupCommitAppender:
                     self._room.set()
                 try:
                     table = self._build(rows)
-                    result = await asyncio.to_thread(self.target.commit, table)
+                    if len(rows) <= self.inline_rows and self.target.inline_ok():
+                        result = self.target.commit(table)
+                    else:
+                        result = await asyncio.to_thread(self.target.commit, table)
                 except Exception as exc:  # the callers hear it; nothing is acked
                     self.failures += 1
                     log.error("group commit failed", extra={"event": "commit_failed",

@@ -40,7 +40,8 @@ class IngressNode:
         self.target = LandingTarget(self.layout, self.node_id,
                                     commits_per_generation=conf.commits_per_generation,
                                     fsync=fsync)
-        self.appender = GroupCommitAppender(self.target, max_rows=conf.max_rows_per_commit)
+        self.appender = GroupCommitAppender(self.target, max_rows=conf.max_rows_per_commit,
+                                            inline_rows=conf.inline_commit_rows)
         wanted = set(ingress_protocols(settings) if protocol is None else [protocol])
         self.key = keys.load_or_create(settings.data_dir)
         self.trueseal = self.heya = self.sync = self.ppp = None

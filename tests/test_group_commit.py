@@ -79,3 +79,42 @@ def test_append_after_compaction_removed_files(layout):
     DeltaTable(str(layout.acks)).delete(f"{C.SEQ} = 1")   # another writer removes files
     target.commit(row(2))                                 # through the older handle
     assert DeltaTable(str(layout.acks)).to_pyarrow_table().column(C.SEQ).to_pylist() == [2]
+
+
+def test_a_lone_row_commits_on_the_loop_and_a_group_in_a_worker_thread(layout):
+    """ingress.inline_commit_rows: a group of one commits on the event loop's thread (no hop);
+    the appends that arrive meanwhile form the next group, which commits in a worker thread;
+    a commit that opens a new generation never runs on the loop."""
+    import threading
+
+    target = LandingTarget(layout, "n4", commits_per_generation=3, fsync=True)
+    threads: list[tuple[int, bool]] = []   # (rows, committed on the loop's thread)
+    commit = target.commit
+
+    def watched(table):
+        threads.append((table.num_rows, threading.get_ident() == loop_thread))
+        return commit(table)
+
+    target.commit = watched
+    loop_thread = threading.get_ident()     # asyncio.run runs the loop on this thread
+
+    async def main():
+        app = GroupCommitAppender(target, inline_rows=1)
+        await app.start()
+        await app.append(landing_row(b"m" * 32, b"lone"))                  # commit 1
+        await asyncio.gather(*(app.append(landing_row(b"m" * 32, bytes([i]) * 8))
+                               for i in range(5)))                          # one group: commit 2
+        for i in range(3):
+            await app.append(landing_row(b"m" * 32, b"again%d" % i))
+        await app.close()
+
+    asyncio.run(main())
+    assert threads[0] == (1, True)
+    assert all(not inline for rows, inline in threads if rows > 1)
+    assert any(rows > 1 for rows, _ in threads)
+    # the 4th commit opened generation 2: not on the loop, though it was one row
+    assert threads[3][0] == 1 and threads[3][1] is False
+    assert sum(rows for rows, _ in threads) == 9
+    tables = [DeltaTable(str(layout.landing_generation("n4", g))) for g in
+              layout.generations("n4")]
+    assert sum(t.to_pyarrow_table().num_rows for t in tables) == 9
