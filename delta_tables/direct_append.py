@@ -183,7 +183,7 @@ class DirectAppender:
         sink = pa.BufferOutputStream()
         pq.write_table(table, sink, **write_options(self.schema))
         parquet = sink.getvalue()
-        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        name = f"part-00000-{uuid.uuid4()}-c000.parquet"
         now_ms = int(time.time() * 1000)
         stats = json.dumps(column_stats(table, self.stats_columns), separators=(",", ":"))
         info = {"timestamp": now_ms, "operation": "WRITE",

@@ -1,4 +1,4 @@
-"""Reading and writing the relay's small Parquet files cheaply.
+"""Writing the relay's commit files and reading its small ones cheaply.
 
 A lone client's landing commit is a one-row file, and the stream's driver and the listeners
 read such files one at a time: at a trickle of one sender, reading them was ~87% of the
@@ -16,6 +16,12 @@ suit large files instead (measured here, one `landing` row with a 1,100-byte env
   and `meta`) into the footer and page header twice: the one-row file is 7.7 KB with them and
   3.3 KB without, one page to write and fsync instead of two. Nothing filters on those
   columns; the others (ids, mailbox, times) keep theirs for readers that skip row groups.
+* No compression, and dictionaries for string columns only: a commit file is mostly
+  ciphertext, which neither snappy nor a dictionary shrinks: on its columns they only
+  cost time. A 1,000-row commit is written in 271 instead of 779 µs (and read in 202 instead of
+  375), 1.2% larger; one row 138 -> 122 µs. These files are short-lived as written: landing
+  generations are dropped once consumed, and compaction rewrites the sink's small files
+  with delta-rs's own settings.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ OPAQUE = frozenset({C.ENVELOPE, C.META})
 
 def write_options(schema: pa.Schema) -> dict:
     """`pq.write_table` keyword arguments for a small commit's file of `schema`."""
-    return {"compression": "snappy",
+    return {"compression": "NONE",
+            "use_dictionary": [f.name for f in schema if pa.types.is_string(f.type)],
             "write_statistics": [f.name for f in schema if f.name not in OPAQUE]}
 
 
