@@ -14,7 +14,7 @@ suit large files instead (measured here, one `landing` row with a 1,100-byte env
   read as before (pre-buffering saves requests there).
 * Parquet's own min/max statistics copy an opaque column's value (the envelope, up to 64 KiB,
   and `meta`) into the footer and page header twice: the one-row file is 7.7 KB with them and
-  3.3 KB without, one page to write and fsync instead of two. Nothing filters on those
+  3.2 KB without, one page to write and fsync instead of two. Nothing filters on those
   columns; the others (ids, mailbox, times) keep theirs for readers that skip row groups.
 * No compression, and no dictionary for the columns whose every value differs (event id,
   envelope, meta): a commit file is mostly ciphertext, which snappy cannot shrink, and a
