@@ -152,6 +152,7 @@ class DirectAppender:
         # maxValues): the landing source reads the protocols of a commit from them without
         # opening its file; readers of the sink's tables skip files by them.
         self.stats_columns = stats_columns
+        self._write_options = write_options(schema)   # once: every commit writes the same way
         # the newest version we know of (a caller that read the table passes its version)
         self.version = latest_version(self.path) if version is None else version
         if self.version < 0:
@@ -181,7 +182,7 @@ class DirectAppender:
         if table.schema != self.schema:
             table = table.cast(self.schema)
         sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, **write_options(self.schema))
+        pq.write_table(table, sink, **self._write_options)
         parquet = sink.getvalue()
         name = f"part-00000-{uuid.uuid4()}-c000.parquet"
         now_ms = int(time.time() * 1000)

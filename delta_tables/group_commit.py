@@ -193,13 +193,15 @@ class LandingTarget:
     def current_key(self) -> str:
         return self._target.key
 
+    def _generation_full(self) -> bool:
+        """The next commit opens a new generation (delta-rs creates its table, ~5 ms)."""
+        return self._target.commits >= self.commits_per_generation
+
     def inline_ok(self) -> bool:
-        """Not when this commit opens a new generation (delta-rs creates the table, ~5 ms)."""
-        return (self._target.commits < self.commits_per_generation
-                and self._target.inline_ok())
+        return not self._generation_full() and self._target.inline_ok()
 
     def commit(self, table: pa.Table) -> CommitResult:
-        if self._target.commits >= self.commits_per_generation:
+        if self._generation_full():
             self.generation += 1
             self._target = self._open(self.generation)
         result = self._target.commit(table)

@@ -319,9 +319,7 @@ def read_files(files: list[FileRef], chunk_rows: int = 65536) -> Iterator[pa.Rec
         n = table.num_rows
         if n == 0:
             continue
-        if table.schema != file_schema:   # written otherwise: cast alone, as before
-            if tables:
-                yield from tagged().to_batches()
+        if table.schema != file_schema:   # written otherwise (types): cast, then tagged as any
             table = table.cast(file_schema)
         tables.append(table)
         keys.extend([ref.table] * n)
