@@ -364,11 +364,8 @@ class InboxSink:
             self.state.apply(result)
             self.state.evict(int(batch_ts.timestamp() * 1_000_000))
             stats.accepted = result.inbox.num_rows
-            for protocol in result.inbox.column(C.PROTOCOL).to_pylist():
-                stats.accepted_by_protocol[protocol] = \
-                    stats.accepted_by_protocol.get(protocol, 0) + 1
-            for reason in result.rejects.column(C.REASON).to_pylist():
-                stats.rejected[reason] = stats.rejected.get(reason, 0) + 1
+            stats.accepted_by_protocol = _counts(result.inbox.column(C.PROTOCOL))
+            stats.rejected = _counts(result.rejects.column(C.REASON))
         stats.seconds = time.perf_counter() - t0
         self.history = (self.history + [stats])[-200:]
         log.info("batch committed", extra={
@@ -377,6 +374,11 @@ class InboxSink:
             "ms": round(stats.seconds * 1000, 1)})
         if self.on_batch:
             self.on_batch(stats)
+
+
+def _counts(col) -> dict[str, int]:
+    """Rows per distinct value, counted by Arrow (a batch can be 100k rows)."""
+    return {v["values"]: v["counts"] for v in pc.value_counts(col).to_pylist()}
 
 
 def landing_stream(spark, layout: Layout, stream_conf, start_versions: str | None = None,
