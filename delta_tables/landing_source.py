@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (
@@ -301,14 +302,22 @@ def read_files(files: list[FileRef], chunk_rows: int = 65536) -> Iterator[pa.Rec
     tables: list[pa.Table] = []
     keys: list[str] = []
     versions: list[int] = []
+    counts: list[int] = []
+    pending = 0
 
     def tagged() -> pa.Table:
-        # one chunk, not one per file: what follows (sort, dedup, take) walks fewer chunks
-        data = pa.concat_tables(tables).combine_chunks()
-        columns = data.columns + [pa.array(keys, pa.string()), pa.array(versions, pa.int64())]
-        tables.clear()
-        keys.clear()
-        versions.clear()
+        data = pa.concat_tables(tables)
+        if len(tables) > 1 and data.num_rows < 4096 * len(tables):
+            # small files: one chunk, not one per file, so what follows walks fewer chunks;
+            # big files stay as read (combining would copy their envelopes once more)
+            data = data.combine_chunks()
+        rows = np.asarray(counts)   # each file's rows, tagged by repeating its table and version
+        which = pa.array(np.repeat(np.arange(len(keys), dtype=np.int32), rows))
+        columns = data.columns + [
+            pa.DictionaryArray.from_arrays(which, pa.array(keys, pa.string())).cast(pa.string()),
+            pa.array(np.repeat(np.asarray(versions, np.int64), rows))]
+        for tagging in (tables, keys, versions, counts):
+            tagging.clear()
         if not any(data.column(n).null_count for n in required):
             return pa.Table.from_arrays(columns, schema=schema)   # as written: no cast
         # cast, which refuses a null where the schema has none
@@ -322,9 +331,12 @@ def read_files(files: list[FileRef], chunk_rows: int = 65536) -> Iterator[pa.Rec
         if table.schema != file_schema:   # written otherwise (types): cast, then tagged as any
             table = table.cast(file_schema)
         tables.append(table)
-        keys.extend([ref.table] * n)
-        versions.extend([ref.version] * n)
-        if len(keys) >= chunk_rows:
+        keys.append(ref.table)
+        versions.append(ref.version)
+        counts.append(n)
+        pending += n
+        if pending >= chunk_rows:
+            pending = 0
             yield from tagged().to_batches()
     if tables:
         yield from tagged().to_batches()
