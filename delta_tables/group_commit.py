@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import operator
 import os
 import time
 from collections import deque
@@ -224,7 +225,8 @@ class GroupCommitAppender:
         self.schema: pa.Schema = target.schema
         self.max_rows = max_rows
         self.max_queue = max_queue
-        self._names = self.schema.names
+        # a row's values in schema order, picked in C (a generator per row showed in profiles)
+        self._values = operator.itemgetter(*self.schema.names)
         self._rows: list[tuple] = []
         self._futures: list[asyncio.Future] = []
         self._wakeup = asyncio.Event()
@@ -259,7 +261,7 @@ class GroupCommitAppender:
             self._room.clear()
             await self._room.wait()
         fut = asyncio.get_running_loop().create_future()
-        self._rows.append(tuple(row[n] for n in self._names))
+        self._rows.append(self._values(row))
         self._futures.append(fut)
         self._wakeup.set()
         return await fut
