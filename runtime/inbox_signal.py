@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import struct
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -74,12 +75,22 @@ class Registrations:
     """The receivers registered in a directory, as (file, address text); the directory is
     re-listed only when it changed, and a registration whose process is gone is removed."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, recheck_seconds: float = 0.0):
+        """`recheck_seconds`: how long a listing is used before the directory is looked at
+        again (for a caller on a per-message path, where a stat each time shows in
+        profiles)."""
         self.directory = Path(directory)
+        self.recheck_seconds = recheck_seconds
+        self._checked = -recheck_seconds
         self._listed_mtime: int | None = None
         self._targets: list[tuple[Path, str]] = []
 
     def current(self) -> list[tuple[Path, str]]:
+        if self.recheck_seconds:
+            now = time.monotonic()
+            if now - self._checked < self.recheck_seconds:
+                return self._targets
+            self._checked = now
         try:
             mtime = os.stat(self.directory).st_mtime_ns
         except FileNotFoundError:

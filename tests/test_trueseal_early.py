@@ -170,6 +170,7 @@ def test_handoffs_reach_egress_in_order_and_only_from_this_user(tmp_path):
         sender.send(h)                              # no egress registered: nothing sent
         assert sender.sent == 0 and sender.dropped == 0
         r = await HandoffReceiver.open(tmp_path / "handoff", "egress", got.append)
+        await asyncio.sleep(HandoffSender.RECHECK_SECONDS)   # the sender's next look finds it
         sock_path = r.path.read_text()
         sock_dir = os.path.dirname(sock_path)
         assert stat.S_IMODE(os.stat(sock_dir).st_mode) == 0o700   # this user only
