@@ -247,6 +247,39 @@ def test_acks_wait_for_the_store_and_keep_push_order(tmp_path):
     assert run(main()) == [ACK, None]
 
 
+def test_the_acks_of_one_group_commit_leave_in_one_write(tmp_path):
+    """Pushes whose stores complete together (one group commit) queue their Acks in one loop
+    turn and the first to flush sends them all: one write, not one per push (a write per Ack
+    was 16% of the listener's CPU pipelined). The server's own send is counted."""
+    appender = GatedAppender()
+
+    async def main():
+        async with push_relay(tmp_path, appender=appender) as relay:
+            writes = []
+            real_send = relay.server.send
+
+            async def send(writer, data, *a):
+                if data:
+                    writes.append(len(data))
+                await real_send(writer, data, *a)
+            relay.server.send = send
+            c = await relay.connect()
+            writes.clear()                       # the handshake's reply
+            for i in range(20):
+                c.send(push_frame(R1, b"p%d" % i))
+            while len(appender.gates) < 20:
+                await asyncio.sleep(0.01)
+            for gate in appender.gates:          # the group commit returns for all at once
+                gate.set_result(None)
+            replies = [await c.recv_frame() for _ in range(20)]
+            c.close()
+            return replies, writes
+
+    replies, writes = run(main())
+    assert replies == [ACK] * 20
+    assert len(writes) == 1, writes
+
+
 def test_half_closed_client_still_gets_its_acks(tmp_path):
     appender = GatedAppender()
 
