@@ -33,20 +33,28 @@ def _ephemeral_range() -> range:
         return range(32768, 61000)
 
 
+_chosen: set[int] = set()   # every port handed out in this process: never the same twice
+
+
 def free_port() -> int:
     """A port free now and below the kernel's ephemeral range. `relay up` binds some ports
     seconds after the test chose them (the roles after ingress start once it serves); a port
     from the ephemeral range could meanwhile be taken by any bind(0) or outgoing connection
-    (the Spark JVM's, say), one from below it only by someone asking for that very port."""
+    (the Spark JVM's, say), one from below it only by someone asking for that very port.
+    Not one handed out before: a relay's ~15 ports drawn from 12,000 would otherwise repeat
+    one in about 1% of relays, and its second role could not bind it."""
     eph = _ephemeral_range()
     top = min(eph.start, 32768)
     for _ in range(200):
         port = random.randrange(max(1024, top - 12000), top)
+        if port in _chosen:
+            continue
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
             except OSError:
                 continue
+            _chosen.add(port)
             return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
