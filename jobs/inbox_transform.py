@@ -88,8 +88,6 @@ class InboxState:
         self.last_cursor.update(result.cursors)
         self.last_seq = max(self.last_seq, result.last_seq)
         ids = result.event_ids
-        if ids is None:
-            ids = result.inbox.column(C.EVENT_ID).to_pylist()
         if not ids:
             return
         exps = _micros(result.inbox.column(C.EXPIRES_AT))
@@ -112,7 +110,7 @@ class BatchResult:
     audit: pa.Table
     cursors: dict[tuple[str, bytes], int]
     last_seq: int
-    event_ids: list[bytes] | None = None   # the inbox's, in its order: saves `apply` a copy
+    event_ids: list[bytes]   # the inbox's, in its order (transform has them as Python bytes)
 
 
 def _micros(col) -> np.ndarray:

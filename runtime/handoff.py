@@ -93,8 +93,8 @@ class HandoffSender:
     # pushes reach it through the inbox row, as when no egress runs.
     RECHECK_SECONDS = 0.02
 
-    def __init__(self, directory: Path, recheck_seconds: float = RECHECK_SECONDS):
-        self._registrations = Registrations(Path(directory), recheck_seconds)
+    def __init__(self, directory: Path):
+        self._registrations = Registrations(Path(directory), self.RECHECK_SECONDS)
         self._links: dict[str, _Link] = {}
         self.sent = 0
         self.dropped = 0     # a receiver that was slow or gone: the inbox row delivers it
