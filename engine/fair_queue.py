@@ -65,6 +65,10 @@ class FairQueue(Generic[T]):
         self._len += 1
         return dropped
 
+    def next_lane(self) -> int | None:
+        """The lane `pop` would serve now (None: empty)."""
+        return next((i for i, ln in enumerate(self._lanes) if ln), None)
+
     def pop(self) -> T:
         """The oldest item of the key whose turn it is (earlier lanes first); that key goes
         to the back of its lane."""

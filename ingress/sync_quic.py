@@ -69,6 +69,7 @@ from egress.inbox_tail import InboxTail
 from egress.sync_inbox import SyncInbox, decode_meta, encode_meta
 from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.fair_queue import FairQueue
+from engine.work_budget import WorkBudget
 from engine.sync import ALPN, PROTOCOL, identity, limits
 from engine.sync import messages as m
 from engine.sync.framing import FrameError, FrameReader, frame
@@ -262,6 +263,7 @@ SWEEP_SECONDS = 5.0        # SyncServer._loop_sweep
 # New connections started per event-loop turn (~1 ms of CPU each); the sessions' packets read
 # in the same turn go first.
 INITIALS_PER_TURN = 8
+BUDGET_BURST_SECONDS = 0.05   # of new connections' CPU at once, past the share (a dozen)
 
 
 class AdmittingServer(QuicServer):
@@ -287,6 +289,10 @@ class AdmittingServer(QuicServer):
                                               listener.conf.initial_queue_per_address,
                                               lanes=LANES)
         self._initials_scheduled = False
+        self._initials_timer: asyncio.TimerHandle | None = None
+        # what starting the connections of addresses not known lately may cost (see
+        # engine/work_budget.py); a known address's never waits for it
+        self.budget = WorkBudget(listener.conf.new_connection_cpu_share, BUDGET_BURST_SECONDS)
 
     def datagram_received(self, data: bytes, addr: NetworkAddress) -> None:
         try:
@@ -308,21 +314,36 @@ class AdmittingServer(QuicServer):
 
     def batch_done(self) -> None:
         """The endpoint read what it had: start up to `INITIALS_PER_TURN` new connections,
-        and the rest on later turns, between the sessions' packets."""
-        if self._initials and not self._initials_scheduled:
+        and the rest on later turns, between the sessions' packets. Waiting for the budget,
+        a known address's Initial still starts at once."""
+        if not self._initials:
+            return
+        if not self._initials_scheduled or (self._initials_timer is not None
+                                            and self._initials.next_lane() == 0):
             self._start_initials()
 
     def _start_initials(self) -> None:
         self._initials_scheduled = False
+        if self._initials_timer is not None:
+            self._initials_timer.cancel()
+            self._initials_timer = None
         if self._transport is None or self._transport.is_closing():
             self._initials.clear()     # closed while they waited: nothing new is admitted
             return
         for _ in range(min(INITIALS_PER_TURN, len(self._initials))):
+            if self._initials.next_lane() != 0:
+                wait = self.budget.wait(self._loop.time())
+                if wait > 0:
+                    self._initials_scheduled = True
+                    self._initials_timer = self._loop.call_later(wait, self._start_initials)
+                    return
             data, addr, header = self._initials.pop()
+            started = time.thread_time()
             if header.destination_cid in self._protocols:   # a resent Initial, now known
                 super().datagram_received(data, addr)
             else:
                 self._new_connection(data, addr, header)
+            self.budget.spend(time.thread_time() - started, self._loop.time())
         if self._initials:
             self._initials_scheduled = True
             self._loop.call_soon(self._start_initials)

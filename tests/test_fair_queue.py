@@ -107,3 +107,16 @@ def test_the_only_key_at_capacity_keeps_its_newest():
     q.push("a", 1)
     assert q.push("a", 2) == 1
     assert len(q) == 1 and q.pop() == 2
+
+
+def test_next_lane_is_the_lane_pop_serves():
+    q: FairQueue[str] = FairQueue(16, 4, lanes=3)
+    assert q.next_lane() is None
+    q.push("flood", "f1", lane=2)
+    assert q.next_lane() == 2
+    q.push("known", "k1", lane=0)
+    assert q.next_lane() == 0
+    assert q.pop() == "k1"
+    assert q.next_lane() == 2
+    q.pop()
+    assert q.next_lane() is None

@@ -257,6 +257,47 @@ def test_a_client_holding_nothing_starts_ahead_of_many_addresses_holding_several
     asyncio.run(go())
 
 
+def test_new_connections_of_unknown_addresses_get_their_share_of_a_core_a_known_one_goes_first(
+        settings):
+    """`new_connection_cpu_share` (engine/work_budget.py): 200 Initials from 100 addresses
+    that never authenticated start at no more than their share of a core, measured around
+    each start, while a device from an address that authenticated lately connects at once
+    (the Initials it passes still wait)."""
+    no_retry(settings)
+    s = settings.sync
+    s.handshakes_per_address_per_second = 1000
+    s.max_handshakes = 2000
+    s.new_connection_cpu_share = 0.1
+
+    async def go():
+        async with relay(settings, stream=False) as (port, node, _):
+            srv, loop = node.sync, asyncio.get_running_loop()
+            c, welcome = await device_session(port, Device(), group_id(b"known"))
+            assert welcome[0] == "Welcome"          # 127.0.0.1 authenticated: known
+            await c.close()
+            flood = [SilentInitial(port, f"127.0.1.{10 + i}", send=False)
+                     for i in range(100) for _ in range(2)]
+            spent0, started = srv._server.budget.spent, loop.time()
+            for f in flood:
+                f.send()
+            await wait_until(lambda: len(srv._server._initials) > 100)
+            c, welcome = await asyncio.wait_for(
+                device_session(port, Device(), group_id(b"known again")), 5)
+            assert welcome[0] == "Welcome"
+            assert len(srv._server._initials) > 50, len(srv._server._initials)  # passed them
+            await c.close()
+            await wait_until(lambda: not srv._server._initials, 60)
+            took = loop.time() - started
+            spent = srv._server.budget.spent - spent0
+            assert srv.admission.count(HANDSHAKE) >= 150     # the flood did start, in time
+            # a tenth of a core over the flood, plus the burst and the known client's start
+            assert spent <= 0.1 * took + 0.05 + 0.03, (spent, took)
+            for f in flood:
+                f.close()
+
+    asyncio.run(go())
+
+
 # --- address validation -----------------------------------------------------------------------
 
 def test_under_load_a_new_client_gets_a_retry_and_still_connects(settings):
