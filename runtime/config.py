@@ -395,12 +395,14 @@ class SyncConf:
     # 10 a minute; this leaves room for a NAT of hundreds of devices, while a flood from one
     # address, which completed ~95 handshakes a second, costs a fifth of that.
     handshakes_per_address_per_second: int = 20
-    # The share of a core that starting new connections from addresses not known lately
-    # (no session authenticated from them in 10 minutes) may take, measured (a burst of 50
-    # ms of it at once); past it their Initials wait in `initial_queue` (the oldest dropped,
-    # the client resends). A flood from 253 addresses passes every per-address limit and took
-    # ~90% of the listener's core; known addresses' new connections are never held back.
-    new_connection_cpu_share: float = 0.25
+    # The share of a core that connections before their HELLO (starting them, their
+    # handshake packets and timers: ~8 ms of CPU a connection here) may take, measured, before
+    # an address not known lately (no session authenticated from it in 10 minutes) waits to
+    # start another (a burst of 0.25 s of CPU at once); its Initials wait in `initial_queue`
+    # (the oldest dropped, the client resends). A flood from 253 addresses passes every
+    # per-address limit and took ~90% of the listener's core; known addresses' new
+    # connections never wait. The cost: ~40 unknown newcomers a second on a relay under it.
+    new_connection_cpu_share: float = 0.3
     connections_per_minute: int = 10         # per device id; past it, close code 1
     messages_per_minute: int = 100           # per device, PUSH + PULL (burst = the count)
     control_requests_per_minute: int = 60    # per device, our extension requests (burst = it)

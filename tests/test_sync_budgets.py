@@ -260,9 +260,9 @@ def test_a_client_holding_nothing_starts_ahead_of_many_addresses_holding_several
 def test_new_connections_of_unknown_addresses_get_their_share_of_a_core_a_known_one_goes_first(
         settings):
     """`new_connection_cpu_share` (engine/work_budget.py): 200 Initials from 100 addresses
-    that never authenticated start at no more than their share of a core, measured around
-    each start, while a device from an address that authenticated lately connects at once
-    (the Initials it passes still wait)."""
+    that never authenticated start within their share of a core (what connections before
+    HELLO cost, measured), while a device from an address that authenticated lately connects
+    at once (the Initials it passes still wait)."""
     no_retry(settings)
     s = settings.sync
     s.handshakes_per_address_per_second = 1000
@@ -277,7 +277,7 @@ def test_new_connections_of_unknown_addresses_get_their_share_of_a_core_a_known_
             await c.close()
             flood = [SilentInitial(port, f"127.0.1.{10 + i}", send=False)
                      for i in range(100) for _ in range(2)]
-            spent0, started = srv._server.budget.spent, loop.time()
+            spent0, started = srv.new_connections.spent, loop.time()
             for f in flood:
                 f.send()
             await wait_until(lambda: len(srv._server._initials) > 100)
@@ -288,10 +288,11 @@ def test_new_connections_of_unknown_addresses_get_their_share_of_a_core_a_known_
             await c.close()
             await wait_until(lambda: not srv._server._initials, 60)
             took = loop.time() - started
-            spent = srv._server.budget.spent - spent0
+            spent = srv.new_connections.spent - spent0
             assert srv.admission.count(HANDSHAKE) >= 150     # the flood did start, in time
-            # a tenth of a core over the flood, plus the burst and the known client's start
-            assert spent <= 0.1 * took + 0.05 + 0.03, (spent, took)
+            # a tenth of a core over the flood, plus the burst, the known client's handshake
+            # and the last start (measured after it ran)
+            assert spent <= 0.1 * took + 0.25 + 0.05, (spent, took)
             for f in flood:
                 f.close()
 
