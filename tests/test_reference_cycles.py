@@ -141,3 +141,33 @@ def test_last_seen_forgets_the_oldest_departure_past_its_cap():
     for i in range(500):             # a long run past the cap keeps exactly the newest 3
         seen.left(bytes([i % 256, i // 256]))
     assert seen.get(b"d") is None and len(seen._at) == 3
+
+
+def test_sync_sessions_evicted_for_newcomers_leave_no_reference_cycles(settings):
+    """Sessions closed to make room (UNAUTH full: the oldest of the biggest holder goes). Their
+    request worker was cancelled while it waited, and a cancelled task keeps its
+    CancelledError, whose traceback holds the worker's frame and so the connection: kept as
+    `worker`, that was a cycle per evicted session, freed only by a full collection (the
+    hostile suite's 253-address floods left the sync listener 14-19% bigger for up to a
+    minute)."""
+    settings.sync.max_unauth_sessions = 4
+
+    async def go():
+        node = IngressNode(settings, fsync=False)
+        await node.start()
+        try:
+            server = node.sync
+            port, pub = server.bound_port, node.key.public.hex()
+            await attack("sync", "idle_handshake", port, pub, 2)     # first-use objects
+            await asyncio.sleep(0.5)
+            with cyclic_garbage() as left:
+                done = await attack("sync", "idle_handshake", port, pub, 12)
+                assert done["established"] == 12, done
+                await until(lambda: server.connections == 0 and server.admission.total == 0, 10)
+                await asyncio.sleep(0.5)
+            assert server.rejected["evicted_unauth"] >= 4, server.rejected
+            assert left == {}, f"left to the cyclic collector: {left}"
+        finally:
+            await node.close()
+
+    asyncio.run(go())
