@@ -714,6 +714,11 @@ class SyncConnection(QuicConnectionProtocol):
         self._connection_id_issued_handler = self._connection_id_retired_handler = _nothing
         self._connection_terminated_handler = _nothing
         quic, self._quic = self._quic, _TERMINATED
+        # a packet not yet acknowledged refers to its packet space (an ACK frame's delivery
+        # handler gets the space), which keeps the packet: a cycle the clear below leaves, of
+        # every connection dropped mid-handshake with its flight unacknowledged
+        for space in (quic.__dict__.get("_spaces") or {}).values():
+            space.sent_packets.clear()
         quic.__dict__.clear()
 
     def transmit(self) -> None:
