@@ -13,7 +13,8 @@ cycles had stopped the loop for 1.2-1.7 s.
 second. When at least `wave` connections have ended since the last trim and what is held
 now is at most half of the most held since then (the wave has drained), it runs a full
 collection and then glibc's `malloc_trim(0)` on a thread (it walks the heap; the event loop
-keeps serving), and once more `AGAIN_AFTER_SECONDS` later. Nothing happens under steady
+keeps serving), and once more `AGAIN_AFTER_SECONDS` later, and again as long as a quarter
+of a wave ended in between (a flood's tail of timeouts). Nothing happens under steady
 load: connections that come and go at a constant level never halve the peak. Between
 trims, once `wave` connections have ended and are no longer ending by the hundred, it runs
 `malloc_trim` alone (`return_due`), at most every `AGAIN_AFTER_SECONDS`: a flood refused,
@@ -94,6 +95,7 @@ class HeapTrimmer:
         self.full_after_ended = full_after_ended
         self.full_every = full_every
         self._again_at: float | None = None
+        self._released_at_again = 0
         self.trims = 0            # for tests and metrics
         self.full_collections = 0  # all of them, the trims' included
         self._released_at_trim = self._released_at_full = self._released_at_check = \
@@ -168,6 +170,7 @@ class HeapTrimmer:
 
     async def trim(self) -> None:
         started = time.monotonic()
+        self._released_at_again = self._released()
         collected = self.collect()
         await self._malloc_trim()
         self.trims += 1
@@ -187,7 +190,12 @@ class HeapTrimmer:
                 await self.trim()
                 self._again_at = time.monotonic() + self.again_after
             elif self._again_at is not None and time.monotonic() >= self._again_at:
-                self._again_at = None
+                # once more after a wave's trim, and again every `again_after` while its
+                # connections keep ending: a flood's tail (hello timeouts, evictions) ends
+                # seconds after the wave drained, and what it leaves in cycles would wait
+                # for the scheduled full collection (the hostile suite: up to a minute)
+                ending = self._released() - self._released_at_again >= self.wave // 4
+                self._again_at = time.monotonic() + self.again_after if ending else None
                 await self.trim()
             elif self.full_due(time.monotonic()):
                 self.collect()

@@ -81,6 +81,40 @@ def test_the_trimmer_runs_until_stopped_and_trims_after_a_wave():
     asyncio.run(main())
 
 
+def test_the_trims_after_a_wave_go_on_while_its_tail_keeps_ending():
+    """A flood's tail (hello timeouts, evictions) ends after the wave drained: what it leaves
+    in reference cycles is collected by another trim, not by the scheduled full collection a
+    minute later."""
+    adm = _admission()
+    trimmer = HeapTrimmer(lambda: [adm], wave=256, check_every=0.01, again_after=0.2)
+
+    async def until_trims(n: int) -> None:
+        for _ in range(500):
+            if trimmer.trims >= n:
+                return
+            await asyncio.sleep(0.01)
+
+    async def main():
+        stop = asyncio.Event()
+        task = asyncio.create_task(trimmer.run(stop))
+        wave = _open(adm, 400)
+        await asyncio.sleep(0.05)
+        for t in wave[:300]:
+            adm.release(t)
+        await until_trims(1)
+        assert trimmer.trims == 1
+        for t in wave[300:]:                 # the tail: 100 more end after the wave's trim
+            adm.release(t)
+        await until_trims(3)
+        assert trimmer.trims == 3            # the trim after it, and one more (it ended)
+        await asyncio.sleep(0.6)
+        assert trimmer.trims == 3            # nothing ending: no more
+        stop.set()
+        await asyncio.wait_for(task, 1)
+
+    asyncio.run(main())
+
+
 def test_full_collections_are_left_to_the_schedule_and_given_back():
     before = gc.get_threshold()
     undo = take_over_collector()
