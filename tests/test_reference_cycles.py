@@ -145,6 +145,27 @@ def test_last_seen_forgets_the_oldest_departure_past_its_cap():
     assert seen.get(b"d") is None and len(seen._at) == 3
 
 
+async def sync_attack_leaves(settings, count: int, timeout: float, **attack_args):
+    """An ingress node's sync listener under `attack_args`' idle handshakes (after a warm-up
+    of first-use objects): the listener, and what the attack left to the cyclic collector."""
+    node = IngressNode(settings, fsync=False)
+    await node.start()
+    try:
+        server = node.sync
+        port, pub = server.bound_port, node.key.public.hex()
+        warm = {k: v[:2] if k == "addresses" else v for k, v in attack_args.items()}
+        await attack("sync", "idle_handshake", port, pub, 2, **warm)
+        await asyncio.sleep(0.5)
+        with cyclic_garbage() as left:
+            done = await attack("sync", "idle_handshake", port, pub, count, **attack_args)
+            await until(lambda: server.connections == 0 and server.admission.total == 0,
+                        timeout)
+            await asyncio.sleep(2.0)       # the last closes' draining periods
+        return server, done, left
+    finally:
+        await node.close()
+
+
 def test_sync_sessions_evicted_for_newcomers_leave_no_reference_cycles(settings):
     """Sessions closed to make room (UNAUTH full: the oldest of the biggest holder goes). Their
     request worker was cancelled while it waited, and a cancelled task keeps its
@@ -153,26 +174,10 @@ def test_sync_sessions_evicted_for_newcomers_leave_no_reference_cycles(settings)
     hostile suite's 253-address floods left the sync listener 14-19% bigger for up to a
     minute)."""
     settings.sync.max_unauth_sessions = 4
-
-    async def go():
-        node = IngressNode(settings, fsync=False)
-        await node.start()
-        try:
-            server = node.sync
-            port, pub = server.bound_port, node.key.public.hex()
-            await attack("sync", "idle_handshake", port, pub, 2)     # first-use objects
-            await asyncio.sleep(0.5)
-            with cyclic_garbage() as left:
-                done = await attack("sync", "idle_handshake", port, pub, 12)
-                assert done["established"] == 12, done
-                await until(lambda: server.connections == 0 and server.admission.total == 0, 10)
-                await asyncio.sleep(0.5)
-            assert server.rejected["evicted_unauth"] >= 4, server.rejected
-            assert left == {}, f"left to the cyclic collector: {left}"
-        finally:
-            await node.close()
-
-    asyncio.run(go())
+    server, done, left = asyncio.run(sync_attack_leaves(settings, 12, 10))
+    assert done["established"] == 12, done
+    assert server.rejected["evicted_unauth"] >= 4, server.rejected
+    assert left == {}, f"left to the cyclic collector: {left}"
 
 
 def test_sync_handshakes_dropped_for_newcomers_leave_no_reference_cycles(settings):
@@ -184,24 +189,8 @@ def test_sync_handshakes_dropped_for_newcomers_leave_no_reference_cycles(setting
     s = settings.sync
     s.max_handshakes, s.max_unauth_sessions, s.hello_timeout_seconds = 30, 60, 2.0
     s.retry_above_handshakes = 10
-
-    async def go():
-        node = IngressNode(settings, fsync=False)
-        await node.start()
-        try:
-            server = node.sync
-            port, pub = server.bound_port, node.key.public.hex()
-            hosts = tuple(f"127.0.2.{i}" for i in range(2, 40))
-            await attack("sync", "idle_handshake", port, pub, 4, addresses=hosts[:2])
-            await asyncio.sleep(0.5)
-            with cyclic_garbage() as left:
-                await attack("sync", "idle_handshake", port, pub, 200, addresses=hosts,
-                             parallel=64)
-                await until(lambda: server.connections == 0 and server.admission.total == 0, 30)
-                await asyncio.sleep(2.0)       # the last closes' draining periods
-            assert server.rejected["evicted_handshake"] >= 5, server.rejected
-            assert left == {}, f"left to the cyclic collector: {left}"
-        finally:
-            await node.close()
-
-    asyncio.run(go())
+    hosts = tuple(f"127.0.2.{i}" for i in range(2, 40))
+    server, _, left = asyncio.run(sync_attack_leaves(settings, 200, 30, addresses=hosts,
+                                                     parallel=64))
+    assert server.rejected["evicted_handshake"] >= 5, server.rejected
+    assert left == {}, f"left to the cyclic collector: {left}"
