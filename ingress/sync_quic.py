@@ -625,10 +625,12 @@ class SyncConnection(QuicConnectionProtocol):
         self.closed = False
         self.draining = False
         self.registered = False
-        # Admission (AdmittingServer): the slot, the handshake deadline, the connection ids
-        # the server routes to this connection, and whether it was dropped without a word.
+        # Admission (AdmittingServer): the slot, the handshake's deadlines (from its start
+        # and from the client's last packet), the connection ids the server routes to this
+        # connection, and whether it was dropped without a word.
         self.ticket: Ticket | None = None
         self.handshake_timer: asyncio.TimerHandle | None = None
+        self.started = self.heard = 0.0
         self.cids: set[bytes] = set()
         self.aborted = False
 
@@ -656,15 +658,29 @@ class SyncConnection(QuicConnectionProtocol):
     # --- admission -----------------------------------------------------------------------------
     def admitted(self, ticket: Ticket) -> None:
         """Its HANDSHAKE slot: evicted for a newcomer, or still in its handshake after
-        `handshake_timeout_seconds`, the connection is dropped without a word (`abort`)."""
+        `handshake_timeout_seconds` (or `handshake_idle_timeout_seconds` after the client's
+        last packet), the connection is dropped without a word (`abort`)."""
         self.ticket = ticket
         ticket.closer = self.abort
-        self.handshake_timer = self._loop.call_later(self.conf.handshake_timeout_seconds,
-                                                     self._handshake_expired)
+        self.started = self.heard = self._loop.time()
+        self.handshake_timer = self._loop.call_at(self._handshake_deadline(),
+                                                  self._handshake_expired)
+
+    def _handshake_deadline(self) -> float:
+        return min(self.started + self.conf.handshake_timeout_seconds,
+                   self.heard + self.conf.handshake_idle_timeout_seconds)
 
     def _handshake_expired(self) -> None:
+        """A handshake's deadline: dropped, unless its client was heard since (then the timer
+        is set again, for the sooner of the two deadlines). A flood's clients that left in
+        their handshake no longer hold their slots and ~150 KiB each for the whole
+        `handshake_timeout_seconds` (the hostile suite: 100 for 10 s after every flood)."""
         self.handshake_timer = None
         if self.closed:
+            return
+        deadline = self._handshake_deadline()
+        if self._loop.time() < deadline:
+            self.handshake_timer = self._loop.call_at(deadline, self._handshake_expired)
             return
         srv = self.server
         srv.rejected["handshake_timeout"] += 1
@@ -729,6 +745,8 @@ class SyncConnection(QuicConnectionProtocol):
     # the handshake's CPU is mostly here (the client's flights, resends, the first 1-RTT
     # frames), not in starting it (~40% in a profile of a flood).
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
+        if self.handshake_timer is not None:
+            self.heard = self._loop.time()
         self._before_hello(super().datagram_received, data, addr)
 
     def _handle_timer(self) -> None:

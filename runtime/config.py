@@ -338,6 +338,10 @@ class SyncConf:
     # and lost flights are resent with back-off from ~1 s (aioquic, quinn): done this long
     # after the first Initial, or dropped without a word (0k-sync's client gives up at 30 s).
     handshake_timeout_seconds: float = 10.0
+    # ... and dropped sooner once its client sent nothing for this long: a live client resends
+    # its flight on its own timer (RFC 9002: ~1 s, then 2 s), one that left never will
+    # (quic-go's defaults: 5 s without a packet, 10 s in all).
+    handshake_idle_timeout_seconds: float = 5.0
     hello_timeout_seconds: float = 10.0      # F-006: auth + HELLO within this (code 3)
     # A request stream must deliver its whole frame this long after its first byte (0k-sync
     # waits for ever; its client writes a request in one go).

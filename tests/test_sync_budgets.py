@@ -110,6 +110,42 @@ def test_a_handshake_that_never_finishes_is_dropped_at_its_deadline_and_freed(se
     assert not [r for r in caplog.records if r.name == "quic"]
 
 
+def test_a_handshake_whose_client_went_quiet_is_dropped_sooner_one_still_sending_is_kept(
+        settings):
+    """`handshake_idle_timeout_seconds`: a client that sent its Initial and left is dropped
+    that long after its last packet; one that keeps resending (a lossy path) keeps its
+    handshake until `handshake_timeout_seconds`, or until it too goes quiet."""
+    no_retry(settings)
+    settings.sync.handshake_timeout_seconds = 8.0
+    settings.sync.handshake_idle_timeout_seconds = 1.5
+
+    async def go():
+        async with relay(settings, stream=False) as (port, node, _):
+            srv, loop = node.sync, asyncio.get_running_loop()
+            left = [SilentInitial(port, "127.0.0.2") for _ in range(5)]
+            resending = [SilentInitial(port, "127.0.0.3") for _ in range(5)]
+            started = loop.time()
+            await wait_until(lambda: srv.admission.count(HANDSHAKE) == 10)
+            while loop.time() - started < 4.0:       # resent every 0.5 s for 4 s
+                await asyncio.sleep(0.5)
+                for r in resending:
+                    r.send()
+                if loop.time() - started > 2.5:      # the quiet ones are gone by now
+                    assert srv.admission.count(HANDSHAKE) == 5
+                    assert srv.admission.count_of(address_key("127.0.0.3"), HANDSHAKE) == 5
+            assert srv.rejected["handshake_timeout"] == 5
+            await wait_until(lambda: srv.admission.count(HANDSHAKE) == 0, timeout=10)
+            quiet_for = loop.time() - started
+            # dropped 1.5 s after their last resend, before the 8 s deadline
+            assert 5.0 < quiet_for < 7.5, quiet_for
+            assert srv.rejected["handshake_timeout"] == 10
+            assert srv._server._protocols == {}
+            for x in left + resending:
+                x.close()
+
+    asyncio.run(go())
+
+
 def test_a_request_stream_stalled_mid_frame_is_answered_at_its_deadline(settings):
     """A frame whose length prefix and part of its body came, then nothing: refused (empty
     FIN) `stream_read_timeout_seconds` after its first byte; the session goes on. Before HELLO
@@ -268,7 +304,8 @@ def test_new_connections_of_unknown_addresses_get_their_share_of_a_core_a_known_
     s.handshakes_per_address_per_second = 1000
     s.max_handshakes = 2000
     s.new_connection_cpu_share = 0.1
-    s.handshake_timeout_seconds = 60.0   # the flood's handshakes are still held when counted
+    # the flood's handshakes (one Initial each) are still held when counted
+    s.handshake_timeout_seconds = s.handshake_idle_timeout_seconds = 60.0
 
     async def go():
         async with relay(settings, stream=False) as (port, node, _):
@@ -515,6 +552,7 @@ def test_an_authenticated_client_keeps_working_while_many_unauthenticated_are_he
     session keeps its round-trip time, and a new device still gets a session."""
     settings.sync.hello_timeout_seconds = 30.0
     settings.sync.handshake_timeout_seconds = 30.0
+    settings.sync.handshake_idle_timeout_seconds = 30.0
 
     async def go():
         async with relay(settings) as (port, node, _):
