@@ -13,9 +13,9 @@ cycles had stopped the loop for 1.2-1.7 s.
 second. When at least `wave` connections have ended since the last trim and what is held
 now is at most half of the most held since then (the wave has drained), it runs a full
 collection and then glibc's `malloc_trim(0)` on a thread (it walks the heap; the event loop
-keeps serving), and once more `AGAIN_AFTER_SECONDS` later, and again as long as a quarter
-of a wave ended in between (a flood's tail of timeouts). Nothing happens under steady
-load: connections that come and go at a constant level never halve the peak. Between
+keeps serving), and once more `AGAIN_AFTER_SECONDS` later; for `TAIL_SECONDS` after that
+(a flood's tail of timeouts), every `AGAIN_AFTER_SECONDS`, again whenever a quarter of a
+wave ended since the last, else `malloc_trim` alone. Nothing happens under steady load: connections that come and go at a constant level never halve the peak. Between
 trims, once `wave` connections have ended and are no longer ending by the hundred, it runs
 `malloc_trim` alone (`return_due`), at most every `AGAIN_AFTER_SECONDS`: a flood refused,
 evicted and timed out piecemeal may never halve its peak. Where the C library is not glibc,
@@ -58,6 +58,14 @@ CHECK_EVERY_SECONDS = 1.0
 # are (uvicorn still closing WebSockets, aioquic's connections draining their timers); the
 # hostile-load suite saw a PPP ingress stay 54% above its level for 10 s with one trim.
 AGAIN_AFTER_SECONDS = 3.0
+# ... and for this long after a wave's trim, every AGAIN_AFTER_SECONDS: another trim when a
+# quarter of a wave ended since the last, else `malloc_trim` alone. The wave's tail,
+# connections started as it ended, ends by its listeners' deadlines (a handshake's 5-10 s,
+# a HELLO's 10 s), and what the wave freed keeps coming back to the C library for seconds;
+# the hostile suite saw the sync listener 13-16% above its level 11 s after a flood, with
+# 100 dead handshakes ending after its last trim and nothing given back until the next
+# full collection or `return_due` (a wave of 256 ended).
+TAIL_SECONDS = 25.0
 FULL_AFTER_ENDED = 10_000  # connections ended since the last full collection
 FULL_EVERY_SECONDS = 60.0  # and at least this often
 OVERDUE = 5                # waiting for calm at most this many times either
@@ -86,15 +94,19 @@ class HeapTrimmer:
     def __init__(self, admissions: Callable[[], Iterable[Admission]], *, wave: int = WAVE,
                  check_every: float = CHECK_EVERY_SECONDS,
                  again_after: float = AGAIN_AFTER_SECONDS,
+                 tail_seconds: float = TAIL_SECONDS,
                  full_after_ended: int = FULL_AFTER_ENDED,
                  full_every: float = FULL_EVERY_SECONDS):
         self._admissions = admissions
         self.wave = wave
         self.check_every = check_every
         self.again_after = again_after
+        self.tail_seconds = tail_seconds
         self.full_after_ended = full_after_ended
         self.full_every = full_every
         self._again_at: float | None = None
+        self._again_first = False  # the first check after a wave's trim trims regardless
+        self._wave_trimmed_at = 0.0
         self._released_at_again = 0
         self.trims = 0            # for tests and metrics
         self.full_collections = 0  # all of them, the trims' included
@@ -178,6 +190,23 @@ class HeapTrimmer:
             "event": "memory_trimmed", "collected": collected,
             "seconds": round(time.monotonic() - started, 3)})
 
+    async def _trim_tail(self) -> None:
+        """Once more `again_after` after a wave's trim; then, while the wave's tail lasts
+        (`tail_seconds`) or keeps ending, a trim whenever a quarter of a wave ended since the
+        last, else `malloc_trim` alone (no stop of the loop): a flood's tail (handshake and
+        hello timeouts, evictions) ends seconds after the wave drained, and what it held
+        would otherwise stay in the C library's free lists (or its cycles wait for the
+        scheduled full collection: up to a minute)."""
+        ending = self._released() - self._released_at_again >= self.wave // 4
+        if ending or self._again_first:
+            await self.trim()
+        else:
+            await self.give_back()
+        self._again_first = False
+        now = time.monotonic()
+        in_tail = now - self._wave_trimmed_at < self.tail_seconds
+        self._again_at = now + self.again_after if ending or in_tail else None
+
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
@@ -188,15 +217,11 @@ class HeapTrimmer:
                 break
             if self.due():
                 await self.trim()
-                self._again_at = time.monotonic() + self.again_after
+                self._wave_trimmed_at = time.monotonic()
+                self._again_at = self._wave_trimmed_at + self.again_after
+                self._again_first = True
             elif self._again_at is not None and time.monotonic() >= self._again_at:
-                # once more after a wave's trim, and again every `again_after` while its
-                # connections keep ending: a flood's tail (hello timeouts, evictions) ends
-                # seconds after the wave drained, and what it leaves in cycles would wait
-                # for the scheduled full collection (the hostile suite: up to a minute)
-                ending = self._released() - self._released_at_again >= self.wave // 4
-                self._again_at = time.monotonic() + self.again_after if ending else None
-                await self.trim()
+                await self._trim_tail()
             elif self.full_due(time.monotonic()):
                 self.collect()
             elif self.return_due(time.monotonic()):

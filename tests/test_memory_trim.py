@@ -82,11 +82,12 @@ def test_the_trimmer_runs_until_stopped_and_trims_after_a_wave():
 
 
 def test_the_trims_after_a_wave_go_on_while_its_tail_keeps_ending():
-    """A flood's tail (hello timeouts, evictions) ends after the wave drained: what it leaves
-    in reference cycles is collected by another trim, not by the scheduled full collection a
-    minute later."""
+    """A flood's tail (handshake and hello timeouts, evictions) ends seconds after the wave
+    drained: another trim gives back what it held, not the scheduled full collection a minute
+    later; past `tail_seconds`, connections that end are left to the other rules."""
     adm = _admission()
-    trimmer = HeapTrimmer(lambda: [adm], wave=256, check_every=0.01, again_after=0.2)
+    trimmer = HeapTrimmer(lambda: [adm], wave=256, check_every=0.01, again_after=0.2,
+                          tail_seconds=1.5)
 
     async def until_trims(n: int) -> None:
         for _ in range(500):
@@ -97,18 +98,25 @@ def test_the_trims_after_a_wave_go_on_while_its_tail_keeps_ending():
     async def main():
         stop = asyncio.Event()
         task = asyncio.create_task(trimmer.run(stop))
-        wave = _open(adm, 400)
+        wave = _open(adm, 500)
         await asyncio.sleep(0.05)
         for t in wave[:300]:
             adm.release(t)
         await until_trims(1)
         assert trimmer.trims == 1
-        for t in wave[300:]:                 # the tail: 100 more end after the wave's trim
+        await until_trims(2)
+        assert trimmer.trims == 2            # once more after the wave, regardless
+        await asyncio.sleep(0.5)
+        assert trimmer.trims == 2            # nothing ending: none
+        for t in wave[300:400]:              # the tail: 100 end a second after the wave
             adm.release(t)
         await until_trims(3)
-        assert trimmer.trims == 3            # the trim after it, and one more (it ended)
+        assert trimmer.trims == 3
+        await asyncio.sleep(1.5)             # the tail's time is over
+        for t in wave[400:]:
+            adm.release(t)
         await asyncio.sleep(0.6)
-        assert trimmer.trims == 3            # nothing ending: no more
+        assert trimmer.trims == 3            # 100 more ended, too late and under a wave
         stop.set()
         await asyncio.wait_for(task, 1)
 
