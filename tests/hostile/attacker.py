@@ -618,7 +618,16 @@ async def run(spec: dict) -> dict:
     await asyncio.sleep(hold_seconds)
     await asyncio.sleep(0.2)
     open_at_end = stats.open
-    # leave: abort every socket (no lingering close handshakes to wait for)
+    # leave: first stop every connection where it is, so none reaches its stage (and the
+    # list of those to close) while the others are closed; a QUIC session set up during the
+    # closes below was never closed, and the relay rightly held it for its idle timeout (60 s)
+    for t in tasks:
+        t.cancel()
+    try:
+        await asyncio.wait_for(done_waiting, 5)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        pass
+    # then abort every socket (no lingering close handshakes to wait for)
     for w in writers:
         try:
             w.transport.abort()
@@ -641,12 +650,6 @@ async def run(spec: dict) -> dict:
             pass
     for s in getattr(attack, "sockets", {}).values():
         s.close()
-    for t in tasks:
-        t.cancel()
-    try:
-        await asyncio.wait_for(done_waiting, 5)
-    except (asyncio.TimeoutError, asyncio.CancelledError):
-        pass
     return {"event": "done", "t": time.time(), "open_at_hold_end": open_at_end,
             "cpu_s": round(time.process_time(), 2), **stats.as_dict()}
 
