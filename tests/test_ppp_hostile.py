@@ -488,6 +488,12 @@ def test_near_the_descriptor_limit_the_port_pauses_once_and_recovers(settings, c
     async def go():
         async with node(settings, Clock()) as n:
             port = n.ppp.bound_port
+            # What starting took varies (delta-rs, the other listeners): a fresh clone's run
+            # once found the node holding ~200 and the port paused before any connection and
+            # never resumed. The ceiling is put 60 above what is open once the node runs
+            # (~30 of these connections, two descriptors each); the setting's path above
+            # still made the first one.
+            n.ppp._server._ceiling = open_files.lowest_free() + 60
             held = []
             while n.ppp.pauses == 0:     # each connection here costs two descriptors
                 assert len(held) < 200, "never paused"
