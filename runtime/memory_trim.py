@@ -107,6 +107,7 @@ class HeapTrimmer:
         self._again_at: float | None = None
         self._again_first = False  # the first check after a wave's trim trims regardless
         self._wave_trimmed_at = 0.0
+        self._held_at_wave = 0     # connections held at the wave's trim
         self._released_at_again = 0
         self.trims = 0            # for tests and metrics
         self.full_collections = 0  # all of them, the trims' included
@@ -197,6 +198,12 @@ class HeapTrimmer:
         hello timeouts, evictions) ends seconds after the wave drained, and what it held
         would otherwise stay in the C library's free lists (or its cycles wait for the
         scheduled full collection: up to a minute)."""
+        if sum(a.total for a in self._admissions()) > self._held_at_wave + self.wave // 4:
+            # a new wave is building (the next flood): no trims in it, each a full collection
+            # that stops the loop for the clients it already slows; it gets its own when it
+            # drains (`due`)
+            self._again_at = None
+            return
         ending = self._released() - self._released_at_again >= self.wave // 4
         if ending or self._again_first:
             await self.trim()
@@ -217,6 +224,7 @@ class HeapTrimmer:
                 break
             if self.due():
                 await self.trim()
+                self._held_at_wave = sum(a.total for a in self._admissions())
                 self._wave_trimmed_at = time.monotonic()
                 self._again_at = self._wave_trimmed_at + self.again_after
                 self._again_first = True

@@ -123,6 +123,46 @@ def test_the_trims_after_a_wave_go_on_while_its_tail_keeps_ending():
     asyncio.run(main())
 
 
+def test_a_new_wave_building_in_the_tail_is_not_trimmed_until_it_drains():
+    """The next flood may begin within the last one's tail: while it builds, connections end
+    by the hundred (refused, evicted), and a trim each time would stop the loop for a full
+    collection in the middle of it. It gets its own trim once it drains."""
+    adm = _admission()
+    trimmer = HeapTrimmer(lambda: [adm], wave=256, check_every=0.01, again_after=0.2,
+                          tail_seconds=5.0)
+
+    async def main():
+        stop = asyncio.Event()
+        task = asyncio.create_task(trimmer.run(stop))
+        wave = _open(adm, 300)
+        await asyncio.sleep(0.05)
+        for t in wave:
+            adm.release(t)
+        for _ in range(500):
+            if trimmer.trims >= 2:
+                break
+            await asyncio.sleep(0.01)
+        assert trimmer.trims == 2            # the wave's, and once more
+        flood = _open(adm, 600)              # the next wave, within the tail
+        for _ in range(5):                   # churning: 100 end every 0.2 s
+            for t in flood[:100]:
+                adm.release(t)
+            flood = flood[100:] + _open(adm, 100)
+            await asyncio.sleep(0.2)
+        assert trimmer.trims == 2
+        for t in flood:                      # it drains: its own trim
+            adm.release(t)
+        for _ in range(500):
+            if trimmer.trims >= 3:
+                break
+            await asyncio.sleep(0.01)
+        assert trimmer.trims == 3
+        stop.set()
+        await asyncio.wait_for(task, 1)
+
+    asyncio.run(main())
+
+
 def test_full_collections_are_left_to_the_schedule_and_given_back():
     before = gc.get_threshold()
     undo = take_over_collector()
