@@ -15,10 +15,12 @@ now is at most half of the most held since then (the wave has drained), it runs 
 collection and then glibc's `malloc_trim(0)` on a thread (it walks the heap; the event loop
 keeps serving), and once more `AGAIN_AFTER_SECONDS` later; for `TAIL_SECONDS` after that
 (a flood's tail of timeouts), every `AGAIN_AFTER_SECONDS`, again whenever a quarter of a
-wave ended since the last, else `malloc_trim` alone. Nothing happens under steady load: connections that come and go at a constant level never halve the peak. Between
-trims, once `wave` connections have ended and are no longer ending by the hundred, it runs
-`malloc_trim` alone (`return_due`), at most every `AGAIN_AFTER_SECONDS`: a flood refused,
-evicted and timed out piecemeal may never halve its peak. Where the C library is not glibc,
+wave ended since the last, else `malloc_trim` alone, until a new wave builds. Nothing
+happens under steady load: connections that come and go at a constant level never halve
+the peak. Between trims, once `wave` connections have ended and are no longer ending by
+the hundred, it runs `malloc_trim` alone (`return_due`), at most every
+`AGAIN_AFTER_SECONDS`: a flood refused, evicted and timed out piecemeal may never halve its
+peak. Where the C library is not glibc,
 only the collection runs.
 
 **Full collections on a schedule** (`take_over_collector`). CPython starts a full
@@ -122,6 +124,9 @@ class HeapTrimmer:
     def _released(self) -> int:
         return sum(a.released for a in self._admissions())
 
+    def _held(self) -> int:
+        return sum(a.total for a in self._admissions())
+
     def due(self) -> bool:
         """A wave of at least `wave` connections ended, what is held fell to half its peak
         (the peaks are then measured afresh) and the wave has stopped draining (fewer than a
@@ -198,7 +203,7 @@ class HeapTrimmer:
         hello timeouts, evictions) ends seconds after the wave drained, and what it held
         would otherwise stay in the C library's free lists (or its cycles wait for the
         scheduled full collection: up to a minute)."""
-        if sum(a.total for a in self._admissions()) > self._held_at_wave + self.wave // 4:
+        if self._held() > self._held_at_wave + self.wave // 4:
             # a new wave is building (the next flood): no trims in it, each a full collection
             # that stops the loop for the clients it already slows; it gets its own when it
             # drains (`due`)
@@ -224,7 +229,7 @@ class HeapTrimmer:
                 break
             if self.due():
                 await self.trim()
-                self._held_at_wave = sum(a.total for a in self._admissions())
+                self._held_at_wave = self._held()
                 self._wave_trimmed_at = time.monotonic()
                 self._again_at = self._wave_trimmed_at + self.again_after
                 self._again_first = True

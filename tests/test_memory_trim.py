@@ -20,6 +20,15 @@ def _open(adm: Admission, n: int, address: str = "10.0.0.2") -> list:
     return [adm.admit(address, 0).ticket for _ in range(n)]
 
 
+async def until_trims(trimmer: HeapTrimmer, n: int, tries: int = 500) -> None:
+    """Poll for the `n`th trim: a full collection and malloc_trim in the test process, with
+    Spark's heap in it, can take longer than `again_after`."""
+    for _ in range(tries):
+        if trimmer.trims >= n:
+            return
+        await asyncio.sleep(0.01)
+
+
 def test_a_drained_wave_is_due_once_and_steady_churn_never():
     adm, other = _admission(), _admission()
     trimmer = HeapTrimmer(lambda: [adm, other], wave=256)
@@ -61,17 +70,9 @@ def test_the_trimmer_runs_until_stopped_and_trims_after_a_wave():
         assert trimmer.trims == 0
         for t in wave:
             adm.release(t)
-        for _ in range(200):
-            if trimmer.trims:
-                break
-            await asyncio.sleep(0.01)
+        await until_trims(trimmer, 1, tries=200)
         assert trimmer.trims == 1
-        # once more after the wave, then no more (a full collection and malloc_trim in the
-        # test process, with Spark's heap in it, can take longer than again_after: poll)
-        for _ in range(500):
-            if trimmer.trims >= 2:
-                break
-            await asyncio.sleep(0.01)
+        await until_trims(trimmer, 2)        # once more after the wave, then no more
         assert trimmer.trims == 2
         await asyncio.sleep(0.6)
         assert trimmer.trims == 2
@@ -89,12 +90,6 @@ def test_the_trims_after_a_wave_go_on_while_its_tail_keeps_ending():
     trimmer = HeapTrimmer(lambda: [adm], wave=256, check_every=0.01, again_after=0.2,
                           tail_seconds=1.5)
 
-    async def until_trims(n: int) -> None:
-        for _ in range(500):
-            if trimmer.trims >= n:
-                return
-            await asyncio.sleep(0.01)
-
     async def main():
         stop = asyncio.Event()
         task = asyncio.create_task(trimmer.run(stop))
@@ -102,15 +97,15 @@ def test_the_trims_after_a_wave_go_on_while_its_tail_keeps_ending():
         await asyncio.sleep(0.05)
         for t in wave[:300]:
             adm.release(t)
-        await until_trims(1)
+        await until_trims(trimmer, 1)
         assert trimmer.trims == 1
-        await until_trims(2)
+        await until_trims(trimmer, 2)
         assert trimmer.trims == 2            # once more after the wave, regardless
         await asyncio.sleep(0.5)
         assert trimmer.trims == 2            # nothing ending: none
         for t in wave[300:400]:              # the tail: 100 end a second after the wave
             adm.release(t)
-        await until_trims(3)
+        await until_trims(trimmer, 3)
         assert trimmer.trims == 3
         await asyncio.sleep(1.5)             # the tail's time is over
         for t in wave[400:]:
@@ -138,10 +133,7 @@ def test_a_new_wave_building_in_the_tail_is_not_trimmed_until_it_drains():
         await asyncio.sleep(0.05)
         for t in wave:
             adm.release(t)
-        for _ in range(500):
-            if trimmer.trims >= 2:
-                break
-            await asyncio.sleep(0.01)
+        await until_trims(trimmer, 2)
         assert trimmer.trims == 2            # the wave's, and once more
         flood = _open(adm, 600)              # the next wave, within the tail
         for _ in range(5):                   # churning: 100 end every 0.2 s
@@ -152,10 +144,7 @@ def test_a_new_wave_building_in_the_tail_is_not_trimmed_until_it_drains():
         assert trimmer.trims == 2
         for t in flood:                      # it drains: its own trim
             adm.release(t)
-        for _ in range(500):
-            if trimmer.trims >= 3:
-                break
-            await asyncio.sleep(0.01)
+        await until_trims(trimmer, 3)
         assert trimmer.trims == 3
         stop.set()
         await asyncio.wait_for(task, 1)
