@@ -4,6 +4,7 @@ steady load; full collections run on the trimmer's schedule, not CPython's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import time
 
@@ -18,6 +19,18 @@ def _admission() -> Admission:
 
 def _open(adm: Admission, n: int, address: str = "10.0.0.2") -> list:
     return [adm.admit(address, 0).ticket for _ in range(n)]
+
+
+@contextlib.asynccontextmanager
+async def running(trimmer: HeapTrimmer):
+    """The trimmer's loop, stopped on the way out."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(trimmer.run(stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 1)
 
 
 async def until_trims(trimmer: HeapTrimmer, n: int, tries: int = 500) -> None:
@@ -63,21 +76,18 @@ def test_the_trimmer_runs_until_stopped_and_trims_after_a_wave():
     trimmer = HeapTrimmer(lambda: [adm], wave=256, check_every=0.01, again_after=0.2)
 
     async def main():
-        stop = asyncio.Event()
-        task = asyncio.create_task(trimmer.run(stop))
-        wave = _open(adm, 300)
-        await asyncio.sleep(0.05)
-        assert trimmer.trims == 0
-        for t in wave:
-            adm.release(t)
-        await until_trims(trimmer, 1, tries=200)
-        assert trimmer.trims == 1
-        await until_trims(trimmer, 2)        # once more after the wave, then no more
-        assert trimmer.trims == 2
-        await asyncio.sleep(0.6)
-        assert trimmer.trims == 2
-        stop.set()
-        await asyncio.wait_for(task, 1)
+        async with running(trimmer):
+            wave = _open(adm, 300)
+            await asyncio.sleep(0.05)
+            assert trimmer.trims == 0
+            for t in wave:
+                adm.release(t)
+            await until_trims(trimmer, 1, tries=200)
+            assert trimmer.trims == 1
+            await until_trims(trimmer, 2)        # once more after the wave, then no more
+            assert trimmer.trims == 2
+            await asyncio.sleep(0.6)
+            assert trimmer.trims == 2
 
     asyncio.run(main())
 
@@ -91,29 +101,26 @@ def test_the_trims_after_a_wave_go_on_while_its_tail_keeps_ending():
                           tail_seconds=1.5)
 
     async def main():
-        stop = asyncio.Event()
-        task = asyncio.create_task(trimmer.run(stop))
-        wave = _open(adm, 500)
-        await asyncio.sleep(0.05)
-        for t in wave[:300]:
-            adm.release(t)
-        await until_trims(trimmer, 1)
-        assert trimmer.trims == 1
-        await until_trims(trimmer, 2)
-        assert trimmer.trims == 2            # once more after the wave, regardless
-        await asyncio.sleep(0.5)
-        assert trimmer.trims == 2            # nothing ending: none
-        for t in wave[300:400]:              # the tail: 100 end a second after the wave
-            adm.release(t)
-        await until_trims(trimmer, 3)
-        assert trimmer.trims == 3
-        await asyncio.sleep(1.5)             # the tail's time is over
-        for t in wave[400:]:
-            adm.release(t)
-        await asyncio.sleep(0.6)
-        assert trimmer.trims == 3            # 100 more ended, too late and under a wave
-        stop.set()
-        await asyncio.wait_for(task, 1)
+        async with running(trimmer):
+            wave = _open(adm, 500)
+            await asyncio.sleep(0.05)
+            for t in wave[:300]:
+                adm.release(t)
+            await until_trims(trimmer, 1)
+            assert trimmer.trims == 1
+            await until_trims(trimmer, 2)
+            assert trimmer.trims == 2            # once more after the wave, regardless
+            await asyncio.sleep(0.5)
+            assert trimmer.trims == 2            # nothing ending: none
+            for t in wave[300:400]:              # the tail: 100 end a second after the wave
+                adm.release(t)
+            await until_trims(trimmer, 3)
+            assert trimmer.trims == 3
+            await asyncio.sleep(1.5)             # the tail's time is over
+            for t in wave[400:]:
+                adm.release(t)
+            await asyncio.sleep(0.6)
+            assert trimmer.trims == 3            # 100 more ended, too late and under a wave
 
     asyncio.run(main())
 
@@ -127,27 +134,24 @@ def test_a_new_wave_building_in_the_tail_is_not_trimmed_until_it_drains():
                           tail_seconds=5.0)
 
     async def main():
-        stop = asyncio.Event()
-        task = asyncio.create_task(trimmer.run(stop))
-        wave = _open(adm, 300)
-        await asyncio.sleep(0.05)
-        for t in wave:
-            adm.release(t)
-        await until_trims(trimmer, 2)
-        assert trimmer.trims == 2            # the wave's, and once more
-        flood = _open(adm, 600)              # the next wave, within the tail
-        for _ in range(5):                   # churning: 100 end every 0.2 s
-            for t in flood[:100]:
+        async with running(trimmer):
+            wave = _open(adm, 300)
+            await asyncio.sleep(0.05)
+            for t in wave:
                 adm.release(t)
-            flood = flood[100:] + _open(adm, 100)
-            await asyncio.sleep(0.2)
-        assert trimmer.trims == 2
-        for t in flood:                      # it drains: its own trim
-            adm.release(t)
-        await until_trims(trimmer, 3)
-        assert trimmer.trims == 3
-        stop.set()
-        await asyncio.wait_for(task, 1)
+            await until_trims(trimmer, 2)
+            assert trimmer.trims == 2            # the wave's, and once more
+            flood = _open(adm, 600)              # the next wave, within the tail
+            for _ in range(5):                   # churning: 100 end every 0.2 s
+                for t in flood[:100]:
+                    adm.release(t)
+                flood = flood[100:] + _open(adm, 100)
+                await asyncio.sleep(0.2)
+            assert trimmer.trims == 2
+            for t in flood:                      # it drains: its own trim
+                adm.release(t)
+            await until_trims(trimmer, 3)
+            assert trimmer.trims == 3
 
     asyncio.run(main())
 
