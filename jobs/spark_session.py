@@ -39,6 +39,15 @@ IDLE_HEAP_OPTIONS = ["-XX:G1PeriodicGCInterval=30000", "-XX:MinHeapFreeRatio=10"
 # 17.0.11 and 21.0.3): `native_trim_options` asks the JVM Spark will run which form it takes.
 NATIVE_TRIM_INTERVAL_MS = 30000
 
+# ... and compiles with C1 only. A micro-batch runs short-lived code paths (planning, the
+# Delta log, Python worker I/O) that C2's profiling and recompiles never pay back on 2 cores
+# shared with the listeners: measured 2026-11-28 (`relay bench --quick`, cursor-sync section),
+# the JVM's CPU per micro-batch 217 -> 96 ms in the first round and 45-68 -> 35-40 ms later,
+# PUSH_ACKs/s 521 -> 589 in the first minute, Spark's start 11.3-12.2 -> 8.7-9.2 s, the stream
+# over a backlog as fast or faster (73-84k -> 78-98k envelopes/s). `stream.jvm_options =
+# "-XX:TieredStopAtLevel=4"` restores the full tiered compiler.
+JIT_OPTIONS = ["-XX:TieredStopAtLevel=1"]
+
 
 def _java() -> str | None:
     """The `java` Spark's launcher runs: $JAVA_HOME/bin/java, else the one on PATH."""
@@ -72,9 +81,9 @@ def driver_java_options(app_name: str, jvm_options: str = "") -> str:
     `relay.log.process` is each line's `process`. Under a relay process the JVM always writes
     json: `logs.child_stderr` turns each line into a record of ours (formatted as this process
     formats). `-Dlog4j2.level` only applies when no configuration file is found (the log4j
-    default configuration): WARN there too. Then IDLE_HEAP_OPTIONS and the native heap
-    trimmer; `jvm_options` (stream.jvm_options) come last."""
-    opts = ["-Dlog4j2.level=warn", *IDLE_HEAP_OPTIONS, *native_trim_options()]
+    default configuration): WARN there too. Then IDLE_HEAP_OPTIONS, JIT_OPTIONS and the native
+    heap trimmer; `jvm_options` (stream.jvm_options) come last."""
+    opts = ["-Dlog4j2.level=warn", *IDLE_HEAP_OPTIONS, *JIT_OPTIONS, *native_trim_options()]
     if LOG4J2_CONF.is_file():
         act = logs.active()
         if act is not None:

@@ -1,5 +1,6 @@
 """The driver JVM gives idle memory back (jobs/spark_session.py): the shared session's real
-JVM reports the options in force, and a JDK without the native heap trimmer still starts."""
+JVM reports the options in force, and a JDK without the native heap trimmer still starts; it
+compiles with C1 only unless `stream.jvm_options` says otherwise."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import stat
 
 from pyspark import SparkContext
 
-from jobs.spark_session import NATIVE_TRIM_INTERVAL_MS, native_trim_options
+from jobs.spark_session import NATIVE_TRIM_INTERVAL_MS, driver_java_options, native_trim_options
 
 
 def vm_option(name: str) -> str:
@@ -44,3 +45,11 @@ def test_a_jvm_without_the_trimmer_gets_no_trim_option(tmp_path):
     old.chmod(old.stat().st_mode | stat.S_IEXEC)
     assert native_trim_options(str(old)) == ()
     assert native_trim_options(os.fspath(tmp_path / "absent")) == ()
+
+
+def test_driver_jvm_compiles_with_c1_only_unless_the_conf_says_otherwise(spark):
+    assert vm_option("TieredStopAtLevel") == "1"
+    # stream.jvm_options come last, and HotSpot takes the last of a repeated flag
+    opts = driver_java_options("relay", "-XX:TieredStopAtLevel=4").split()
+    levels = [o for o in opts if o.startswith("-XX:TieredStopAtLevel=")]
+    assert levels == ["-XX:TieredStopAtLevel=1", "-XX:TieredStopAtLevel=4"]
