@@ -171,6 +171,17 @@ async def gather_workers(queue, procs, timeout: float) -> list[dict]:
     return results
 
 
+async def join_all(procs, timeout: float) -> None:
+    """Join (else terminate) client processes without blocking the event loop: a listener in
+    this process must keep serving their closes, or each join waits out its timeout."""
+    def join() -> None:
+        for pr in procs:
+            pr.join(timeout)
+            if pr.is_alive():
+                pr.terminate()
+    await asyncio.to_thread(join)
+
+
 def wait_result(queue, proc, timeout: float) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -39,21 +39,19 @@ import os
 import time
 from pathlib import Path
 
-from .harness import child_ingress_and_stream, collect, p50_p99, port_of, rounded, spawn
+from .harness import (child_ingress_and_stream, collect, join_all, p50_p99, port_of, rounded,
+                      spawn)
 
 CT_SIZE = 1040          # a 1024-byte padding bucket + 16-byte tag (§8 buckets)
 WARMUP_EVENTS = 20
-QUICK = {"clients": 1, "sockets": 150, "stores": 60, "rate": 20, "latency_seconds": 10,
+QUICK = {"clients": 1, "sockets": 150, "stores": 60, "rate": 20, "latency_seconds": 6,
          "lone_events": 50, "room_sockets": 50}
 FULL = {"clients": 1, "sockets": 600, "stores": 60, "rate": 50, "latency_seconds": 30,
         "lone_events": 200, "room_sockets": 200}
 ROOM_STORES_PER_SOCKET = 30    # appendix C.3's default budget (STORE_ROOM is not listed)
 LATENCY_SENDERS = 40
 NOTIFY_WINDOW_MS = 0
-
-
-
-
+CLOSE_TIMEOUT_S = 1     # a bench socket's close handshake: websockets' default waits up to 10 s
 
 
 def _wrap(recipient: bytes) -> bytes:
@@ -69,12 +67,19 @@ async def _login(port: int, sk=None):
     from nacl.signing import SigningKey
     from websockets.asyncio.client import connect
     sk = sk or SigningKey.generate()
-    ws = await connect(f"ws://127.0.0.1:{port}/v1/ws", max_size=8 << 20, open_timeout=60)
+    ws = await connect(f"ws://127.0.0.1:{port}/v1/ws", max_size=8 << 20, open_timeout=60,
+                       close_timeout=CLOSE_TIMEOUT_S)
     ch = msgpack.unpackb(await ws.recv(), raw=False)
     await ws.send(msgpack.packb({"cmd": "AUTH", "pubkey": bytes(sk.verify_key),
                                  "sig": sk.sign(ch["nonce"]).signature}, use_bin_type=True))
     assert msgpack.unpackb(await ws.recv(), raw=False)["cmd"] == "AUTH_OK"
     return ws, bytes(sk.verify_key)
+
+
+async def _close_all(sockets) -> None:
+    """Close every socket at once: one by one, each close handshake waited its turn (with
+    replies left unread, up to `CLOSE_TIMEOUT_S` each)."""
+    await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
 
 
 def store_worker(queue, ready, go, port: int, sockets: int, stores: int) -> None:
@@ -102,8 +107,7 @@ async def _store_worker(queue, ready, go, port, sockets, stores) -> None:
 
     res = await asyncio.gather(*(one(ws, fs) for (ws, _), fs in zip(conns, frames)))
     queue.put({"stored": sum(r[0] for r in res), "first": t0, "last": max(r[1] for r in res)})
-    for ws, _ in conns:
-        await ws.close()
+    await _close_all(ws for ws, _ in conns)
 
 
 async def _throughput(settings, p: dict) -> dict:
@@ -127,10 +131,7 @@ async def _throughput(settings, p: dict) -> dict:
         results = [await asyncio.to_thread(queue.get, True, 600) for _ in procs]
         commits = node.appender.commits - commits0
     finally:
-        for pr in procs:
-            pr.join(30)
-            if pr.is_alive():
-                pr.terminate()
+        await join_all(procs, 30)   # off the loop: the node serves the clients' closes
         await node.close()
     stored = sum(r["stored"] for r in results)
     secs = max(r["last"] for r in results) - min(r["first"] for r in results)
@@ -162,6 +163,8 @@ async def _notify_worker(queue, port, rate, seconds) -> None:
     for _ in range(WARMUP_EVENTS):
         await warm.send(msgpack.packb({"cmd": "STORE", "event": _wrap(rx_pk)},
                                       use_bin_type=True))
+    for _ in range(WARMUP_EVENTS):      # its STOREDs: unread, they held its close
+        await asyncio.wait_for(warm.recv(), 120)
     notified = 0
     while notified < WARMUP_EVENTS:
         m = msgpack.unpackb(await asyncio.wait_for(rx.recv(), 120), raw=False)
@@ -206,9 +209,8 @@ async def _notify_worker(queue, port, rate, seconds) -> None:
             stored_at.append((time.perf_counter() - by_sender[k][j]) * 1000)
 
     await asyncio.gather(receive(), send(), *(drain(k, ws) for k, (ws, _) in enumerate(senders)))
-    for ws, _ in senders + [(rx, rx_pk)]:
-        await ws.close()
     queue.put({"ok": True, "latency_ms": lat, "stored_ms": stored_at})
+    await _close_all([ws for ws, _ in senders] + [rx])
 
 
 def lone_worker(queue, port: int, count: int) -> None:
@@ -233,9 +235,7 @@ async def _lone_worker(queue, port: int, count: int) -> None:
     rx = tx = None
     for i in range(count + WARMUP_EVENTS):
         if i % LONE_PAIR_EVENTS == 0:
-            for ws in (rx, tx):
-                if ws is not None:
-                    await ws.close()
+            await _close_all(ws for ws in (rx, tx) if ws is not None)
             (rx, rx_pk), (tx, _) = await _login(port), await _login(port)
         event = _wrap(rx_pk)
         t0 = time.perf_counter()
@@ -262,9 +262,8 @@ async def _lone_worker(queue, port: int, count: int) -> None:
             acked.append((t_ack - t0) * 1000)
             delivered.append((t_in_hand - t0) * 1000)
             ack_acked.append((time.perf_counter() - t_in_hand) * 1000)
-    for ws in (rx, tx):
-        await ws.close()
     queue.put({"ok": True, "acked_ms": acked, "delivered_ms": delivered, "ack_ms": ack_acked})
+    await _close_all((rx, tx))
 
 
 def room_worker(queue, port: int, rate: float, seconds: float, sockets: int) -> None:
@@ -337,8 +336,7 @@ async def _room_worker(queue, port, rate, seconds, sockets) -> None:
 
     per = [len(range(j, total, LATENCY_SENDERS - 1)) for j in range(LATENCY_SENDERS - 1)]
     await asyncio.gather(receive(), send(), *(drain(ws, k) for ws, k in zip(senders[1:], per)))
-    for ws in senders + [rx]:
-        await ws.close()
+    await _close_all(senders + [rx])
 
     conns = []
     for i in range(0, sockets, 50):
@@ -366,10 +364,9 @@ async def _room_worker(queue, port, rate, seconds, sockets) -> None:
         return ok, time.time()
 
     res = await asyncio.gather(*(one(ws, fs) for ws, fs in zip(conns, frames)))
-    for ws in conns + [admin]:
-        await ws.close()
     queue.put({"ok": True, "latency_ms": lat, "stored": sum(r[0] for r in res),
                "refused": refused, "first": t0, "last": max(r[1] for r in res)})
+    await _close_all(conns + [admin])
 
 
 def _latency(spark, settings, p: dict) -> dict:

@@ -30,7 +30,7 @@ from pathlib import Path
 from .harness import (child_ingress_and_stream, p50_p99, port_of, rounded, say, spawn,
                       start_role, stop_process, write_conf)
 
-QUICK = {"latency_devices": 150, "rate": 20, "devices": 600, "senders": 20}
+QUICK = {"latency_devices": 100, "rate": 20, "devices": 300, "senders": 20}
 FULL = {"latency_devices": 600, "rate": 40, "devices": 3000, "senders": 60}
 STORES_PER_SENDER = 60      # appendix C.3: 60 STOREs per pubkey per minute
 

@@ -126,11 +126,11 @@ def headline(res: dict) -> None:
 QUICK = {
     "rounds": 3,
     "ceiling_commits": {1000: 60, 10000: 20},
-    "commit_target": 4_000, "commit_budget_s": 20,
-    "ingress_seconds": 8, "ingress_warmup_s": 1,
+    "commit_target": 2_000, "commit_budget_s": 10,
+    "ingress_seconds": 5, "ingress_warmup_s": 1,
     "stream_rows": 200_000, "stream_commit_rows": 20_000, "stream_batch_rows": 100_000,
-    "e2e_rate": 200, "e2e_seconds": 10, "e2e_receivers": 20,
-    "floor_seconds": 10,
+    "e2e_rate": 200, "e2e_seconds": 6, "e2e_receivers": 20,
+    "floor_seconds": 6,
 }
 
 
