@@ -47,6 +47,7 @@ from typing import Callable
 from engine.admission import Admission, Cap, Limits, Stage, Ticket, address_key
 from runtime import open_files
 from runtime.handshake_gate import LIGHT_HOLDS, HandshakeGate, Known
+from runtime import transport_cycle
 from runtime.log_rate import LogRate
 
 log = logging.getLogger("relay.listener")
@@ -56,6 +57,9 @@ ACCEPT_BATCH = 256             # accepts per wake-up (each only admitted and que
 RESUME_PROBE_SECONDS = 0.25    # paused: how often free descriptors are looked for
 # accept() errors that mean "no resources now", not "this client": pause, then retry.
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+# every listener's connections, and the clients of this process, freed as they end
+transport_cycle.install()
 
 
 def open_limits(max_connections: int) -> Limits:
