@@ -51,6 +51,7 @@ import time
 from typing import Callable, Iterable
 
 from engine.admission import Admission
+from runtime.teardown import TEARDOWN
 
 log = logging.getLogger("relay.memory")
 
@@ -98,8 +99,10 @@ class HeapTrimmer:
                  again_after: float = AGAIN_AFTER_SECONDS,
                  tail_seconds: float = TAIL_SECONDS,
                  full_after_ended: int = FULL_AFTER_ENDED,
-                 full_every: float = FULL_EVERY_SECONDS):
+                 full_every: float = FULL_EVERY_SECONDS,
+                 ends_queued: Callable[[], int] = TEARDOWN.__len__):
         self._admissions = admissions
+        self._ends_queued = ends_queued
         self.wave = wave
         self.check_every = check_every
         self.again_after = again_after
@@ -130,13 +133,18 @@ class HeapTrimmer:
     def due(self) -> bool:
         """A wave of at least `wave` connections ended, what is held fell to half its peak
         (the peaks are then measured afresh) and the wave has stopped draining (fewer than a
-        quarter of `wave` ended since the last check): the collection's stop of the loop
+        quarter of `wave` ended since the last check, and none of their ends still queued
+        for the application, `runtime/teardown.py`): the collection's stop of the loop
         does not fall on the thousands of closes of a flood that leaves, which the clients
-        still connected already wait behind."""
+        still connected already wait behind. A flood that leaves at once frees its slots in
+        one check but is torn down over the next second or two (more on a slower machine);
+        collected then, the trim walked every connection still queued, alive, and its
+        teardown freed more cycles after it."""
         admissions = list(self._admissions())
         released = sum(a.released for a in admissions)
         ended = released - self._released_at_trim
-        draining = released - self._released_at_check >= self.wave // 4
+        draining = (released - self._released_at_check >= self.wave // 4
+                    or self._ends_queued() > 0)
         self._released_at_check = released
         self.draining = draining
         held = sum(a.total for a in admissions)

@@ -71,6 +71,27 @@ def test_a_drained_wave_is_due_once_and_steady_churn_never():
     assert not trimmer.due()                 # 200 ended: under a wave
 
 
+def test_a_wave_whose_ends_are_still_queued_is_not_trimmed_until_they_ran():
+    """A flood that leaves at once frees its slots in one check, and the application tears
+    its connections down a few per turn of the loop (runtime/teardown.py) over the next
+    seconds: the trim's collection waits for that, the real queue's length included."""
+    from runtime.teardown import Teardown
+    adm, queue = _admission(), Teardown(per_turn=4)
+    trimmer = HeapTrimmer(lambda: [adm], wave=256, ends_queued=queue.__len__)
+    ran: list[int] = []
+
+    async def main():
+        for t in _open(adm, 1000):
+            adm.release(t)
+            queue.later(ran.append, 1)
+        assert not trimmer.due()             # 1,000 ended since the last check: draining
+        assert not trimmer.due()             # calm, but their 1,000 ends still queued
+        while len(queue):
+            await asyncio.sleep(0)
+        assert len(ran) == 1000 and trimmer.due()
+    asyncio.run(main())
+
+
 def test_the_trimmer_runs_until_stopped_and_trims_after_a_wave():
     adm = _admission()
     trimmer = HeapTrimmer(lambda: [adm], wave=256, check_every=0.01, again_after=0.2)
