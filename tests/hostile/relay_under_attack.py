@@ -398,6 +398,9 @@ class RelayUnderAttack:
                                                 default=0), 3)}
         figures["legit"] = legit
         figures["seconds"] = round(t_end - t_start, 1)
+        # the listener's memory trims meanwhile (s after the attack started, objects its full
+        # collection freed, seconds in all): a trim's collection stops the loop
+        figures["relay_trims"] = _trims(self.relay.stderr[lines0:], role, t_start)
         # every round trip of the scenario: protocol, start (s after the attack started, the
         # hold starting at ramp_s), latency, error
         figures["legit_rounds"] = [
@@ -416,7 +419,8 @@ class RelayUnderAttack:
                               f"({'; '.join(f['errors'])})")
             elif f["max_s"] > allowed:
                 broken.append(f"{p}: legitimate round trip {f['max_s']:.2f} s > baseline "
-                              f"{self.baseline[p]['p50_s']:.2f} s + {LATENCY_MARGIN:.0f} s")
+                              f"{self.baseline[p]['p50_s']:.2f} s + {LATENCY_MARGIN:.0f} s "
+                              f"({_when_slowest(figures, p, t_ramped - t_start)})")
         if alive and rss1 > rss0 * (1 + MEMORY_MARGIN):
             broken.append(f"memory: {figures['rss_after_mib']} MiB after, "
                           f"{figures['rss_before_mib']} MiB before (> +{MEMORY_MARGIN:.0%})")
@@ -492,6 +496,36 @@ def summary(data: dict) -> str:
     tally = (f"{passed} of {scenarios} scenarios passed; {retried} run a second time after "
              f"missing only the latency bound")
     return head + "\n" + tally + "\n\n" + "\n".join(rows)
+
+
+def _trims(lines: list[str], role: str, t0: float) -> list[list]:
+    out = []
+    for line in lines:
+        if '"memory_trimmed"' not in line:
+            continue
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if rec.get("process") == role:
+            out.append([round(rec["ts"] - t0, 2), rec.get("collected"), rec.get("seconds")])
+    return out
+
+
+def _when_slowest(figures: dict, protocol: str, hold_at: float) -> str:
+    """Where a missed round trip fell: CI shows only the failure, and a miss at the ramp's
+    end, mid-hold or at the attacker's leave has different causes."""
+    rounds = [r for r in figures["legit_rounds"] if r[0] == protocol and r[1] >= hold_at]
+    if not rounds:
+        return "no round in the hold"
+    _, start, latency, _ = max(rounds, key=lambda r: r[2])
+    left = hold_at + figures["hold_s"]
+    lag = figures["loop_lag"]["hold"]
+    return (f"began {start - hold_at:.2f} s into the hold, the attacker left at "
+            f"{left - hold_at:.2f} s; the listener's loop in the hold: {lag.get('>0.1s')} "
+            f"stops > 0.1 s, {lag.get('>0.25s')} > 0.25 s, GC {lag.get('gc_s')} s; trims "
+            f"[s into the hold, objects, s]: "
+            f"{[[round(t - hold_at, 2), c, d] for t, c, d in figures['relay_trims']]}")
 
 
 def only_slower(broken: list[str]) -> bool:
