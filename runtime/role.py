@@ -8,7 +8,9 @@ listeners' counters, and this module starts the exporter around the nodes that h
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+from typing import Iterator
 
 from . import metrics
 from .loop_lag import GcPauses, LoopLag
@@ -22,26 +24,39 @@ async def serve_until(node, stop: asyncio.Event, ready=None,
     (runtime/memory_trim.py) and the event loop's lateness is sampled (runtime/loop_lag.py;
     into `lag`'s histogram, the role's /metrics, when given)."""
     await node.start()
-    # What start-up built (modules, Arrow and Delta handles, the app) lives as long as the
-    # process: out of the collector's sight, a full collection (the heap trimmer's, or one
-    # the allocation of a wave of connections triggers) walks only what came after, not the
-    # ~90,000 objects of the imports each time (~60 ms of a stalled event loop on 2 cores).
+    with role_collector():
+        trimmer = HeapTrimmer(lambda: [listener.admission for listener in node.listeners()])
+        trimming = asyncio.create_task(trimmer.run(stop), name="heap-trimmer")
+        lagging = asyncio.create_task((lag or LoopLag()).run(stop), name="loop-lag")
+        if ready:
+            ready(node.listening())
+        try:
+            await stop.wait()
+        finally:
+            await node.close()
+            await trimming
+            lagging.cancel()
+
+
+@contextlib.contextmanager
+def role_collector() -> Iterator[None]:
+    """The cyclic collector as a role runs it, from the end of its start-up; undone on leaving
+    (`relay bench` runs its in-process nodes this way, so it measures what a role runs).
+
+    What start-up built (modules, Arrow and Delta handles, the app) lives as long as the
+    process: out of the collector's sight (`gc.freeze`), a full collection (the heap
+    trimmer's, or one the allocation of a wave of connections triggers) walks only what came
+    after, not the ~90,000 objects of the imports each time (~60 ms of a stalled event loop
+    on 2 cores). And full collections run on the heap trimmer's schedule, not on every
+    quarter of heap growth (`take_over_collector`: a flood's connections grew it all the
+    time, 0.4-0.75 s stops of the loop every 1.5-3 s)."""
     gc.freeze()
-    # and full collections on the trimmer's schedule, not on every quarter of heap growth
-    # (a flood's connections grew it all the time: 0.4-0.75 s stops of the loop every 1.5-3 s)
     give_back_collector = take_over_collector()
-    trimmer = HeapTrimmer(lambda: [listener.admission for listener in node.listeners()])
-    trimming = asyncio.create_task(trimmer.run(stop), name="heap-trimmer")
-    lagging = asyncio.create_task((lag or LoopLag()).run(stop), name="loop-lag")
-    if ready:
-        ready(node.listening())
     try:
-        await stop.wait()
+        yield
     finally:
-        await node.close()
-        await trimming
-        lagging.cancel()
         give_back_collector()
+        gc.unfreeze()
 
 
 async def run_role(settings, role: str, node, registry, stop: asyncio.Event,

@@ -3,7 +3,8 @@
 `run(settings, quick, spark=None) -> dict`, called by `run.py` with its settings
 (ports 0, fsync as configured) and, for the latency part, its SparkSession.
 
-1. `heya_sends_per_s`: an `IngressNode` in this process (the Heya listener, TLS 1.3, landing
+1. `heya_sends_per_s`: an `IngressNode` in this process, its collector as a role runs it
+   (`runtime.role.role_collector`) (the Heya listener, TLS 1.3, landing
    group commit with fsync: RECV = durable); load from `spawn`ed client processes, each with
    its own client certificate and `CONNECTIONS_PER_CLIENT` TLS connections that keep
    `WINDOW` SENDs of `BODY_SIZE` bytes in flight over `TOKENS` send tokens of one mailbox.
@@ -34,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from runtime.role import role_collector
+
 from .harness import (child_ingress_and_stream, collect, join_all, measure_appender, p50_p99,
                       port_of, rounded, spawn)
 
@@ -45,10 +48,6 @@ QUICK = {"seconds": 5, "warmup_s": 1, "rate": 100, "latency_seconds": 6}
 FULL = {"seconds": 30, "warmup_s": 2, "rate": 200, "latency_seconds": 30}
 END = 9_999_999_999
 WARMUP_MESSAGES = 20
-
-
-
-
 
 
 def client_cert(directory: str, name: str) -> tuple[str, str]:
@@ -157,47 +156,48 @@ async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
     node = IngressNode(settings)    # fsync as configured: RECV = durable
     await node.start()
     procs = []
-    try:
-        port = node.heya.bound_port
-        (inbox_token,) = mint_inbox_tokens(Layout.of(settings))
-        _, mw, tokens = await _mailbox(port, client_cert(workdir, "receiver"), inbox_token,
-                                       TOKENS)
-        ctx = mp.get_context("spawn")
-        queue, go = ctx.Queue(), ctx.Event()
-        duration, warm = p["seconds"] + p["warmup_s"], p["warmup_s"]
-        for i in range(clients):
-            proc = ctx.Process(target=send_worker, daemon=True, args=(
-                queue, go, port, client_cert(workdir, f"sender{i}"), tokens, duration,
-                CONNECTIONS_PER_CLIENT, WINDOW, BODY_SIZE, i + 1))
-            proc.start()
-            procs.append(proc)
-        for _ in range(clients):
-            msg = await asyncio.to_thread(queue.get, True, 120)
-            if not msg.get("ok", True):
-                raise RuntimeError(f"load generator failed: {msg.get('error')}")
-        w = await measure_appender(node.appender, go, warm, duration)
-        results = [await asyncio.to_thread(queue.get, True, 120) for _ in range(clients)]
-        for r in results:
-            if not r.get("ok"):
-                raise RuntimeError(f"load generator failed: {r.get('error')}")
-        mw.close()
-        buckets = np.sum([r["buckets"] for r in results], axis=0)
-        per_s = [int(buckets[i:i + 10].sum()) for i in range(warm * 10, duration * 10 - 9, 10)]
-        return {
-            "sends_per_s": round(w.rows / w.seconds),
-            "sends_per_s_each_1s": per_s,
-            "measured_seconds": rounded(w.seconds, 2), "warmup_seconds": warm,
-            "client_processes": clients, "connections": clients * CONNECTIONS_PER_CLIENT,
-            "window_per_connection": WINDOW, "body_bytes": BODY_SIZE, "send_tokens": TOKENS,
-            "group_commits_in_window": w.commits,
-            "rows_per_commit_mean": rounded(w.rows / max(1, w.commits), 1),
-            "relay_cpu_cores": rounded(w.cpu_seconds / w.seconds, 2),
-            "client_cpu_cores": rounded(sum(r["cpu_s"] for r in results) / duration, 2),
-            "recv_total": int(sum(r["recv"] for r in results)),
-        }
-    finally:
-        await join_all(procs, 10)   # off the loop: the node serves the clients' closes
-        await node.close()
+    with role_collector():   # the collector as `relay up`'s ingress runs it
+        try:
+            port = node.heya.bound_port
+            (inbox_token,) = mint_inbox_tokens(Layout.of(settings))
+            _, mw, tokens = await _mailbox(port, client_cert(workdir, "receiver"), inbox_token,
+                                           TOKENS)
+            ctx = mp.get_context("spawn")
+            queue, go = ctx.Queue(), ctx.Event()
+            duration, warm = p["seconds"] + p["warmup_s"], p["warmup_s"]
+            for i in range(clients):
+                proc = ctx.Process(target=send_worker, daemon=True, args=(
+                    queue, go, port, client_cert(workdir, f"sender{i}"), tokens, duration,
+                    CONNECTIONS_PER_CLIENT, WINDOW, BODY_SIZE, i + 1))
+                proc.start()
+                procs.append(proc)
+            for _ in range(clients):
+                msg = await asyncio.to_thread(queue.get, True, 120)
+                if not msg.get("ok", True):
+                    raise RuntimeError(f"load generator failed: {msg.get('error')}")
+            w = await measure_appender(node.appender, go, warm, duration)
+            results = [await asyncio.to_thread(queue.get, True, 120) for _ in range(clients)]
+            for r in results:
+                if not r.get("ok"):
+                    raise RuntimeError(f"load generator failed: {r.get('error')}")
+            mw.close()
+            buckets = np.sum([r["buckets"] for r in results], axis=0)
+            per_s = [int(buckets[i:i + 10].sum()) for i in range(warm * 10, duration * 10 - 9, 10)]
+            return {
+                "sends_per_s": round(w.rows / w.seconds),
+                "sends_per_s_each_1s": per_s,
+                "measured_seconds": rounded(w.seconds, 2), "warmup_seconds": warm,
+                "client_processes": clients, "connections": clients * CONNECTIONS_PER_CLIENT,
+                "window_per_connection": WINDOW, "body_bytes": BODY_SIZE, "send_tokens": TOKENS,
+                "group_commits_in_window": w.commits,
+                "rows_per_commit_mean": rounded(w.rows / max(1, w.commits), 1),
+                "relay_cpu_cores": rounded(w.cpu_seconds / w.seconds, 2),
+                "client_cpu_cores": rounded(sum(r["cpu_s"] for r in results) / duration, 2),
+                "recv_total": int(sum(r["recv"] for r in results)),
+            }
+        finally:
+            await join_all(procs, 10)   # off the loop: the node serves the clients' closes
+            await node.close()
 
 
 # --- 2. latency: SEND -> HAVE through the stream -------------------------------------------------

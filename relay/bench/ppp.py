@@ -3,7 +3,8 @@
 
 `run(settings, quick, spark=None) -> dict`, called by `run.py` with its settings.
 
-1. `ppp_acked_stores_per_s`: an `IngressNode` in this process (uvicorn WebSocket listener,
+1. `ppp_acked_stores_per_s`: an `IngressNode` in this process, its collector as a role runs it
+   (`runtime.role.role_collector`) (uvicorn WebSocket listener,
    landing group commit with fsync on: STORED = durable); load from `spawn`ed client
    processes, each with `SOCKETS_PER_CLIENT` authenticated WebSockets, one Ed25519 identity
    each. Appendix C.3 allows 60 STOREs per pubkey per minute, so the load is many identities
@@ -38,6 +39,8 @@ import multiprocessing as mp
 import os
 import time
 from pathlib import Path
+
+from runtime.role import role_collector
 
 from .harness import (child_ingress_and_stream, collect, join_all, p50_p99, port_of, rounded,
                       spawn)
@@ -120,26 +123,28 @@ async def _throughput(settings, p: dict) -> dict:
     procs = [ctx.Process(target=store_worker, args=(queue, readies[i], go, node.ppp.bound_port,
                                                     p["sockets"], p["stores"]), daemon=True)
              for i in range(p["clients"])]
-    try:
-        for pr in procs:
-            pr.start()
-        for r in readies:
-            if not await asyncio.to_thread(r.wait, 300):
-                raise RuntimeError("a PPP bench client did not connect")
-        commits0 = node.appender.commits
-        go.set()
-        results = [await asyncio.to_thread(queue.get, True, 600) for _ in procs]
-        commits = node.appender.commits - commits0
-    finally:
-        await join_all(procs, 30)   # off the loop: the node serves the clients' closes
-        await node.close()
+    with role_collector():   # the collector as `relay up`'s ingress runs it
+        try:
+            for pr in procs:
+                pr.start()
+            for r in readies:
+                if not await asyncio.to_thread(r.wait, 300):
+                    raise RuntimeError("a PPP bench client did not connect")
+            commits0 = node.appender.commits
+            go.set()
+            results = [await asyncio.to_thread(queue.get, True, 600) for _ in procs]
+            commits = node.appender.commits - commits0
+        finally:
+            await join_all(procs, 30)   # off the loop: the node serves the clients' closes
+            await node.close()
     stored = sum(r["stored"] for r in results)
     secs = max(r["last"] for r in results) - min(r["first"] for r in results)
     return {"stores_per_s": rounded(stored / secs, 0), "stored": stored,
             "seconds": rounded(secs, 2),
             "sockets": p["clients"] * p["sockets"], "stores_per_socket": p["stores"],
             "landing_commits": commits, "fsync": True, "ciphertext_bytes": CT_SIZE,
-            "method": ("IngressNode in the bench process (no stream running; STORED = landing "
+            "method": ("IngressNode in the bench process, its collector as a role runs it (no "
+                       "stream running; STORED = landing "
                        "commit with fsync), spawned client process(es) with authenticated "
                        "WebSockets each sending its minute's STORE budget pipelined; rate = "
                        "STORED replies / (last reply - first send)")}

@@ -1,6 +1,7 @@
 """trueseal sections of `relay bench`: `trueseal_acked_pushes_per_s` and `push_to_deliver_ms`.
 
-3. `trueseal_acked_pushes_per_s` (`bench_ingress`): `IngressNode` in this process; load from
+3. `trueseal_acked_pushes_per_s` (`bench_ingress`): `IngressNode` in this process, its
+   collector as a role runs it (`runtime.role.role_collector`); load from
    `spawn`ed client processes (`trueseal_client.py`), two shapes: one NK connection per push
    (the real client) and pipelined push sessions.
 5. `push_to_deliver_ms` (`bench_e2e`): `relay ingress` and `relay egress` as child processes
@@ -24,16 +25,13 @@ import numpy as np
 import pyarrow as pa
 
 from runtime.metrics import batch_work_ms
+from runtime.role import role_collector
 
 from .harness import (ENVELOPE_SIZE, MAILBOXES, gather_workers, measure_appender, p50_p99,
                       percentile, rounded, say, settings_for, spawn, start_role, wait_result)
 
 PER_CONNECTION_CONCURRENCY = 128    # in-flight one-push connections per client process
-
-
 PIPELINED_SESSIONS = 256            # push sessions, split over the client processes
-
-
 PIPELINED_WINDOW = 32               # Pushes sent ahead of their Acks, per session
 
 
@@ -110,18 +108,19 @@ async def _ingress_async(settings, p: dict, clients: int, stopped: list) -> dict
         loop.add_signal_handler(sig, stop)
     node = IngressNode(settings)   # fsync=True: Ack = durable
     await node.start()
-    try:
-        out = {}
-        for shape in ("per_connection", "pipelined"):
-            say(f"  ingress: {shape}, {clients} client process(es), "
-                 f"{p['ingress_seconds']} s measured")
-            out[shape] = await _ingress_shape(node, shape, p, clients)
-            say(f"    -> {out[shape]['acked_per_s']} acked pushes/s "
-                 f"(relay {out[shape]['relay_cpu_cores']} cores, "
-                 f"clients {out[shape]['client_cpu_cores']} cores)")
-        return out
-    finally:
-        await node.close()
+    with role_collector():   # the collector as `relay up`'s ingress runs it
+        try:
+            out = {}
+            for shape in ("per_connection", "pipelined"):
+                say(f"  ingress: {shape}, {clients} client process(es), "
+                     f"{p['ingress_seconds']} s measured")
+                out[shape] = await _ingress_shape(node, shape, p, clients)
+                say(f"    -> {out[shape]['acked_per_s']} acked pushes/s "
+                     f"(relay {out[shape]['relay_cpu_cores']} cores, "
+                     f"clients {out[shape]['client_cpu_cores']} cores)")
+            return out
+        finally:
+            await node.close()
 
 
 def bench_ingress(root: Path, args, p: dict) -> dict:
