@@ -846,7 +846,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--compact", action="store_true", help="run compaction at the end")
     p.set_defaults(func=cmd_loadgen)
     p = sub.add_parser("bench", help="benchmarks -> JSON")
-    p.add_argument("--quick", action="store_true", help="small sizes: about 14 minutes for 3 rounds, 5 for --rounds 1")
+    p.add_argument("--quick", action="store_true", help="small sizes: about 6 minutes for 3 rounds, 2-3 for --rounds 1")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of every section; each figure is their median (default 3)")
     p.add_argument("--out", default=None,
