@@ -272,9 +272,11 @@ def test_a_known_device_handshakes_ahead_of_a_flood_of_queued_handshakes():
             device = await trueseal(port, "127.0.0.1", XX, priv)  # msg 1 and msg 3: 2 steps
             await wait_until(lambda: relay.hub.sessions_open() == 1)
             ahead = srv.gate.run_steps - before - 2
-            # steps run meanwhile, one per loop turn its own connection takes; round-robin
-            # would have made each of its 2 steps wait for one of each of 100 addresses
-            assert ahead <= 60, ahead
+            # steps run meanwhile, one per loop turn its own connection takes while its
+            # packets cross loopback: ~20-60 on a slower machine, 72-77 on a faster one
+            # (shorter turns, more of them). With every address in one lane (round-robin) the
+            # whole flood ran first: 300 here. So the bound is half of that flood.
+            assert ahead <= 150, ahead
             assert len(srv.gate) > 100                # the flood still waits behind it
             device.close()
             close_all(flood)
