@@ -45,9 +45,8 @@ from functools import partial
 from typing import Callable
 
 from engine.admission import Admission, Cap, Limits, Stage, Ticket, address_key
-from runtime import open_files
+from runtime import open_files, transport_cycle
 from runtime.handshake_gate import LIGHT_HOLDS, HandshakeGate, Known
-from runtime import transport_cycle
 from runtime.log_rate import LogRate
 
 log = logging.getLogger("relay.listener")

@@ -38,6 +38,7 @@ import numpy as np
 import pyarrow as pa
 
 from runtime import config
+from runtime.role import role_collector
 
 ENVELOPE_SIZE = 600                 # landing rows and trueseal pushes (bytes)
 MAILBOXES = 10_000                  # mailboxes the landing rows and pushes are spread over
@@ -169,6 +170,19 @@ async def gather_workers(queue, procs, timeout: float) -> list[dict]:
         if not r.get("ok"):
             raise RuntimeError(f"load generator failed: {r.get('error')}")
     return results
+
+
+@contextlib.asynccontextmanager
+async def serving(node):
+    """An in-process node, started and run with the cyclic collector as `relay up`'s roles run
+    it (`runtime.role.role_collector`), so a section measures what a role runs; closed on
+    leaving."""
+    await node.start()
+    try:
+        with role_collector():
+            yield node
+    finally:
+        await node.close()
 
 
 async def join_all(procs, timeout: float) -> None:

@@ -4,7 +4,7 @@
 (ports 0, fsync as configured) and, for the latency part, its SparkSession.
 
 1. `heya_sends_per_s`: an `IngressNode` in this process, its collector as a role runs it
-   (`runtime.role.role_collector`) (the Heya listener, TLS 1.3, landing
+   (`harness.serving`) (the Heya listener, TLS 1.3, landing
    group commit with fsync: RECV = durable); load from `spawn`ed client processes, each with
    its own client certificate and `CONNECTIONS_PER_CLIENT` TLS connections that keep
    `WINDOW` SENDs of `BODY_SIZE` bytes in flight over `TOKENS` send tokens of one mailbox.
@@ -35,10 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runtime.role import role_collector
-
 from .harness import (child_ingress_and_stream, collect, join_all, measure_appender, p50_p99,
-                      port_of, rounded, spawn)
+                      port_of, rounded, serving, spawn)
 
 BODY_SIZE = 600
 TOKENS = 64
@@ -153,10 +151,8 @@ async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
     from delta_tables.layout import Layout
     from delta_tables.heya_control import mint_inbox_tokens
     from ingress.service import IngressNode
-    node = IngressNode(settings)    # fsync as configured: RECV = durable
-    await node.start()
     procs = []
-    with role_collector():   # the collector as `relay up`'s ingress runs it
+    async with serving(IngressNode(settings)) as node:   # fsync as configured: RECV = durable
         try:
             port = node.heya.bound_port
             (inbox_token,) = mint_inbox_tokens(Layout.of(settings))
@@ -197,7 +193,6 @@ async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
             }
         finally:
             await join_all(procs, 10)   # off the loop: the node serves the clients' closes
-            await node.close()
 
 
 # --- 2. latency: SEND -> HAVE through the stream -------------------------------------------------

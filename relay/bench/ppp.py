@@ -4,7 +4,7 @@
 `run(settings, quick, spark=None) -> dict`, called by `run.py` with its settings.
 
 1. `ppp_acked_stores_per_s`: an `IngressNode` in this process, its collector as a role runs it
-   (`runtime.role.role_collector`) (uvicorn WebSocket listener,
+   (`harness.serving`) (uvicorn WebSocket listener,
    landing group commit with fsync on: STORED = durable); load from `spawn`ed client
    processes, each with `SOCKETS_PER_CLIENT` authenticated WebSockets, one Ed25519 identity
    each. Appendix C.3 allows 60 STOREs per pubkey per minute, so the load is many identities
@@ -40,10 +40,8 @@ import os
 import time
 from pathlib import Path
 
-from runtime.role import role_collector
-
 from .harness import (child_ingress_and_stream, collect, join_all, p50_p99, port_of, rounded,
-                      spawn)
+                      serving, spawn)
 
 CT_SIZE = 1040          # a 1024-byte padding bucket + 16-byte tag (§8 buckets)
 WARMUP_EVENTS = 20
@@ -115,15 +113,13 @@ async def _store_worker(queue, ready, go, port, sockets, stores) -> None:
 
 async def _throughput(settings, p: dict) -> dict:
     from ingress.service import IngressNode
-    node = IngressNode(settings, fsync=True)
-    await node.start()
     ctx = mp.get_context("spawn")
     queue, go = ctx.Queue(), ctx.Event()
     readies = [ctx.Event() for _ in range(p["clients"])]
-    procs = [ctx.Process(target=store_worker, args=(queue, readies[i], go, node.ppp.bound_port,
-                                                    p["sockets"], p["stores"]), daemon=True)
-             for i in range(p["clients"])]
-    with role_collector():   # the collector as `relay up`'s ingress runs it
+    async with serving(IngressNode(settings, fsync=True)) as node:
+        procs = [ctx.Process(target=store_worker, args=(
+                     queue, readies[i], go, node.ppp.bound_port, p["sockets"], p["stores"]),
+                     daemon=True) for i in range(p["clients"])]
         try:
             for pr in procs:
                 pr.start()
@@ -136,7 +132,6 @@ async def _throughput(settings, p: dict) -> dict:
             commits = node.appender.commits - commits0
         finally:
             await join_all(procs, 30)   # off the loop: the node serves the clients' closes
-            await node.close()
     stored = sum(r["stored"] for r in results)
     secs = max(r["last"] for r in results) - min(r["first"] for r in results)
     return {"stores_per_s": rounded(stored / secs, 0), "stored": stored,

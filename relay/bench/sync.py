@@ -266,9 +266,6 @@ async def _notify_worker(queue, port, rate, seconds, body_size) -> None:
     await _close((sender, receiver))
 
 
-# --- the relay as a child process, the stream here ---------------------------------------------
-
-
 # --- the two figures ---------------------------------------------------------------------------
 
 def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = WINDOW,

@@ -1,7 +1,7 @@
 """trueseal sections of `relay bench`: `trueseal_acked_pushes_per_s` and `push_to_deliver_ms`.
 
 3. `trueseal_acked_pushes_per_s` (`bench_ingress`): `IngressNode` in this process, its
-   collector as a role runs it (`runtime.role.role_collector`); load from
+   collector as a role runs it (`harness.serving`); load from
    `spawn`ed client processes (`trueseal_client.py`), two shapes: one NK connection per push
    (the real client) and pipelined push sessions.
 5. `push_to_deliver_ms` (`bench_e2e`): `relay ingress` and `relay egress` as child processes
@@ -25,10 +25,10 @@ import numpy as np
 import pyarrow as pa
 
 from runtime.metrics import batch_work_ms
-from runtime.role import role_collector
 
-from .harness import (ENVELOPE_SIZE, MAILBOXES, gather_workers, measure_appender, p50_p99,
-                      percentile, rounded, say, settings_for, spawn, start_role, wait_result)
+from .harness import (ENVELOPE_SIZE, MAILBOXES, gather_workers, join_all, measure_appender,
+                      p50_p99, percentile, rounded, say, serving, settings_for, spawn,
+                      start_role, wait_result)
 
 PER_CONNECTION_CONCURRENCY = 128    # in-flight one-push connections per client process
 PIPELINED_SESSIONS = 256            # push sessions, split over the client processes
@@ -63,8 +63,7 @@ async def _ingress_shape(node, shape: str, p: dict, clients: int) -> dict:
         ready += 1
     w = await measure_appender(node.appender, go, warm, duration)
     results = await gather_workers(queue, procs, timeout=120)
-    for proc in procs:
-        proc.join(timeout=10)
+    await join_all(procs, 10)   # off the loop: the node serves the clients' closes
     # Per-second rates over the measured window, summed over the client processes.
     buckets = np.sum([r["buckets"] for r in results], axis=0)
     per_s = [int(buckets[i:i + 10].sum()) for i in range(warm * 10, duration * 10 - 9, 10)]
@@ -106,21 +105,16 @@ async def _ingress_async(settings, p: dict, clients: int, stopped: list) -> dict
         task.cancel()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
-    node = IngressNode(settings)   # fsync=True: Ack = durable
-    await node.start()
-    with role_collector():   # the collector as `relay up`'s ingress runs it
-        try:
-            out = {}
-            for shape in ("per_connection", "pipelined"):
-                say(f"  ingress: {shape}, {clients} client process(es), "
-                     f"{p['ingress_seconds']} s measured")
-                out[shape] = await _ingress_shape(node, shape, p, clients)
-                say(f"    -> {out[shape]['acked_per_s']} acked pushes/s "
-                     f"(relay {out[shape]['relay_cpu_cores']} cores, "
-                     f"clients {out[shape]['client_cpu_cores']} cores)")
-            return out
-        finally:
-            await node.close()
+    async with serving(IngressNode(settings)) as node:   # fsync=True: Ack = durable
+        out = {}
+        for shape in ("per_connection", "pipelined"):
+            say(f"  ingress: {shape}, {clients} client process(es), "
+                 f"{p['ingress_seconds']} s measured")
+            out[shape] = await _ingress_shape(node, shape, p, clients)
+            say(f"    -> {out[shape]['acked_per_s']} acked pushes/s "
+                 f"(relay {out[shape]['relay_cpu_cores']} cores, "
+                 f"clients {out[shape]['client_cpu_cores']} cores)")
+        return out
 
 
 def bench_ingress(root: Path, args, p: dict) -> dict:
