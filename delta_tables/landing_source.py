@@ -33,6 +33,10 @@ the `protocol` column's min and max). A commit that needs the stream (Heya and c
 replies carry its cursors, a PPP room message waits for its number, a commit without stats)
 ends the early gap within one usual gap.
 
+Batch size: a micro-batch takes whole commits, in order, up to `maxFilesPerTrigger` files (the
+read limit Spark passes) and `maxBytesPerTrigger` bytes of them (ours: Spark's Python sources
+take one limit); the first commit is taken whatever its size, so the stream always moves.
+
 Rules for the log: landing tables are append-only. An OPTIMIZE add (`dataChange=false`) is
 skipped; any other remove is refused rather than silently re-read or lost. A table that
 disappears was dropped by compaction after the stream consumed it, and is skipped.
@@ -128,6 +132,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                 options.get("s3_endpoint", ""),
                                 options.get("s3_region", "us-east-1"))
         self.max_files = int(options.get("maxFilesPerTrigger", "2000"))
+        self.max_bytes = int(options.get("maxBytesPerTrigger", "0"))   # 0: no byte bound
         self.max_partitions = max(1, int(options.get("maxPartitions", "4")))
         self.record_consumed = options.get("recordConsumed", "true") == "true"
         self.start_versions = options.get("startVersions", "")
@@ -236,17 +241,22 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         latest = self._latest() if self._target is None else dict(self._target)
         budget = None if isinstance(limit, ReadAllAvailable) else (
             limit.max_files if isinstance(limit, ReadMaxFiles) else self.max_files)
+        max_bytes = self.max_bytes if budget is not None and self.max_bytes > 0 else None
         end = dict(begin)
-        taken = 0
-        # Tables in key order (node, generation): older generations drain first.
+        taken = taken_bytes = 0
+        # Tables in key order (node, generation): older generations drain first. A commit is
+        # never split, so one larger than both bounds is a batch of its own.
         for key in sorted(latest):
             v = begin.get(key, -1)
             while v < latest[key]:
-                n = len(self._adds(key, v + 1))
-                if budget is not None and taken > 0 and taken + n > budget:
+                adds = self._adds(key, v + 1)
+                n, size = len(adds), sum(f.size for f in adds)
+                if taken > 0 and ((budget is not None and taken + n > budget) or
+                                  (max_bytes is not None and taken_bytes + size > max_bytes)):
                     return {"v": end, "boot": self._boot}
                 v += 1
                 taken += n
+                taken_bytes += size
                 end[key] = v
         return {"v": end, "boot": self._boot}
 

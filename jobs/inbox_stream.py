@@ -398,6 +398,7 @@ def landing_stream(spark, layout: Layout, stream_conf, start_versions: str | Non
         reader = reader.option(key, value)
     reader = (reader
               .option("maxFilesPerTrigger", str(stream_conf.max_files_per_trigger))
+              .option("maxBytesPerTrigger", str(stream_conf.max_bytes_per_trigger))
               .option("maxPartitions", str(stream_conf.max_partitions))
               .option("recordConsumed", "true" if record_consumed else "false")
               .option("waitForDataMs", str(stream_conf.wait_for_data_ms))

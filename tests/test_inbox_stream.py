@@ -97,6 +97,35 @@ def test_driver_and_executor_reads_build_the_same_inbox(spark, settings, tmp_pat
     assert inboxes[0].equals(inboxes[1])
 
 
+def test_a_backlog_is_taken_in_batches_bounded_by_bytes(spark, tmp_path):
+    """Under a backlog a batch grows over many commits up to `max_bytes_per_trigger` (here
+    about two and a half commits' files) whatever `max_files_per_trigger` allows, so it stays
+    on the driver's read path: unbounded, a 1M-row backlog was one batch the executors
+    collected into the driver JVM, which died of OutOfMemoryError. A commit larger than the
+    bound is a batch of its own, so the stream still moves."""
+    from runtime import config
+    from delta_tables.landing_source import version_adds
+    rows = [landing_row(MB[i % 4], envelope(i)) for i in range(80)]
+    for name, bound in (("bounded", None), ("one-commit", 1)):
+        s = config.load(None, env={}, data_dir=str(tmp_path / name))
+        lay = Layout(s.data_dir)
+        lay.ensure_shared_tables()
+        land(lay, rows, node="node-a", per_commit=10)
+        (table,) = lay.landing_tables().values()
+        sizes = [sum(f.size for f in version_adds(table, v)) for v in range(1, 9)]
+        assert len(set(sizes)) <= 2 and min(sizes) > 0.9 * max(sizes)   # commits alike
+        s.stream.max_files_per_trigger = 2000
+        s.stream.max_bytes_per_trigger = bound or max(sizes) * 5 // 2
+        sink = run_available_now(spark, s)
+        batches = [b.rows_in for b in sink.history if b.rows_in]
+        assert sum(batches) == 80
+        assert batches == ([20] * 4 if bound is None else [10] * 8)
+        assert sink.driver_reads == len(sink.history)
+        inbox = read(lay.inbox)
+        assert inbox.num_rows == 80
+        assert_gap_free(inbox)
+
+
 def test_spark_replay_of_a_committed_batch_writes_nothing(spark, settings, layout):
     land(layout, [landing_row(MB[0], envelope(i)) for i in range(40)], per_commit=10)
     run_available_now(spark, settings)
