@@ -191,8 +191,7 @@ def _run_available_now(spark, settings) -> dict:
 
 
 def bench_stream(spark, root: Path, args, p: dict) -> dict:
-    commit_rows, batch_rows = p["stream_commit_rows"], p["stream_batch_rows"]
-    rows = p["stream_rows"]
+    commit_rows, rows = p["stream_commit_rows"], p["stream_rows"]
     # Warm-up: a small query of its own, so the first Python workers and the first job's
     # planning (one-off costs of a SparkSession, like its start) are not in the figure.
     warm = settings_for(args, root / "stream_warmup")
@@ -201,8 +200,7 @@ def bench_stream(spark, root: Path, args, p: dict) -> dict:
     _run_available_now(spark, warm)
     warm_s = time.perf_counter() - t
 
-    settings = settings_for(args, root / "stream")
-    settings.stream.max_files_per_trigger = max(1, batch_rows // commit_rows)
+    settings = settings_for(args, root / "stream")    # batches bounded as configured
     t = time.perf_counter()
     _prefill(settings, rows, commit_rows, seed=4)
     prefill_s = time.perf_counter() - t
@@ -216,8 +214,10 @@ def bench_stream(spark, root: Path, args, p: dict) -> dict:
         "rows": rows, "rows_in": r["rows_in"], "accepted": r["accepted"],
         "inbox_rows": r["inbox_rows"], "seconds": rounded(r["elapsed"], 2),
         "batches": len(r["batches"]),
-        "rows_per_batch": batch_rows, "landing_commit_rows": commit_rows,
+        "rows_per_batch_median": round(statistics.median(b.rows_in for b in r["batches"]))
+        if r["batches"] else None, "landing_commit_rows": commit_rows,
         "max_files_per_trigger": settings.stream.max_files_per_trigger,
+        "max_bytes_per_trigger": settings.stream.max_bytes_per_trigger,
         "batch_rows_per_s_median": round(statistics.median(per_batch)) if per_batch else None,
         "batch_seconds": [rounded(b.seconds, 3) for b in r["batches"]],
         "trigger_execution_ms": trig,
