@@ -138,6 +138,9 @@ class Window:
     rows: int
     cpu_seconds: float             # this process's CPU in the window (the relay's, when here)
     commit_seconds: list[float]    # latency of each commit in the window
+    # CPU of the event loop's own thread (the listener's, when the node runs here): at ~1 per
+    # second the listener is bound by its one thread, whatever cores are left
+    loop_cpu_seconds: float = 0.0
 
 
 async def measure_appender(appender, go, warm: float, duration: float) -> Window:
@@ -146,12 +149,12 @@ async def measure_appender(appender, go, warm: float, duration: float) -> Window
     go.set()
     await asyncio.sleep(warm)
     c0, r0 = appender.commits, appender.rows_committed
-    cpu0, t0 = time.process_time(), time.perf_counter()
+    cpu0, loop0, t0 = time.process_time(), time.thread_time(), time.perf_counter()
     await asyncio.sleep(duration - warm)
     c1, r1 = appender.commits, appender.rows_committed
-    cpu1, t1 = time.process_time(), time.perf_counter()
+    cpu1, loop1, t1 = time.process_time(), time.thread_time(), time.perf_counter()
     commit_s = list(appender.commit_seconds)[-(c1 - c0):] if c1 > c0 else []
-    return Window(t1 - t0, c1 - c0, r1 - r0, cpu1 - cpu0, commit_s)
+    return Window(t1 - t0, c1 - c0, r1 - r0, cpu1 - cpu0, commit_s, loop1 - loop0)
 
 
 async def gather_workers(queue, procs, timeout: float) -> list[dict]:

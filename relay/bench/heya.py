@@ -188,6 +188,7 @@ async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
                 "group_commits_in_window": w.commits,
                 "rows_per_commit_mean": rounded(w.rows / max(1, w.commits), 1),
                 "relay_cpu_cores": rounded(w.cpu_seconds / w.seconds, 2),
+                "listener_thread_busy": rounded(w.loop_cpu_seconds / w.seconds, 2),
                 "client_cpu_cores": rounded(sum(r["cpu_s"] for r in results) / duration, 2),
                 "recv_total": int(sum(r["recv"] for r in results)),
             }

@@ -163,7 +163,10 @@ def _summary(res: dict) -> str:
                  f"(per_connection {g('trueseal', 'per_connection', 'acked_per_s')}, "
                  f"pipelined {g('trueseal', 'pipelined', 'acked_per_s')}; fsync on; relay CPU "
                  f"{g('trueseal', 'pipelined', 'relay_cpu_us_per_push')} us/push pipelined, "
-                 f"{g('trueseal', 'per_connection', 'relay_cpu_us_per_push')} us/connection)")
+                 f"{g('trueseal', 'per_connection', 'relay_cpu_us_per_push')} us/connection, "
+                 f"listener thread busy {g('trueseal', 'per_connection', 'listener_thread_busy')}"
+                 f" per connection, {g('trueseal', 'pipelined', 'listener_thread_busy')} "
+                 f"pipelined)")
     lc = res.get("landing_commit_ms") or {}
     after = {k: v for k, v in lc.items() if k.startswith("p50_after_") and not k.endswith("note")
              and v is not None}

@@ -80,6 +80,7 @@ async def _ingress_shape(node, shape: str, p: dict, clients: int) -> dict:
         "rows_per_commit_mean": rounded(w.rows / max(1, w.commits), 1),
         "commit_ms_p50": rounded((percentile(w.commit_seconds, 50) or 0) * 1000, 1),
         "relay_cpu_cores": rounded(w.cpu_seconds / w.seconds, 2),
+        "listener_thread_busy": rounded(w.loop_cpu_seconds / w.seconds, 2),
         "relay_cpu_us_per_push": rounded(w.cpu_seconds / max(1, w.rows) * 1e6, 1),
         # Derived, not measured: what one fully available core would ack at that CPU cost.
         "relay_cpu_bound_per_core_derived": round(w.rows / max(1e-9, w.cpu_seconds)),
@@ -112,7 +113,8 @@ async def _ingress_async(settings, p: dict, clients: int, stopped: list) -> dict
                  f"{p['ingress_seconds']} s measured")
             out[shape] = await _ingress_shape(node, shape, p, clients)
             say(f"    -> {out[shape]['acked_per_s']} acked pushes/s "
-                 f"(relay {out[shape]['relay_cpu_cores']} cores, "
+                 f"(relay {out[shape]['relay_cpu_cores']} cores, its listener's thread "
+                 f"{out[shape]['listener_thread_busy']}, "
                  f"clients {out[shape]['client_cpu_cores']} cores)")
         return out
 
