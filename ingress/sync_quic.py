@@ -747,6 +747,15 @@ class SyncConnection(QuicConnectionProtocol):
     def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
         if self.handshake_timer is not None:
             self.heard = self._loop.time()
+        if self.session.state is State.ACTIVE:
+            # aioquic sends after every datagram; an established session sends once per loop
+            # turn instead (`_transmit_soon`), so its ACKs and the replies of one turn share
+            # packets: the endpoint hands over up to a whole socket's worth of datagrams at
+            # once (runtime/udp_endpoint.py)
+            self._quic.receive_datagram(data, addr, now=self._loop.time())
+            self._process_events()
+            self._transmit_soon()
+            return
         self._before_hello(super().datagram_received, data, addr)
 
     def _handle_timer(self) -> None:
@@ -906,7 +915,7 @@ class SyncConnection(QuicConnectionProtocol):
             self._quic.send_stream_data(sid, data, end_stream=fin)
         except Exception:   # the stream is gone (peer reset it)
             return
-        self.transmit()
+        self._transmit_soon()   # with the other replies of this turn (one inbox commit's)
 
     def _refuse(self, sid: int, request: m.Message | None, exc: Refused) -> None:
         srv = self.server
@@ -930,7 +939,7 @@ class SyncConnection(QuicConnectionProtocol):
             self.server.rejected["uni_blocked"] += 1
             return
         self._quic.send_stream_data(sid, frame(m.encode(msg)), end_stream=True)
-        self.transmit()
+        self._transmit_soon()
 
     def notify(self, latest_cursor: int, count: int) -> None:
         """SyncInbox's fan-out: new blobs of the group from other devices."""
