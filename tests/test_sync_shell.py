@@ -504,3 +504,30 @@ def test_extension_requests_have_their_own_budget(settings):
             assert (await ca.request(pull(0, 0)))[0] == "PullResponse"      # other bucket
             await ca.close()
     asyncio.run(go())
+
+
+def test_replies_released_together_share_packets(settings):
+    """An established session sends once per event-loop turn, not after every datagram it
+    receives and every reply it writes: 40 PUSHes in flight, answered as the inbox commits
+    that carry them come, take far fewer datagrams from the relay than there are replies
+    (here 19 datagrams; before, each PUSH_ACK and each ACK of the client's packets went out
+    alone: 63)."""
+    async def go():
+        async with relay(settings) as (port, node, _):
+            c, _ = await device_session(port, Device(), group_id(b"packets"))
+            endpoint = node.sync._server._transport
+            sent, send = [0], endpoint.sendto
+
+            def counted(data, addr=None):
+                sent[0] += 1
+                send(data, addr)
+            endpoint.sendto = counted
+            n = 40
+            acks = await asyncio.gather(*(c.request(push(blob(i), b"x" * 600, 0))
+                                          for i in range(1, n + 1)))
+            assert sorted(a[2] for a in acks) == list(range(1, n + 1))
+            print(f"{sent[0]} datagrams for {n} PUSH_ACKs")
+            assert sent[0] <= n
+            await c.close()
+
+    asyncio.run(go())
