@@ -207,6 +207,7 @@ def bench_stream(spark, root: Path, args, p: dict) -> dict:
     say(f"  stream: {rows} rows pre-filled in {prefill_s:.1f} s; running availableNow")
     r = _run_available_now(spark, settings)
     per_batch = [b.rows_in / b.seconds for b in r["batches"] if b.seconds > 0]
+    sizes = [b.rows_in for b in r["batches"]]
     trig = [pr.get("durationMs", {}).get("triggerExecution") for pr in r["progress"]]
     trig = [x for x in trig if x]
     return {
@@ -214,8 +215,8 @@ def bench_stream(spark, root: Path, args, p: dict) -> dict:
         "rows": rows, "rows_in": r["rows_in"], "accepted": r["accepted"],
         "inbox_rows": r["inbox_rows"], "seconds": rounded(r["elapsed"], 2),
         "batches": len(r["batches"]),
-        "rows_per_batch_median": round(statistics.median(b.rows_in for b in r["batches"]))
-        if r["batches"] else None, "landing_commit_rows": commit_rows,
+        "rows_per_batch_median": round(statistics.median(sizes)) if sizes else None,
+        "landing_commit_rows": commit_rows,
         "max_files_per_trigger": settings.stream.max_files_per_trigger,
         "max_bytes_per_trigger": settings.stream.max_bytes_per_trigger,
         "batch_rows_per_s_median": round(statistics.median(per_batch)) if per_batch else None,
