@@ -115,7 +115,8 @@ class StreamConf:
     # Bound a micro-batch, which passes through driver memory (DESIGN.md): a batch grows under
     # a backlog up to either bound (one commit is never split). The byte bound keeps it on the
     # driver's read path (driver_read_max_bytes): a 200k-row batch read by the executors took
-    # 2.0 s on local[2], the same rows as two batches read by the driver 0.8 s. 0: no bound.
+    # 2.0 s on local[2], the same rows as two batches read by the driver 0.8 s.
+    # max_bytes_per_trigger = 0: no byte bound.
     max_files_per_trigger: int = 2000
     max_bytes_per_trigger: int = 64 << 20
     max_partitions: int = 4

@@ -142,6 +142,21 @@ class Window:
     # second the listener is bound by its one thread, whatever cores are left
     loop_cpu_seconds: float = 0.0
 
+    def figures(self) -> dict:
+        """What every throughput section reports of its window."""
+        return {"measured_seconds": rounded(self.seconds, 2),
+                "group_commits_in_window": self.commits,
+                "rows_per_commit_mean": rounded(self.rows / max(1, self.commits), 1),
+                "relay_cpu_cores": rounded(self.cpu_seconds / self.seconds, 2),
+                "listener_thread_busy": rounded(self.loop_cpu_seconds / self.seconds, 2)}
+
+
+def per_second(results: list[dict], warm: int, duration: int) -> list[int]:
+    """Counts per second of the measured window (after `warm`), summed over the client
+    processes, each of which reports its counts per 100 ms (`buckets`)."""
+    buckets = np.sum([r["buckets"] for r in results], axis=0)
+    return [int(buckets[i:i + 10].sum()) for i in range(warm * 10, duration * 10 - 9, 10)]
+
 
 async def measure_appender(appender, go, warm: float, duration: float) -> Window:
     """Release the load generators (`go`), let them warm up for `warm` s, then count what

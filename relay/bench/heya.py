@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .harness import (child_ingress_and_stream, collect, join_all, measure_appender, p50_p99,
-                      port_of, rounded, serving, spawn)
+from .harness import (child_ingress_and_stream, collect, gather_workers, join_all,
+                      measure_appender, p50_p99, per_second, port_of, rounded, serving, spawn)
 
 BODY_SIZE = 600
 TOKENS = 64
@@ -172,23 +172,14 @@ async def _throughput(settings, p: dict, clients: int, workdir: str) -> dict:
                 if not msg.get("ok", True):
                     raise RuntimeError(f"load generator failed: {msg.get('error')}")
             w = await measure_appender(node.appender, go, warm, duration)
-            results = [await asyncio.to_thread(queue.get, True, 120) for _ in range(clients)]
-            for r in results:
-                if not r.get("ok"):
-                    raise RuntimeError(f"load generator failed: {r.get('error')}")
+            results = await gather_workers(queue, procs, timeout=120)
             mw.close()
-            buckets = np.sum([r["buckets"] for r in results], axis=0)
-            per_s = [int(buckets[i:i + 10].sum()) for i in range(warm * 10, duration * 10 - 9, 10)]
             return {
                 "sends_per_s": round(w.rows / w.seconds),
-                "sends_per_s_each_1s": per_s,
-                "measured_seconds": rounded(w.seconds, 2), "warmup_seconds": warm,
+                "sends_per_s_each_1s": per_second(results, warm, duration),
+                **w.figures(), "warmup_seconds": warm,
                 "client_processes": clients, "connections": clients * CONNECTIONS_PER_CLIENT,
                 "window_per_connection": WINDOW, "body_bytes": BODY_SIZE, "send_tokens": TOKENS,
-                "group_commits_in_window": w.commits,
-                "rows_per_commit_mean": rounded(w.rows / max(1, w.commits), 1),
-                "relay_cpu_cores": rounded(w.cpu_seconds / w.seconds, 2),
-                "listener_thread_busy": rounded(w.loop_cpu_seconds / w.seconds, 2),
                 "client_cpu_cores": rounded(sum(r["cpu_s"] for r in results) / duration, 2),
                 "recv_total": int(sum(r["recv"] for r in results)),
             }

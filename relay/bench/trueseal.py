@@ -21,14 +21,13 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
 from runtime.metrics import batch_work_ms
 
 from .harness import (ENVELOPE_SIZE, MAILBOXES, gather_workers, join_all, measure_appender,
-                      p50_p99, percentile, rounded, say, serving, settings_for, spawn,
-                      start_role, wait_result)
+                      p50_p99, per_second, percentile, rounded, say, serving, settings_for,
+                      spawn, start_role, wait_result)
 
 PER_CONNECTION_CONCURRENCY = 128    # in-flight one-push connections per client process
 PIPELINED_SESSIONS = 256            # push sessions, split over the client processes
@@ -64,23 +63,17 @@ async def _ingress_shape(node, shape: str, p: dict, clients: int) -> dict:
     w = await measure_appender(node.appender, go, warm, duration)
     results = await gather_workers(queue, procs, timeout=120)
     await join_all(procs, 10)   # off the loop: the node serves the clients' closes
-    # Per-second rates over the measured window, summed over the client processes.
-    buckets = np.sum([r["buckets"] for r in results], axis=0)
-    per_s = [int(buckets[i:i + 10].sum()) for i in range(warm * 10, duration * 10 - 9, 10)]
+    per_s = per_second(results, warm, duration)
     out = {
         "client_processes": clients,
         "acked_per_s": round(w.rows / w.seconds),
         "acked_per_s_median_1s": int(statistics.median(per_s)) if per_s else None,
         "acked_per_s_each_1s": per_s,
-        "measured_seconds": rounded(w.seconds, 2), "warmup_seconds": warm,
+        **w.figures(), "warmup_seconds": warm,
         "acked_total": int(sum(r["acked"] for r in results)),
         "errors": int(sum(r["errors"] for r in results)),
         "failures": sorted({f for r in results for f in r.get("failures", [])}),
-        "group_commits_in_window": w.commits,
-        "rows_per_commit_mean": rounded(w.rows / max(1, w.commits), 1),
         "commit_ms_p50": rounded((percentile(w.commit_seconds, 50) or 0) * 1000, 1),
-        "relay_cpu_cores": rounded(w.cpu_seconds / w.seconds, 2),
-        "listener_thread_busy": rounded(w.loop_cpu_seconds / w.seconds, 2),
         "relay_cpu_us_per_push": rounded(w.cpu_seconds / max(1, w.rows) * 1e6, 1),
         # Derived, not measured: what one fully available core would ack at that CPU cost.
         "relay_cpu_bound_per_core_derived": round(w.rows / max(1e-9, w.cpu_seconds)),
