@@ -167,6 +167,10 @@ def _summary(res: dict) -> str:
                  f"listener thread busy {g('trueseal', 'per_connection', 'listener_thread_busy')}"
                  f" per connection, {g('trueseal', 'pipelined', 'listener_thread_busy')} "
                  f"pipelined)")
+    for shape in ("per_connection", "pipelined"):
+        if g("trueseal", shape, "errors"):   # pushes the clients saw fail: say so, and why
+            lines.append(f"  trueseal failed pushes  : {shape} {g('trueseal', shape, 'errors')} "
+                         f"({', '.join(g('trueseal', shape, 'failures') or [])})")
     lc = res.get("landing_commit_ms") or {}
     after = {k: v for k, v in lc.items() if k.startswith("p50_after_") and not k.endswith("note")
              and v is not None}
