@@ -234,7 +234,7 @@ class PppServer(Listener):
                                   moderation=self.conf.moderation)
         self.service.discovery = DiscoveryService(
             self.control, load_or_create(settings.data_dir, PEPPER_SEED_FILE).private_bytes,
-            int(self.conf.discovery_pepper_rotation_hours * 3600), self.service._fail,
+            max(1, round(self.conf.discovery_pepper_rotation_hours * 3600)), self.service._fail,
             clock=clock, monotonic=monotonic)
         self.budgets = KeyedBudgets(command_budget)   # per pubkey, both transports (C.3)
         self.sealed_ip = SlidingWindowLimiter(SEALED_IP_RATE_LIMIT.max_count,
