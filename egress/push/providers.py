@@ -35,6 +35,7 @@ from engine.push import requests as R
 from engine.push.outcomes import Answer, Outcome, classify, retry_after
 from engine.push.platforms import APNS, FCM, WEBPUSH, TokenError, parse_subscription
 from runtime.config import ApnsConf, FcmConf, WebPushConf
+from runtime import logs
 from runtime.keys import write_secret_file
 
 log = logging.getLogger("relay.push")
@@ -95,6 +96,7 @@ class Apns(Provider):
         self._jwt = jwt
         self.conf = conf
         self._key = Path(conf.key_file).read_bytes()
+        logs.plant(self._key)
         self._token: tuple[str, float] | None = None
         self.client = _client(conf.ca_file, timeout)
 
@@ -103,6 +105,7 @@ class Apns(Provider):
         if self._token is None or now - self._token[1] >= APNS_JWT_SECONDS:
             token = self._jwt.encode({"iss": self.conf.team_id, "iat": int(now)}, self._key,
                                      algorithm="ES256", headers={"kid": self.conf.key_id})
+            logs.plant(token)
             self._token = (token, now)
         return self._token[0]
 
@@ -132,14 +135,24 @@ class Fcm(Provider):
         self.conf = conf
         info = json.loads(Path(conf.service_account_file).read_text())
         self.project = info["project_id"]
+        logs.plant(info.get("private_key"))
         self.creds = service_account.Credentials.from_service_account_info(
             info, scopes=[FCM_SCOPE])
         self._lock = asyncio.Lock()
+        self._session = None
         self.client = _client(conf.ca_file, timeout)
 
     def _refresh_blocking(self) -> None:
+        # google-auth fetches the OAuth2 token with `requests`, which trusts certifi's roots
+        # only: the session is told this provider's CA file, as the httpx client is.
         import google.auth.transport.requests
-        self.creds.refresh(google.auth.transport.requests.Request())
+        import requests
+        if self._session is None:
+            self._session = requests.Session()
+            if self.conf.ca_file:
+                self._session.verify = self.conf.ca_file
+        self.creds.refresh(google.auth.transport.requests.Request(self._session))
+        logs.plant(self.creds.token)
 
     async def _bearer(self) -> str:
         async with self._lock:
@@ -164,6 +177,8 @@ class Fcm(Provider):
 
     async def close(self) -> None:
         await self.client.aclose()
+        if self._session is not None:
+            self._session.close()
 
 
 def _private_address(host: str) -> bool:
@@ -228,7 +243,9 @@ def vapid_key(conf: WebPushConf, data_dir: str):
         fresh = Vapid02()
         fresh.generate_keys()
         write_secret_file(path, fresh.private_pem())
-    return Vapid02.from_file(str(path))
+    vapid = Vapid02.from_file(str(path))
+    logs.plant(vapid.private_key.private_numbers().private_value.to_bytes(32, "big"))
+    return vapid
 
 
 def vapid_public_key(vapid) -> bytes:
