@@ -64,6 +64,26 @@ async def _post(client: httpx.AsyncClient, platform: str, url: str, headers: dic
                     retry_after_s=retry_after(r.headers.get("retry-after"), time.time()))
 
 
+def _session(ca_file: str):
+    """A `requests` session for google-auth that trusts `ca_file` ("" = requests' default).
+    requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE in the environment override a session's
+    `verify` (psf/requests#3829); here the setting wins, proxies still come from the
+    environment."""
+    import requests
+
+    class Pinned(requests.Session):
+        def merge_environment_settings(self, url, proxies, stream, verify, cert):
+            out = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            if ca_file and verify is None:
+                out["verify"] = ca_file
+            return out
+
+    session = Pinned()
+    if ca_file:
+        session.verify = ca_file
+    return session
+
+
 class Provider:
     platform = ""
     configured = False
@@ -146,11 +166,8 @@ class Fcm(Provider):
         # google-auth fetches the OAuth2 token with `requests`, which trusts certifi's roots
         # only: the session is told this provider's CA file, as the httpx client is.
         import google.auth.transport.requests
-        import requests
         if self._session is None:
-            self._session = requests.Session()
-            if self.conf.ca_file:
-                self._session.verify = self.conf.ca_file
+            self._session = _session(self.conf.ca_file)
         self.creds.refresh(google.auth.transport.requests.Request(self._session))
         logs.plant(self.creds.token)
 
