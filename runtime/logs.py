@@ -197,6 +197,10 @@ EVENTS: dict[str, str] = {
     "metrics_started": "the /metrics endpoint is serving (port)",
     "metrics_unavailable": "the /metrics port could not be bound; the process runs without "
                            "it (port, error)",
+    # operator-facing failures (runtime/operator_errors.py)
+    "operator_error": "a command stopped on a failure an operator can fix, said in one line "
+                      "(what: config | credentials | bucket | endpoint | port_in_use | "
+                      "disk_full | certificate | permission, exit_code: 2 for configuration)",
     # logging itself
     "uncaught_exception": "an exception nobody caught ended a thread or the process "
                           "(thread_name, exc)",
