@@ -623,6 +623,9 @@ ENV_OTHER = {
                         "`relay --log-format` overrides it",
     "RELAY_LOG_LEVEL": "debug | info (default) | warning | error; debug adds tracebacks; "
                        "`relay --log-level` overrides it",
+    "RELAY_LOG_LIBRARIES": "all: libraries that log per connection (uvicorn, websockets, "
+                           "aioquic, asyncio, py4j, h2) log at RELAY_LOG_LEVEL too, through "
+                           "the same redaction; default: they log warnings only",
     "NO_COLOR": "set and not empty: no colour in text log lines (no-color.org)",
     "AWS_ACCESS_KEY_ID": "object store credentials (with AWS_SECRET_ACCESS_KEY, "
                          "AWS_SESSION_TOKEN); never read from the settings file",

@@ -62,6 +62,9 @@ FORMAT_ENV = "RELAY_LOG_FORMAT"
 FORMATS = ("auto", "json", "text")
 LEVEL_ENV = "RELAY_LOG_LEVEL"
 LEVELS = ("debug", "info", "warning", "error")
+# `all`: the libraries of QUIET log at the root level too (what the secret-scan suite runs
+# with, tests/test_secret_logs.py); unset or anything else: they stay at WARNING.
+LIBRARIES_ENV = "RELAY_LOG_LIBRARIES"
 
 EVENTS: dict[str, str] = {
     # listeners (ingress and egress shells)
@@ -547,9 +550,10 @@ def setup(process: str, level: str | None = None) -> None:
                          TextFormatter(process, color=color, tracebacks=debug))
     handler.addFilter(RedactFilter())
     root.handlers[:] = [handler]
+    loud = os.environ.get(LIBRARIES_ENV, "").strip().lower() == "all"
     for name in QUIET:
         quiet = logging.getLogger(name)
-        quiet.setLevel(logging.WARNING)
+        quiet.setLevel(logging.NOTSET if loud else logging.WARNING)
         quiet.handlers[:] = []
         quiet.propagate = True
     logging.captureWarnings(True)   # warnings.warn: a record, not two raw lines on stderr
