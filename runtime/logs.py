@@ -33,7 +33,7 @@ exception type names. By construction, besides:
   - credentials by name (`Bearer x`, `token=x`, `"access_token": "x"`, `password: x`, AWS
     headers) become `<secret>`;
   - IP addresses (v4, v6, bracketed, with a `:port`, or a `(host, port)` tuple) become
-    `<addr>`, runs of 32+ hex digits `<hex>`, bytes reprs `<bytes>`, base64 runs of 20+
+    `<addr>`, runs of 24+ hex digits with a letter (or any 32+) `<hex>`, bytes reprs `<bytes>`, base64 runs of 20+
     characters mixing upper, lower case and digits `<secret>`; ANSI escapes (delta-rs's
     error text) are removed and uvicorn's `color_message` is dropped;
 * bytes values are replaced by their length, so a careless `extra` cannot leak ciphertext;
@@ -229,7 +229,10 @@ _PORT = r"(?::\d{1,5}(?!\d)|(?P<q>['\"])\s*,\s*\d{1,5}(?!\d))?"
 _V4 = re.compile(r"(?<![\w.])(?P<a>(?:\d{1,3}\.){3}\d{1,3})(?!\w)" + _PORT)
 _V6 = re.compile(r"(?<![\w:.%])\[?(?P<a>[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}"
                  r"(?:\.\d{1,3}){0,3}(?:%[\w.-]+)?)\]?" + _PORT + r"(?![\w:])")
-_HEX = re.compile(r"(?<![0-9A-Fa-f])[0-9A-Fa-f]{32,}(?![0-9A-Fa-f])")
+# 24+ hex digits (a 12-byte delivery or member token) with a letter and a digit among them,
+# or any 32+: a long decimal number stays
+_HEX = re.compile(r"(?<![0-9A-Fa-f])(?=[0-9]*[A-Fa-f])(?=[A-Fa-f]*[0-9])[0-9A-Fa-f]{24,}"
+                  r"(?![0-9A-Fa-f])|(?<![0-9A-Fa-f])[0-9A-Fa-f]{32,}(?![0-9A-Fa-f])")
 _BYTES = re.compile(r"(?<!\w)b(['\"])(?:\\.|(?!\1)[^\\])*\1")
 
 
@@ -266,7 +269,7 @@ def spellings(value: bytes | str) -> set[str]:
     forms |= {raw.hex(), raw.hex().upper()}
     for enc in (base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()):
         forms |= {enc, enc.rstrip("=")}
-    forms |= {urllib.parse.quote(f, safe="") for f in list(forms)}
+    forms |= {urllib.parse.quote(f, safe=safe) for f in list(forms) for safe in ("", "/")}
     return {f for f in forms if len(f) >= _MIN_SECRET}
 
 

@@ -85,6 +85,12 @@ def test_base64_runs_go_words_paths_and_names_stay():
         assert logs.redact(keep) == keep, keep
 
 
+def test_a_12_byte_token_in_hex_goes_a_long_number_stays():
+    token = os.urandom(12).hex()
+    assert logs.redact(f"delivery {token} refused") == "delivery <hex> refused"
+    assert logs.redact("offset 123456789012345678901234") == "offset 123456789012345678901234"
+
+
 def test_delta_rs_colour_codes_are_stripped():
     text = ("Generic S3 error: \x1b[1mError\x1b[0m after 0 retries: "
             "\x1b[31mInvalidAccessKeyId\x1b[0m")
