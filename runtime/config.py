@@ -729,16 +729,23 @@ def _env_values(env, sources: dict) -> dict[str, Any]:
 _adapter = None
 
 
+def adapter():
+    """The pydantic validator of `Settings`, built once (~0.3-0.5 s here): `relay up`'s
+    zygote builds it before forking the roles, which then share it (relay/zygote.py)."""
+    global _adapter
+    import pydantic   # imported here: only a process that loads settings pays for it
+    if _adapter is None:
+        _adapter = pydantic.TypeAdapter(Settings)
+    return _adapter
+
+
 def validate(data: dict[str, Any], sources: dict[str, str] | None = None) -> "Settings":
     """`data` (the settings tree as dicts) as `Settings`, every value checked against its
     type and `allowed`: the first value that is not raises ConfigError."""
-    global _adapter
-    import pydantic   # imported here: ~0.1 s that only a starting process pays
-    if _adapter is None:
-        _adapter = pydantic.TypeAdapter(Settings)
+    import pydantic
     sources = sources or {}
     try:
-        settings = _adapter.validate_python(data)
+        settings = adapter().validate_python(data)
     except pydantic.ValidationError as e:
         errs = e.errors(include_url=False)
         first = errs[0]
