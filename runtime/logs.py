@@ -538,6 +538,13 @@ def resolve_level(value: str | None) -> str:
     return value.upper() if value in LEVELS else "INFO"
 
 
+def libraries_loud() -> bool:
+    """`RELAY_LOG_LIBRARIES=all`: the QUIET libraries log at the root level (and the
+    listeners that hold them down by their own settings let them, ingress/ppp_app.py and
+    ingress/sync_quic.py)."""
+    return os.environ.get(LIBRARIES_ENV, "").strip().lower() == "all"
+
+
 def setup(process: str, level: str | None = None) -> None:
     """This process's logging: one handler on stderr in the `RELAY_LOG_FORMAT` format at the
     `RELAY_LOG_LEVEL` level (INFO) unless `level` says, with `RedactFilter`; `QUIET` libraries
@@ -553,7 +560,7 @@ def setup(process: str, level: str | None = None) -> None:
                          TextFormatter(process, color=color, tracebacks=debug))
     handler.addFilter(RedactFilter())
     root.handlers[:] = [handler]
-    loud = os.environ.get(LIBRARIES_ENV, "").strip().lower() == "all"
+    loud = libraries_loud()
     for name in QUIET:
         quiet = logging.getLogger(name)
         quiet.setLevel(logging.NOTSET if loud else logging.WARNING)
