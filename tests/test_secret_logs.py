@@ -2,13 +2,14 @@
 `relay up` runs every protocol end to end (trueseal, Heya, PPP with a sealed note and a
 room knock, cursor-sync) and wakes an offline PPP device through each push provider (APNs
 over HTTP/2 + TLS, FCM over TLS from a private CA with its OAuth2 endpoint, Web Push), all
-configured through the environment alone. Then every line every process wrote (stdout and
-stderr, the JVM's included) is searched for each secret the test planted or the relay made
-(keys, tokens, capability URLs, subscription keys, OAuth2 bearers, envelopes, event ids,
-sealed-sender fields) in hex, base64, base64url and URL-quoted form; a find names the
-logger and process of the line.
+configured through the environment alone (with RELAY_TEST_TABLES=s3, the tables on an S3
+server too). Then every line every process wrote (stdout and stderr, the JVM's included) is
+searched for each secret the test planted or the relay made (keys, tokens, capability URLs,
+subscription keys, OAuth2 bearers, envelopes, event ids, sealed-sender fields, S3
+credentials) in hex, base64, base64url and URL-quoted form; a find names the logger and
+process of the line.
 
-Heavy (~2 minutes): `pytest -m secrets`."""
+Heavy (1-2 minutes): `pytest -m secrets`."""
 
 from __future__ import annotations
 
@@ -118,9 +119,18 @@ async def _push(used: _Used, port: int, prov) -> None:
     await e.close()
 
 
-def test_no_secret_in_any_line_of_any_process_at_debug(tmp_path):
+def test_no_secret_in_any_line_of_any_process_at_debug(tmp_path, s3_endpoint):
+    """With RELAY_TEST_TABLES=s3 the tables are on the S3 server (moto) and its credentials
+    are among the secrets searched for."""
     ca_file, chain, key = private_ca(tmp_path)
     used = _Used()
+    store = {}
+    if s3_endpoint:
+        from relay.bench.s3_server import BUCKET, CREDENTIALS
+        store = {"RELAY_TABLES_DIR": f"s3://{BUCKET}/{tmp_path.name}",
+                 "RELAY_S3_ENDPOINT": s3_endpoint}
+        for k, v in CREDENTIALS.items():
+            used.secret(k, v.encode())
 
     async def main():
         apns, fcm, webpush = FakeApns(tmp_path), FakeFcm(tmp_path, tls=(chain, key)), \
@@ -135,8 +145,7 @@ def test_no_secret_in_any_line_of_any_process_at_debug(tmp_path):
         s.push.webpush.vapid_subject = "mailto:ops@relay.example"
         s.push.webpush.allow_private_endpoints = True   # the fake is on loopback
         relay = RelayUp(tmp_path / "data", RELAY_LOG_LEVEL="debug", RELAY_LOG_LIBRARIES="all",
-                        RELAY_TRIGGER_INTERVAL_MS="100",
-                        **push_env(s))
+                        RELAY_TRIGGER_INTERVAL_MS="100", **store, **push_env(s))
         relay.env.pop("NO_COLOR", None)
         p = relay.ports
         relay_pub = bytes.fromhex(relay.cli("keys").split()[1])
