@@ -684,7 +684,9 @@ def _merge(data: dict, new: dict, where: str, sources: dict, source: str) -> Non
             sources[dotted] = source
 
 
-_MAPS: set[str] = set()      # dict-valued settings (not sections), filled at import
+# dict-valued settings (not sections) and list-valued ones, filled at import
+_MAPS: set[str] = set()
+_LISTS: set[str] = set()
 
 
 def _from_text(dotted: str, text: str, source: str) -> Any:
@@ -697,9 +699,6 @@ def _from_text(dotted: str, text: str, source: str) -> Any:
             raise ConfigError(f"setting {dotted} = {text!r} (from {source}): must be JSON, e.g. "
                               f"{json.dumps(_default(dotted))}") from None
     return text
-
-
-_LISTS: set[str] = set()
 
 
 def _default(dotted: str) -> Any:
@@ -758,7 +757,7 @@ def validate(data: dict[str, Any], sources: dict[str, str] | None = None) -> "Se
         raise ConfigError(f"setting {dotted} = {first.get('input')!r} "
                           f"(from {_source(sources, dotted)}): {want}{more}") \
             from None
-    for dotted, f, cls in leaves():
+    for dotted, _, _ in leaves():
         value = _default_from(settings, dotted)
         lo, hi, _ = _range(dotted)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and (
@@ -805,7 +804,7 @@ def _range(dotted: str) -> tuple[float | None, float | None, str]:
     return 0, None, ">= 0"
 
 
-def allowed(dotted: str, f: dataclasses.Field | None = None) -> str:
+def allowed(dotted: str) -> str:
     """What a setting accepts, for a person: the error line and the reference page."""
     default = _default(dotted)
     if isinstance(default, bool):
@@ -860,7 +859,7 @@ def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = Non
 
 
 def _fill_kinds() -> None:
-    for dotted, f, _ in leaves():
+    for dotted, _, _ in leaves():
         default = _default(dotted)
         if isinstance(default, dict):
             _MAPS.add(dotted)

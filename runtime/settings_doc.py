@@ -81,7 +81,7 @@ def settings() -> list[Setting]:
     for dotted, f, cls in config.leaves():
         kind, text = notes.get((cls.__name__, f.name), ("", ""))
         out.append(Setting(dotted, config.env_name(dotted), kind, config._default(dotted),
-                           config.allowed(dotted, f), text, tuple(aliases.get(dotted, ()))))
+                           config.allowed(dotted), text, tuple(aliases.get(dotted, ()))))
     return out
 
 
