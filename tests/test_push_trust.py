@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import ipaddress
+import os
 import time
 
 from cryptography import x509
@@ -103,36 +104,31 @@ async def _wake_one(settings, fcm: FakeFcm, mailbox: bytes) -> list[dict]:
     return [r for r in outcomes(layout) if r["platform"] == "fcm"]
 
 
-def test_fcm_token_fetch_and_send_trust_the_configured_private_ca(settings, tmp_path):
+def _run_against_private_fcm(settings, tmp_path, trust_ca: bool) -> tuple[list[dict], FakeFcm]:
+    """A wake-up through a fake FCM on TLS from our private CA; `push.fcm.ca_file` names
+    that CA or is empty (system roots: our CA is not one of them)."""
     ca_file, chain, key = private_ca(tmp_path)
+    fcm = FakeFcm(tmp_path, tls=(chain, key))
 
     async def main():
-        fcm = FakeFcm(tmp_path, tls=(chain, key))
         await fcm.start()
         try:
             fcm.conf(settings)
             assert fcm.url.startswith("https://")
-            settings.push.fcm.ca_file = str(ca_file)
-            rows = await _wake_one(settings, fcm, b"\xaa" * 32)
-            assert [r["outcome"] for r in rows] == ["sent"], rows
-            assert fcm.token_requests == 1 and len(fcm.requests) == 1
+            settings.push.fcm.ca_file = str(ca_file) if trust_ca else ""
+            return await _wake_one(settings, fcm, os.urandom(32))
         finally:
             await fcm.close()
-    asyncio.run(main())
+    return asyncio.run(main()), fcm
+
+
+def test_fcm_token_fetch_and_send_trust_the_configured_private_ca(settings, tmp_path):
+    rows, fcm = _run_against_private_fcm(settings, tmp_path, trust_ca=True)
+    assert [r["outcome"] for r in rows] == ["sent"], rows
+    assert fcm.token_requests == 1 and len(fcm.requests) == 1
 
 
 def test_without_the_ca_the_token_fetch_fails_on_the_certificate(settings, tmp_path):
-    ca_file, chain, key = private_ca(tmp_path)
-
-    async def main():
-        fcm = FakeFcm(tmp_path, tls=(chain, key))
-        await fcm.start()
-        try:
-            fcm.conf(settings)
-            settings.push.fcm.ca_file = ""      # system roots: our CA is not one of them
-            rows = await _wake_one(settings, fcm, b"\xbb" * 32)
-            assert [r["outcome"] for r in rows] == ["retry_exhausted"], rows
-            assert fcm.token_requests == 0 and fcm.requests == []
-        finally:
-            await fcm.close()
-    asyncio.run(main())
+    rows, fcm = _run_against_private_fcm(settings, tmp_path, trust_ca=False)
+    assert [r["outcome"] for r in rows] == ["retry_exhausted"], rows
+    assert fcm.token_requests == 0 and fcm.requests == []
