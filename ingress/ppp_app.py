@@ -74,6 +74,7 @@ from engine.ppp.limits import (REQUEST_ID_LEN, SEALED_BODY_LIMIT_BYTES, SEALED_I
                                SEALED_TOKEN_RATE_LIMIT, command_budget)
 from engine.ppp.session import Authenticated, Closing, CommandReceived, PppSession, Refused
 from engine.ratelimit import KeyedBudgets, SlidingWindowLimiter
+from runtime import logs
 from runtime.config import PppConf, Settings
 from runtime.keys import load_or_create
 from runtime.listener import Listener
@@ -234,7 +235,7 @@ class PppServer(Listener):
                                   moderation=self.conf.moderation)
         self.service.discovery = DiscoveryService(
             self.control, load_or_create(settings.data_dir, PEPPER_SEED_FILE).private_bytes,
-            int(self.conf.discovery_pepper_rotation_hours * 3600), self.service._fail,
+            max(1, round(self.conf.discovery_pepper_rotation_hours * 3600)), self.service._fail,
             clock=clock, monotonic=monotonic)
         self.budgets = KeyedBudgets(command_budget)   # per pubkey, both transports (C.3)
         self.sealed_ip = SlidingWindowLimiter(SEALED_IP_RATE_LIMIT.max_count,
@@ -284,7 +285,9 @@ class PppServer(Listener):
         config = uvicorn.Config(
             self.app, http=PppHttpProtocol, ws=PppWsProtocol, ws_per_message_deflate=False,
             lifespan="off",
-            log_config=None, access_log=False, log_level=logging.WARNING, proxy_headers=False,
+            log_config=None, access_log=logs.libraries_loud(),
+            log_level=logging.getLogger().level if logs.libraries_loud() else logging.WARNING,
+            proxy_headers=False,
             server_header=False, ws_max_size=conf.max_message_bytes,
             ws_ping_interval=conf.ws_ping_interval_seconds,
             ws_ping_timeout=conf.ws_ping_timeout_seconds,

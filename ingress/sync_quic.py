@@ -78,7 +78,7 @@ from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_DEVICE_REVOKED, CLOSE_
                                  State)
 from engine.sync.token_bucket import KeyedBuckets, TokenBucket
 from runtime.config import Settings
-from runtime import tls, udp_endpoint
+from runtime import logs, tls, udp_endpoint
 from runtime.handshake_gate import LANES
 from runtime.listener import Listener
 from runtime.log_rate import LogRate
@@ -88,7 +88,8 @@ from runtime.teardown import TEARDOWN
 from .push_backends import SyncDesk
 
 log = logging.getLogger("relay.ingress.sync")
-logging.getLogger("quic").setLevel(logging.WARNING)   # aioquic logs connection ids per event
+if not logs.libraries_loud():   # aioquic logs connection ids per event
+    logging.getLogger("quic").setLevel(logging.WARNING)
 
 # Room a PULL_RESPONSE needs around one blob beyond the PUSH that carried it (tag, cursor,
 # timestamp, has_more, max_cursor): a PUSH closer than this to the frame cap could never be
@@ -134,6 +135,8 @@ class _QuicLines(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         found = self._CODE.search(str(record.msg))
         code = int(found.group(1)) if found else None
+        if record.levelno < logging.WARNING:   # only with RELAY_LOG_LIBRARIES=all
+            return True                          # (then redacted as every line)
         if (dropped := self.quiet.allow(code)) is not None:
             log.info("QUIC connection closed for a protocol error", extra={
                 "event": "sync_quic_error", "error_code": code, "suppressed": dropped})

@@ -873,12 +873,36 @@ def main(argv: list[str] | None = None) -> None:
     if args.log_level:
         os.environ["RELAY_LOG_LEVEL"] = args.log_level     # likewise
     try:
-        args.func(args)
+        _explained(args.func, args)
     except BrokenPipeError:
         # `relay keys | head -1`: the reader left. What is left to print has nowhere to go:
         # no traceback, and none either when Python flushes stdout at exit (its docs' recipe).
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(1)
+
+
+def _explained(func, args) -> None:
+    """Run the command; a failure an operator can fix (a bad setting, the object store's
+    credentials or bucket, a port in use, a full disk, a certificate) ends it with one line
+    and exit status 2 for configuration (runtime/operator_errors.py), not a traceback."""
+    from runtime import operator_errors
+    try:
+        func(args)
+    except (SystemExit, KeyboardInterrupt, BrokenPipeError):
+        raise
+    except Exception as exc:
+        store = ""
+        try:
+            store = config.load(args.conf, env=None).tables_dir
+        except Exception:
+            pass
+        failure = operator_errors.explain(exc, store)
+        if failure is None:
+            raise
+        if logs.active() is None:
+            logs.setup(args.command)
+        operator_errors.report(failure, exc)
+        sys.exit(failure.exit_code)
 
 
 if __name__ == "__main__":

@@ -306,6 +306,8 @@ def main() -> None:
     fd = int(sys.argv[1])
     _title("relay zygote (forks the Python roles of relay up)")
     ctl = socket.socket(fileno=fd)
+    from runtime import config
+    config.adapter()   # the settings validator, built once here rather than in every role
     child = serve(ctl)
     if child is not None:
         child.run()

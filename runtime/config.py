@@ -1,13 +1,17 @@
 """Settings for every relay process: defaults here, `conf/relay.toml` over them, env over both.
 
-One dataclass tree is the single source of truth; `conf/relay.toml` documents it and a test
-keeps the two equal. Environment variables named in the issue (`RELAY_DATA_DIR`, ports, ...)
-override the file so an operator can move a port without editing config.
+One dataclass tree is the single source of truth: the comment above a field is its
+description, and runtime/settings_doc.py renders from it the reference page
+(docs/reference/settings.md) and the header of `conf/relay.toml` (tests keep both equal).
+Every setting has an environment variable, `RELAY_<SECTION>__<KEY>` (`env_name`); the
+older names of ENV_OVERRIDES still work. Every value is checked (pydantic, over these same
+dataclasses) before a role starts: a bad one is a ConfigError, one line.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import tomllib
@@ -18,6 +22,8 @@ from typing import Any
 
 @dataclass
 class TruesealConf:
+    # The push listener (Noise NK, anonymous senders) and the receive listener (Noise XX,
+    # devices), spec 001's :7701 and :7700.
     push_port: int = 7701
     receive_port: int = 7700
     # 65,535 - 16 (AEAD tag) - 5 (frame header) - 32 (recipient): the largest envelope that
@@ -72,6 +78,8 @@ class TruesealConf:
 
 @dataclass
 class IngressConf:
+    # This ingress node's name: its landing tables are its own (landing/<node_id>), and two
+    # processes may not run under one id (delta_tables/node_claim.py).
     node_id: str = "node-0"
     # `relay up` runs one ingress process per protocol (`relay ingress --protocol P`, node id
     # `<node_id>-<P>`): an attack on one listener, or its CPU, cannot stall another's event
@@ -155,6 +163,7 @@ class EgressConf:
 
 @dataclass
 class CompactionConf:
+    # `relay compact --loop` (and `relay up`) runs a compaction this often.
     interval_seconds: int = 300
     # Acked envelopes stay this long before deletion (a late duplicate DeliverAck is harmless).
     ack_grace_seconds: int = 60
@@ -447,6 +456,7 @@ class FcmConf:
     # come from). Env: RELAY_FCM_SERVICE_ACCOUNT_FILE.
     service_account_file: str = ""
     url: str = "https://fcm.googleapis.com"
+    # A private CA to trust (PEM) for the FCM API and the OAuth2 token endpoint; "" = system.
     ca_file: str = ""
 
 
@@ -459,6 +469,7 @@ class WebPushConf:
     # Subscription endpoints on loopback or private addresses are refused unless true (the
     # relay would otherwise POST wherever a client points it).
     allow_private_endpoints: bool = False
+    # A private CA to trust (PEM) for subscription endpoints; "" = system.
     ca_file: str = ""
 
 
@@ -509,11 +520,14 @@ class ObjectStoreConf:
 
 @dataclass
 class Settings:
+    # This host's own files: keys, node tokens, sockets, the stream's checkpoint and (unless
+    # tables_dir says otherwise) the Delta tables.
     data_dir: str = "./data"
     # Where the Delta tables are: empty = <data_dir>/tables on this machine, or s3://bucket/prefix
     # shared by ingress, stream, egress and compaction on many hosts (issue 18). data_dir stays
     # local to each host: keys, node tokens, sockets, the stream's Spark checkpoint.
     tables_dir: str = ""
+    # The address every protocol listener binds (0.0.0.0: all of this host's IPv4 addresses).
     bind: str = "127.0.0.1"
     trueseal: TruesealConf = field(default_factory=TruesealConf)
     ingress: IngressConf = field(default_factory=IngressConf)
@@ -559,13 +573,19 @@ def process_roles(settings: Settings) -> list[str]:
         "compact"]
 
 
-# Environment overrides named by the issues; each maps to a dotted settings path.
+ENV_PREFIX = "RELAY_"
+
+
+def env_name(dotted: str) -> str:
+    """The environment variable of a setting: `RELAY_` and its dotted name upper-cased with
+    `__` between the parts (`push.fcm.ca_file` -> `RELAY_PUSH__FCM__CA_FILE`)."""
+    return ENV_PREFIX + dotted.upper().replace(".", "__")
+
+
+# Older names, kept working beside the rule (`env_name`); each maps to a dotted setting.
 ENV_OVERRIDES = {
-    "RELAY_DATA_DIR": "data_dir",
-    "RELAY_TABLES_DIR": "tables_dir",
     "RELAY_S3_ENDPOINT": "object_store.endpoint",
     "RELAY_S3_REGION": "object_store.region",
-    "RELAY_BIND": "bind",
     "RELAY_TRUESEAL_PUSH_PORT": "trueseal.push_port",
     "RELAY_TRUESEAL_RECEIVE_PORT": "trueseal.receive_port",
     "RELAY_TRUESEAL_MAX_ENVELOPE": "trueseal.max_envelope",
@@ -595,6 +615,21 @@ ENV_OVERRIDES = {
     "RELAY_VAPID_PRIVATE_KEY_FILE": "push.webpush.vapid_private_key_file",
     "RELAY_VAPID_SUBJECT": "push.webpush.vapid_subject",
 }
+# Variables of the relay that are not settings of the tree: the conf file itself, and logs.
+ENV_OTHER = {
+    "RELAY_CONF": "the settings file (default: conf/relay.toml in the working directory if it "
+                  "exists); `relay --conf` overrides it",
+    "RELAY_LOG_FORMAT": "auto (default: text on a terminal, else json) | json | text; "
+                        "`relay --log-format` overrides it",
+    "RELAY_LOG_LEVEL": "debug | info (default) | warning | error; debug adds tracebacks; "
+                       "`relay --log-level` overrides it",
+    "RELAY_LOG_LIBRARIES": "all: libraries that log per connection (uvicorn, websockets, "
+                           "aioquic, asyncio, py4j, h2) log at RELAY_LOG_LEVEL too, through "
+                           "the same redaction; default: they log warnings only",
+    "NO_COLOR": "set and not empty: no colour in text log lines (no-color.org)",
+    "AWS_ACCESS_KEY_ID": "object store credentials (with AWS_SECRET_ACCESS_KEY, "
+                         "AWS_SESSION_TOKEN); never read from the settings file",
+}
 
 
 # Settings that once existed: a conf file that still names one loads, with a warning.
@@ -604,33 +639,184 @@ RETIRED = {
 }
 
 
-def _apply(obj: Any, data: dict[str, Any], where: str = "") -> None:
-    for key, value in data.items():
-        if f"{where}{key}" in RETIRED:
-            logging.getLogger("relay.config").warning(
-                "setting %s%s is retired and ignored: %s", where, key, RETIRED[f"{where}{key}"])
-            continue
-        if not hasattr(obj, key):
-            raise ValueError(f"unknown setting {where}{key}")
-        current = getattr(obj, key)
-        if dataclasses.is_dataclass(current):
-            _apply(current, value, f"{where}{key}.")
+class ConfigError(ValueError):
+    """A setting that cannot be used: its message is one line naming the setting, the value,
+    where it came from and what is allowed. `relay` prints it and exits with status 2."""
+
+
+def leaves(obj: Any = None, where: str = ""):
+    """(dotted name, dataclass field, owning class) of every setting, in definition order."""
+    cls = Settings if obj is None else obj
+    for f in dataclasses.fields(cls):
+        default = (f.default_factory() if f.default is dataclasses.MISSING
+                   else f.default)
+        if dataclasses.is_dataclass(default):
+            yield from leaves(type(default), f"{where}{f.name}.")
         else:
-            setattr(obj, key, _coerce(current, value, f"{where}{key}"))
+            yield f"{where}{f.name}", f, cls
 
 
-def _coerce(current: Any, value: Any, name: str) -> Any:
-    if isinstance(current, bool):
-        if isinstance(value, str):
-            return value.lower() in ("1", "true", "yes", "on")
-        return bool(value)
-    if isinstance(current, int) and not isinstance(value, bool):
-        return int(value)
-    if isinstance(current, float):
-        return float(value)
-    if isinstance(current, (list, dict)) and not isinstance(value, type(current)):
-        raise ValueError(f"setting {name} must be a {type(current).__name__}")
-    return value
+def _set_leaf(data: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        data = data[p]
+    data[leaf] = value
+
+
+def _merge(data: dict, new: dict, where: str, sources: dict, source: str) -> None:
+    """The TOML file's values over the defaults (`data`, a dict tree): unknown names refused,
+    retired ones warned about."""
+    for key, value in new.items():
+        dotted = f"{where}{key}"
+        if dotted in RETIRED:
+            logging.getLogger("relay.config").warning(
+                "setting %s is retired and ignored: %s", dotted, RETIRED[dotted])
+            continue
+        if key not in data:
+            raise ConfigError(f"unknown setting {dotted} in {source}")
+        if isinstance(data[key], dict) and dotted not in _MAPS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"setting {dotted} = {value!r} (from {source}): must be a "
+                                  f"[{dotted}] table")
+            _merge(data[key], value, f"{dotted}.", sources, source)
+        else:
+            data[key] = value
+            sources[dotted] = source
+
+
+# dict-valued settings (not sections) and list-valued ones, filled at import
+_MAPS: set[str] = set()
+_LISTS: set[str] = set()
+
+
+def _from_text(dotted: str, text: str, source: str) -> Any:
+    """An environment value: lists and tables as JSON; anything else as text for the
+    validator to read (`"8080"`, `"true"`)."""
+    if dotted in _MAPS or dotted in _LISTS:
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise ConfigError(f"setting {dotted} = {text!r} (from {source}): must be JSON, e.g. "
+                              f"{json.dumps(_default(dotted))}") from None
+    return text
+
+
+def _default(dotted: str) -> Any:
+    obj: Any = Settings()
+    for p in dotted.split("."):
+        obj = obj[p] if isinstance(obj, dict) else getattr(obj, p)
+    return obj
+
+
+def _env_values(env, sources: dict) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    known = {env_name(d): d for d, _, _ in leaves()}
+    for var, dotted in ENV_OVERRIDES.items():
+        if var in env and known.get(var) is None:
+            out[dotted] = _from_text(dotted, env[var], var)
+            sources[dotted] = var
+    for var, value in env.items():
+        if var in known:
+            out[known[var]] = _from_text(known[var], value, var)
+            sources[known[var]] = var
+        elif var.startswith(ENV_PREFIX) and "__" in var:
+            raise ConfigError(f"unknown setting in the environment: {var} (settings are "
+                              f"{ENV_PREFIX}<SECTION>__<KEY>, docs/reference/settings.md)")
+    return out
+
+
+_adapter = None
+
+
+def adapter():
+    """The pydantic validator of `Settings`, built once (~0.3-0.5 s here): `relay up`'s
+    zygote builds it before forking the roles, which then share it (relay/zygote.py)."""
+    global _adapter
+    import pydantic   # imported here: only a process that loads settings pays for it
+    if _adapter is None:
+        _adapter = pydantic.TypeAdapter(Settings)
+    return _adapter
+
+
+def validate(data: dict[str, Any], sources: dict[str, str] | None = None) -> "Settings":
+    """`data` (the settings tree as dicts) as `Settings`, every value checked against its
+    type and `allowed`: the first value that is not raises ConfigError."""
+    import pydantic
+    sources = sources or {}
+    try:
+        settings = adapter().validate_python(data)
+    except pydantic.ValidationError as e:
+        errs = e.errors(include_url=False)
+        first = errs[0]
+        dotted = ".".join(str(p) for p in first["loc"] if not isinstance(p, int))
+        more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+        try:
+            want = f"must be {allowed(dotted)} ({_readable(first)})"
+        except (AttributeError, KeyError, TypeError):   # a whole section of the wrong kind
+            want = _readable(first)
+        raise ConfigError(f"setting {dotted} = {first.get('input')!r} "
+                          f"(from {_source(sources, dotted)}): {want}{more}") \
+            from None
+    for dotted, _, _ in leaves():
+        value = _default_from(settings, dotted)
+        lo, hi, _ = _range(dotted)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and (
+                (lo is not None and value < lo) or (hi is not None and value > hi)):
+            raise ConfigError(f"setting {dotted} = {value!r} (from "
+                              f"{_source(sources, dotted)}): must be "
+                              f"{allowed(dotted)}")
+    return settings
+
+
+def _source(sources: dict[str, str], dotted: str) -> str:
+    while dotted:
+        if dotted in sources:
+            return sources[dotted]
+        dotted = dotted.rpartition(".")[0]
+    return "the defaults"
+
+
+def _readable(err: dict) -> str:
+    msg = err["msg"]
+    return msg[0].lower() + msg[1:] if msg else msg
+
+
+def _default_from(obj: Any, dotted: str) -> Any:
+    for p in dotted.split("."):
+        obj = getattr(obj, p)
+    return obj
+
+
+# Ranges other than the rule (every number setting is at least 0; a port, at most 65535):
+# (lowest, highest, how a person says it); None: no bound.
+RANGES: dict[str, tuple[float | None, float | None, str]] = {
+    # the pepper id is floor(unix time / period): under a second it would divide by zero
+    "ppp.discovery_pepper_rotation_hours": (1 / 3600, None, "at least 1/3600 (one second)"),
+    "sync.new_connection_cpu_share": (0, 1, "from 0 to 1"),
+}
+
+
+def _range(dotted: str) -> tuple[float | None, float | None, str]:
+    if dotted in RANGES:
+        return RANGES[dotted]
+    if dotted.endswith("port"):
+        return 0, 65535, "from 0 to 65535"
+    return 0, None, ">= 0"
+
+
+def allowed(dotted: str) -> str:
+    """What a setting accepts, for a person: the error line and the reference page."""
+    default = _default(dotted)
+    if isinstance(default, bool):
+        return "true or false"
+    if isinstance(default, (int, float)):
+        kind = "an integer" if isinstance(default, int) else "a number"
+        return f"{kind} {_range(dotted)[2]}"
+    if isinstance(default, list):
+        return "a list of integers (env: JSON)"
+    if isinstance(default, dict):
+        return "a table (env: a JSON object)"
+    return "text"
 
 
 def default_conf_file() -> Path | None:
@@ -644,30 +830,44 @@ def default_conf_file() -> Path | None:
 
 def load(path: str | os.PathLike | None = None, env: dict[str, str] | None = None,
          **overrides: Any) -> Settings:
-    """Build settings: defaults, then the TOML file, then environment, then keyword overrides
-    given as dotted paths with `__` (`trueseal__push_port=0`)."""
-    settings = Settings()
+    """Build settings: defaults, then the TOML file, then environment (`env_name` and the
+    older names of ENV_OVERRIDES), then keyword overrides given as dotted paths with `__`
+    (`trueseal__push_port=0`); then validate them all (ConfigError: one line)."""
+    data = dataclasses.asdict(Settings())
+    sources: dict[str, str] = {}
     conf = Path(path) if path else default_conf_file()
     if conf is not None:
-        with open(conf, "rb") as fh:
-            _apply(settings, tomllib.load(fh))
+        try:
+            with open(conf, "rb") as fh:
+                toml = tomllib.load(fh)
+        except OSError as e:
+            raise ConfigError(f"settings file {conf}: {e.strerror or e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"settings file {conf} is not TOML: {e}") from None
+        _merge(data, toml, "", sources, str(conf))
     env = os.environ if env is None else env
-    for var, dotted in ENV_OVERRIDES.items():
-        if var in env:
-            _set_dotted(settings, dotted, env[var])
+    for dotted, value in _env_values(env, sources).items():
+        _set_leaf(data, dotted, value)
+    names = {d for d, _, _ in leaves()}
     for key, value in overrides.items():
-        _set_dotted(settings, key.replace("__", "."), value)
-    return settings
+        dotted = key.replace("__", ".")
+        if dotted not in names:
+            raise ConfigError(f"unknown setting {dotted}")
+        _set_leaf(data, dotted, os.fspath(value) if isinstance(value, os.PathLike) else value)
+        sources[dotted] = "command line"
+    return validate(data, sources)
 
 
-def _set_dotted(settings: Settings, dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    obj: Any = settings
-    for p in parents:
-        obj = getattr(obj, p)
-    if not hasattr(obj, leaf):
-        raise ValueError(f"unknown setting {dotted}")
-    setattr(obj, leaf, _coerce(getattr(obj, leaf), value, dotted))
+def _fill_kinds() -> None:
+    for dotted, _, _ in leaves():
+        default = _default(dotted)
+        if isinstance(default, dict):
+            _MAPS.add(dotted)
+        elif isinstance(default, list):
+            _LISTS.add(dotted)
+
+
+_fill_kinds()
 
 
 def as_dict(settings: Settings) -> dict[str, Any]:

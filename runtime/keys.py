@@ -19,6 +19,8 @@ from pathlib import Path
 
 from nacl.bindings import crypto_scalarmult_base
 
+from runtime import logs
+
 log = logging.getLogger("relay.keys")
 
 TRUESEAL_KEY_FILE = "trueseal_static.key"
@@ -33,6 +35,7 @@ class RelayKey:
         if len(private) != 32:
             raise ValueError("an X25519 private key is 32 bytes")
         self._private = bytes(private)
+        logs.plant(self._private)   # never in a log line, in any spelling
         # X25519(priv, basepoint), clamping included: what the public relay and the Noise
         # library both compute from the same bytes (interop §1).
         self.public: bytes = crypto_scalarmult_base(self._private)

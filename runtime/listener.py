@@ -324,8 +324,10 @@ def bind(host: str | None, port: int, backlog: int) -> socket.socket:
         sock.bind(address)
         sock.listen(backlog)
         sock.setblocking(False)
-    except BaseException:
+    except BaseException as e:
         sock.close()
+        if isinstance(e, OSError):
+            e.port = port   # for the operator's line (runtime/operator_errors.py)
         raise
     return sock
 

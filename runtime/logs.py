@@ -23,10 +23,19 @@ exception type names. By construction, besides:
 * the libraries that log per connection (uvicorn's access and WebSocket "[accepted]" /
   "connection open" records with the client's address, websockets, aioquic, asyncio) are held
   at WARNING (`QUIET`), whatever the level;
-* `RedactFilter` on the handler rewrites every record: IP addresses (v4, v6, bracketed, with
-  a `:port`, or a `(host, port)` tuple) become `<addr>`, runs of 32+ hex digits `<hex>`, bytes
-  reprs `<bytes>` (message, string fields, exception text), and uvicorn's `color_message`
-  (ANSI codes) is dropped;
+* `RedactFilter` on the handler rewrites every record (message, string fields, exception
+  text, traceback), ours, other libraries' and child processes' alike (`redact`):
+  - secrets the process planted (`plant`: its static keys, the pepper seed, VAPID and APNs
+    keys, OAuth2 and JWT bearer tokens, AWS credentials from the environment) in every
+    spelling (`spellings`: text, hex, base64, base64url, URL-quoted) become `<secret>`;
+  - URLs keep scheme and host: path, query and fragment become `/...` (a Web Push
+    capability, an APNs device token); a request line without scheme keeps its method;
+  - credentials by name (`Bearer x`, `token=x`, `"access_token": "x"`, `password: x`, AWS
+    headers) become `<secret>`;
+  - IP addresses (v4, v6, bracketed, with a `:port`, or a `(host, port)` tuple) become
+    `<addr>`, runs of 24+ hex digits with a letter (or any 32+) `<hex>`, bytes reprs `<bytes>`, base64 runs of 20+
+    characters mixing upper, lower case and digits `<secret>`; ANSI escapes (delta-rs's
+    error text) are removed and uvicorn's `color_message` is dropped;
 * bytes values are replaced by their length, so a careless `extra` cannot leak ciphertext;
 * child processes' stderr (Spark's JVM and its Python workers, `child_stderr`) comes back as
   records of this process: the JVM writes one JSON object per line (conf/log4j2.properties),
@@ -35,6 +44,7 @@ exception type names. By construction, besides:
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ipaddress
 import json
@@ -45,12 +55,16 @@ import sys
 import threading
 import time
 import traceback
+import urllib.parse
 from dataclasses import dataclass
 
 FORMAT_ENV = "RELAY_LOG_FORMAT"
 FORMATS = ("auto", "json", "text")
 LEVEL_ENV = "RELAY_LOG_LEVEL"
 LEVELS = ("debug", "info", "warning", "error")
+# `all`: the libraries of QUIET log at the root level too (what the secret-scan suite runs
+# with, tests/test_secret_logs.py); unset or anything else: they stay at WARNING.
+LIBRARIES_ENV = "RELAY_LOG_LIBRARIES"
 
 EVENTS: dict[str, str] = {
     # listeners (ingress and egress shells)
@@ -186,6 +200,10 @@ EVENTS: dict[str, str] = {
     "metrics_started": "the /metrics endpoint is serving (port)",
     "metrics_unavailable": "the /metrics port could not be bound; the process runs without "
                            "it (port, error)",
+    # operator-facing failures (runtime/operator_errors.py)
+    "operator_error": "a command stopped on a failure an operator can fix, said in one line "
+                      "(what: config | credentials | bucket | endpoint | port_in_use | "
+                      "disk_full | certificate | permission, exit_code: 2 for configuration)",
     # logging itself
     "uncaught_exception": "an exception nobody caught ended a thread or the process "
                           "(thread_name, exc)",
@@ -196,9 +214,11 @@ _STD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None)).keys()) | {"messa
 # Libraries that would log a record per connection or request (with the peer's address, a
 # connection id or a path): WARNING and above only, whatever the root level.
 QUIET = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi", "websockets", "quic",
-         "http3", "aioquic", "asyncio", "py4j")
+         "http3", "aioquic", "asyncio", "py4j", "hpack", "h2")
 
 log = logging.getLogger("relay.logs")
+# Credentials a process may hold in its environment: planted (`plant`) at `setup`.
+CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
 # --- redaction --------------------------------------------------------------------------------
@@ -209,7 +229,10 @@ _PORT = r"(?::\d{1,5}(?!\d)|(?P<q>['\"])\s*,\s*\d{1,5}(?!\d))?"
 _V4 = re.compile(r"(?<![\w.])(?P<a>(?:\d{1,3}\.){3}\d{1,3})(?!\w)" + _PORT)
 _V6 = re.compile(r"(?<![\w:.%])\[?(?P<a>[0-9A-Fa-f]{0,4}(?::[0-9A-Fa-f]{0,4}){2,7}"
                  r"(?:\.\d{1,3}){0,3}(?:%[\w.-]+)?)\]?" + _PORT + r"(?![\w:])")
-_HEX = re.compile(r"(?<![0-9A-Fa-f])[0-9A-Fa-f]{32,}(?![0-9A-Fa-f])")
+# 24+ hex digits (a 12-byte delivery or member token) with a letter and a digit among them,
+# or any 32+: a long decimal number stays
+_HEX = re.compile(r"(?<![0-9A-Fa-f])(?=[0-9]*[A-Fa-f])(?=[A-Fa-f]*[0-9])[0-9A-Fa-f]{24,}"
+                  r"(?![0-9A-Fa-f])|(?<![0-9A-Fa-f])[0-9A-Fa-f]{32,}(?![0-9A-Fa-f])")
 _BYTES = re.compile(r"(?<!\w)b(['\"])(?:\\.|(?!\1)[^\\])*\1")
 
 
@@ -229,13 +252,114 @@ def _addr(m: re.Match) -> str:
     return m.group(0)
 
 
+# --- known secrets: what a process holds, planted here in every spelling it could be logged in
+
+_MIN_SECRET = 8          # shorter values would redact ordinary words and numbers
+_secrets: set[str] = set()
+_secret_re: re.Pattern | None = None
+_secret_lock = threading.Lock()
+
+
+def spellings(value: bytes | str) -> set[str]:
+    """Every way `value` could reach a log line: as text; its bytes in hex (either case), in
+    base64 and base64url (padded or not, and a prefix of 16+ characters, as a log line may
+    cut it short) and each of those URL-quoted."""
+    raw = value.encode() if isinstance(value, str) else bytes(value)
+    forms = {value} if isinstance(value, str) else set()
+    forms |= {raw.hex(), raw.hex().upper()}
+    for enc in (base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()):
+        forms |= {enc, enc.rstrip("=")}
+    forms |= {urllib.parse.quote(f, safe=safe) for f in list(forms) for safe in ("", "/")}
+    return {f for f in forms if len(f) >= _MIN_SECRET}
+
+
+def plant(*values: bytes | str | None) -> None:
+    """Register secrets this process holds (keys, bearer tokens, credentials): every record
+    afterwards has each of their `spellings` replaced by `<secret>`. Values shorter than
+    8 bytes, None and empty ones are ignored."""
+    global _secret_re
+    forms: set[str] = set()
+    for v in values:
+        if v and len(v) >= _MIN_SECRET:
+            forms |= spellings(v)
+    if not forms - _secrets:
+        return
+    with _secret_lock:
+        _secrets.update(forms)
+        # longest first, so a whole spelling goes before a prefix of another
+        _secret_re = re.compile("|".join(re.escape(f) for f in sorted(
+            _secrets, key=len, reverse=True)))
+
+
+def planted() -> int:
+    """How many spellings are registered (tests)."""
+    return len(_secrets)
+
+
+def forget_planted() -> None:
+    """Drop every registered secret (tests)."""
+    global _secret_re
+    with _secret_lock:
+        _secrets.clear()
+        _secret_re = None
+
+
+# URLs: scheme and host stay (a request log says where and with what status); the path, query
+# and fragment go: a Web Push capability, an APNs device token, a signed query
+_URL = re.compile(r"(?i)\b((?:https?|wss?)://)(?:[^\s/?#@\"'<>]*@)?([^\s/?#\"'<>]*)"
+                  r"([/?#][^\s\"'<>]*)?")
+# an HTTP request line without the scheme (urllib3, uvicorn's access log): method, then the path
+_REQUEST_PATH = re.compile(r"\b(GET|POST|PUT|PATCH|DELETE|HEAD|OPTIONS) /[^\s\"']*")
+# credentials by name: `Authorization: Bearer x`, `token=x`, `"access_token": "x"`
+_BEARER = re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}")
+_NAMED = re.compile(
+    r"(?i)(?<![A-Za-z0-9])((?:authorization|password|passwd|secret|secret_access_key|"
+    r"session_token|security_token|access_token|id_token|refresh_token|token|api_key|"
+    r"private_key|assertion|client_secret|x-amz-security-token|x-amz-credential|"
+    r"x-amz-signature|signature|credential)[\"']?\s*[:=]\s*[\"']?)(?!<)[^\s\"',;&}<]{4,}")
+# base64 / base64url runs of 20+ characters mixing upper case, lower case and digits: keys,
+# tokens and ciphertext; words, names and paths rarely mix all three so long
+_B64 = re.compile(r"(?<![A-Za-z0-9+/_=-])[A-Za-z0-9+/_-]{20,}={0,2}(?![A-Za-z0-9+/_=-])")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+def _b64(m: re.Match) -> str:
+    run = m.group(0)
+    if not (any(c.isupper() for c in run) and any(c.islower() for c in run) and
+            any(c.isdigit() for c in run)):
+        return run
+    if "/" in run and not ("+" in run or run.endswith("=")):
+        # a path (`/tmp/pytest-of-root/test_Foo0/data`) has short lowercase parts; a base64
+        # run with a slash has long mixed ones
+        parts = [p for p in run.split("/") if p]
+        if any(len(p) >= 3 and (p.islower() or p.isdigit()) for p in parts):
+            return run
+    return "<secret>"
+
+
+def _url(m: re.Match) -> str:
+    return m.group(1) + m.group(2) + ("/..." if m.group(3) else "")
+
+
 def redact(text: str) -> str:
-    """`text` without IP addresses (and their ports), long hex runs or bytes reprs."""
+    """`text` without planted secrets, URL paths and queries, credentials by name, ANSI
+    escapes, IP addresses (and their ports), long hex runs, base64 runs or bytes reprs."""
+    if _secret_re is not None:
+        text = _secret_re.sub("<secret>", text)
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    if "//" in text:
+        text = _URL.sub(_url, text)
+    if " /" in text:
+        text = _REQUEST_PATH.sub(lambda m: m.group(1) + " /...", text)
+    text = _BEARER.sub(lambda m: m.group(1) + " <secret>", text)
+    text = _NAMED.sub(lambda m: m.group(1) + "<secret>", text)
     if "." in text or ":" in text:
         text = _V6.sub(_addr, text)     # first: "::ffff:127.0.0.1" is one address
         text = _V4.sub(_addr, text)
     text = _HEX.sub("<hex>", text)
-    return _BYTES.sub("<bytes>", text)
+    text = _BYTES.sub("<bytes>", text)
+    return _B64.sub(_b64, text)
 
 
 def _plain(v) -> bool:
@@ -414,6 +538,13 @@ def resolve_level(value: str | None) -> str:
     return value.upper() if value in LEVELS else "INFO"
 
 
+def libraries_loud() -> bool:
+    """`RELAY_LOG_LIBRARIES=all`: the QUIET libraries log at the root level (and the
+    listeners that hold them down by their own settings let them, ingress/ppp_app.py and
+    ingress/sync_quic.py)."""
+    return os.environ.get(LIBRARIES_ENV, "").strip().lower() == "all"
+
+
 def setup(process: str, level: str | None = None) -> None:
     """This process's logging: one handler on stderr in the `RELAY_LOG_FORMAT` format at the
     `RELAY_LOG_LEVEL` level (INFO) unless `level` says, with `RedactFilter`; `QUIET` libraries
@@ -429,12 +560,14 @@ def setup(process: str, level: str | None = None) -> None:
                          TextFormatter(process, color=color, tracebacks=debug))
     handler.addFilter(RedactFilter())
     root.handlers[:] = [handler]
+    loud = libraries_loud()
     for name in QUIET:
         quiet = logging.getLogger(name)
-        quiet.setLevel(logging.WARNING)
+        quiet.setLevel(logging.NOTSET if loud else logging.WARNING)
         quiet.handlers[:] = []
         quiet.propagate = True
     logging.captureWarnings(True)   # warnings.warn: a record, not two raw lines on stderr
+    plant(*(os.environ.get(v) for v in CREDENTIAL_ENV))
     sys.excepthook = _uncaught
     threading.excepthook = lambda a: _uncaught(a.exc_type, a.exc_value, a.exc_traceback,
                                                a.thread)

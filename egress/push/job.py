@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from delta_tables.group_commit import DirectAppendTarget, fsync_version
+from delta_tables.group_commit import DeltaAppendTarget, DirectAppendTarget, fsync_version
 from delta_tables.landing_lag import latest_version
 from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX
@@ -321,7 +321,10 @@ class PushJob:
     def _record_intents(self, rows: list[dict]) -> None:
         """A blind append in ~2 ms, fsync'ed: on the wake-up's path."""
         if self._intents is None:
-            self._intents = DirectAppendTarget(self.log_path, PUSH_LOG)
+            # A direct append commits with link(), which S3 lacks: delta-rs there, as the
+            # landing tables do (delta_tables/group_commit.py)
+            self._intents = (DeltaAppendTarget(self.log_path, PUSH_LOG) if self.layout.remote
+                             else DirectAppendTarget(self.log_path, PUSH_LOG))
         self._intents.commit(pa.Table.from_pylist(rows, schema=PUSH_LOG.arrow_schema()))
 
     def _append(self, rows: list[dict], marker: int | None = None) -> None:

@@ -35,6 +35,7 @@ from engine.push import requests as R
 from engine.push.outcomes import Answer, Outcome, classify, retry_after
 from engine.push.platforms import APNS, FCM, WEBPUSH, TokenError, parse_subscription
 from runtime.config import ApnsConf, FcmConf, WebPushConf
+from runtime import logs
 from runtime.keys import write_secret_file
 
 log = logging.getLogger("relay.push")
@@ -61,6 +62,26 @@ async def _post(client: httpx.AsyncClient, platform: str, url: str, headers: dic
         return Answer(Outcome.RETRY, f"network:{type(e).__name__}")
     return classify(platform, r.status_code, r.content,
                     retry_after_s=retry_after(r.headers.get("retry-after"), time.time()))
+
+
+def _session(ca_file: str):
+    """A `requests` session for google-auth that trusts `ca_file` ("" = requests' default).
+    requests lets REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE in the environment override a session's
+    `verify` (psf/requests#3829); here the setting wins, proxies still come from the
+    environment."""
+    import requests
+
+    class Pinned(requests.Session):
+        def merge_environment_settings(self, url, proxies, stream, verify, cert):
+            out = super().merge_environment_settings(url, proxies, stream, verify, cert)
+            if ca_file and verify is None:
+                out["verify"] = ca_file
+            return out
+
+    session = Pinned()
+    if ca_file:
+        session.verify = ca_file
+    return session
 
 
 class Provider:
@@ -95,6 +116,7 @@ class Apns(Provider):
         self._jwt = jwt
         self.conf = conf
         self._key = Path(conf.key_file).read_bytes()
+        logs.plant(self._key)
         self._token: tuple[str, float] | None = None
         self.client = _client(conf.ca_file, timeout)
 
@@ -103,6 +125,7 @@ class Apns(Provider):
         if self._token is None or now - self._token[1] >= APNS_JWT_SECONDS:
             token = self._jwt.encode({"iss": self.conf.team_id, "iat": int(now)}, self._key,
                                      algorithm="ES256", headers={"kid": self.conf.key_id})
+            logs.plant(token)
             self._token = (token, now)
         return self._token[0]
 
@@ -132,14 +155,21 @@ class Fcm(Provider):
         self.conf = conf
         info = json.loads(Path(conf.service_account_file).read_text())
         self.project = info["project_id"]
+        logs.plant(info.get("private_key"))
         self.creds = service_account.Credentials.from_service_account_info(
             info, scopes=[FCM_SCOPE])
         self._lock = asyncio.Lock()
+        self._session = None
         self.client = _client(conf.ca_file, timeout)
 
     def _refresh_blocking(self) -> None:
+        # google-auth fetches the OAuth2 token with `requests`, which trusts certifi's roots
+        # only: the session is told this provider's CA file, as the httpx client is.
         import google.auth.transport.requests
-        self.creds.refresh(google.auth.transport.requests.Request())
+        if self._session is None:
+            self._session = _session(self.conf.ca_file)
+        self.creds.refresh(google.auth.transport.requests.Request(self._session))
+        logs.plant(self.creds.token)
 
     async def _bearer(self) -> str:
         async with self._lock:
@@ -164,6 +194,8 @@ class Fcm(Provider):
 
     async def close(self) -> None:
         await self.client.aclose()
+        if self._session is not None:
+            self._session.close()
 
 
 def _private_address(host: str) -> bool:
@@ -228,7 +260,9 @@ def vapid_key(conf: WebPushConf, data_dir: str):
         fresh = Vapid02()
         fresh.generate_keys()
         write_secret_file(path, fresh.private_pem())
-    return Vapid02.from_file(str(path))
+    vapid = Vapid02.from_file(str(path))
+    logs.plant(vapid.private_key.private_numbers().private_value.to_bytes(32, "big"))
+    return vapid
 
 
 def vapid_public_key(vapid) -> bytes:

@@ -195,7 +195,8 @@ class FakeApns:
 # --- HTTP/1.1 providers (FCM with its OAuth2 endpoint, Web Push) -------------------------------
 
 class _Http11:
-    def __init__(self) -> None:
+    def __init__(self, tls: tuple[Path, Path] | None = None) -> None:
+        self.tls = tls   # (certificate chain, key) PEM files: serve HTTPS
         self.port = 0
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task | None = None
@@ -203,7 +204,9 @@ class _Http11:
     async def start(self) -> None:
         config = uvicorn.Config(self._asgi, host="127.0.0.1", port=0, log_config=None,
                                 access_log=False, lifespan="off", log_level="warning",
-                                interface="asgi3")
+                                interface="asgi3",
+                                ssl_certfile=str(self.tls[0]) if self.tls else None,
+                                ssl_keyfile=str(self.tls[1]) if self.tls else None)
         self._server = uvicorn.Server(config)
         self._task = asyncio.create_task(self._server.serve())
         while not self._server.started:
@@ -235,8 +238,8 @@ class _Http11:
 class FakeFcm(_Http11):
     PROJECT = "relay-test-project"
 
-    def __init__(self, directory: Path):
-        super().__init__()
+    def __init__(self, directory: Path, tls: tuple[Path, Path] | None = None):
+        super().__init__(tls)
         self.rsa = rsa.generate_private_key(public_exponent=65537, key_size=2048)
         self.account_file = directory / "service-account.json"
         self.requests: list[Request] = []
@@ -247,7 +250,7 @@ class FakeFcm(_Http11):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
     async def start(self) -> None:
         await super().start()
