@@ -15,33 +15,18 @@ import hashlib
 import ssl
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from relay.bench.heya import client_cert   # a self-signed P-256 certificate and key, as PEM files
 
 
 def certificate(directory: Path, name: str) -> ssl.SSLContext:
-    """A self-signed client certificate (its SHA-256 is the mailbox) in a TLS 1.3 context."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.now(timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(days=1)).not_valid_after(now + timedelta(days=365))
-            .sign(key, hashes.SHA256()))
-    (directory / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (directory / f"{name}.key").write_bytes(key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
+    """A new client certificate (its SHA-256 is the mailbox) in a TLS 1.3 context."""
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.check_hostname = False
     ctx.verify_mode = ssl.CERT_NONE          # self-signed relay certificate: pinned below
-    ctx.load_cert_chain(directory / f"{name}.crt", directory / f"{name}.key")
+    ctx.load_cert_chain(*client_cert(str(directory), name))
     return ctx
 
 

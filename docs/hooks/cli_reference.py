@@ -8,12 +8,13 @@ cannot drift from the code. `python docs/hooks/cli_reference.py` prints the rend
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 MARKER = "<!-- cli-reference -->"
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # MkDocs loads hooks by path
+from page_marker import cell, fill  # noqa: E402
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,14 +34,6 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argpar
     return out
 
 
-def _cell(text: str) -> str:
-    """One table cell: one line, pipes escaped, < and > escaped outside code spans."""
-    text = re.sub(r"\s*\(issue \d+\)", "", " ".join(str(text).split())).replace("|", "\\|")
-    parts = text.split("`")
-    for i in range(0, len(parts), 2):
-        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
-    return "`".join(parts)
-
 
 def _options(parser: argparse.ArgumentParser) -> list[str]:
     rows = []
@@ -55,7 +48,7 @@ def _options(parser: argparse.ArgumentParser) -> list[str]:
             extra.append("one of " + ", ".join(f"`{c}`" for c in a.choices))
         if a.default not in (None, False, argparse.SUPPRESS) and a.nargs != 0:
             extra.append(f"default `{a.default}`")
-        text = _cell(a.help or "")
+        text = cell(a.help or "")
         if extra:
             text = (text + " " if text else "") + "(" + "; ".join(extra) + ")"
         rows.append(f"| {name} | {text} |")
@@ -74,7 +67,7 @@ def render() -> str:
         lines.append(f"{'#' * min(2 + max(len(path) - 1, 0), 4)} `{title}`")
         lines.append("")
         if help_text:
-            text = _cell(help_text).rstrip(".")
+            text = cell(help_text).rstrip(".")
             lines.append(text[:1].upper() + text[1:] + ".")
             lines.append("")
         lines.append("```")
@@ -96,11 +89,7 @@ def render() -> str:
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:   # MkDocs hook
-    if page.file.src_uri == "reference/cli.md":
-        if MARKER not in markdown:
-            raise ValueError(f"reference/cli.md lost its marker {MARKER}")
-        return markdown.replace(MARKER, render())
-    return markdown
+    return fill(markdown, page.file.src_uri, "reference/cli.md", MARKER, render)
 
 
 if __name__ == "__main__":

@@ -12,13 +12,14 @@ from __future__ import annotations
 import ast
 import dataclasses
 import io
-import re
 import sys
 import tokenize
 from pathlib import Path
 
 MARKER = "<!-- settings-reference -->"
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))   # MkDocs loads hooks by path
+from page_marker import cell, fill  # noqa: E402
 SOURCE = ROOT / "runtime" / "config.py"
 
 
@@ -71,31 +72,19 @@ def rows() -> list[tuple[str, object, str, str]]:
     return out
 
 
-def _cell(text: str) -> str:
-    """One table cell: one line, pipes escaped, < and > escaped outside code spans."""
-    text = re.sub(r"\s*\(issue \d+\)", "", " ".join(str(text).split())).replace("|", "\\|")
-    parts = text.split("`")
-    for i in range(0, len(parts), 2):
-        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
-    return "`".join(parts)
-
 
 def render() -> str:
     lines = ["| setting | default | environment | what it is |", "|---|---|---|---|"]
     for dotted, default, env, note in rows():
         shown = repr(default) if isinstance(default, str) else str(default).lower() \
             if isinstance(default, bool) else default
-        lines.append(f"| `{dotted}` | `{_cell(shown)}` | {f'`{env}`' if env else ''} | "
-                     f"{_cell(note)} |")
+        lines.append(f"| `{dotted}` | `{cell(shown)}` | {f'`{env}`' if env else ''} | "
+                     f"{cell(note)} |")
     return "\n".join(lines) + "\n"
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:   # MkDocs hook
-    if page.file.src_uri == "reference/settings.md":
-        if MARKER not in markdown:
-            raise ValueError(f"reference/settings.md lost its marker {MARKER}")
-        return markdown.replace(MARKER, render())
-    return markdown
+    return fill(markdown, page.file.src_uri, "reference/settings.md", MARKER, render)
 
 
 if __name__ == "__main__":
