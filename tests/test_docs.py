@@ -158,13 +158,12 @@ def test_documented_settings_exist():
 
 
 def _code_text() -> str:
-    """Every source file that may read an environment variable."""
-    parts = []
-    for pattern in ("*.py", "**/*.py", "**/*.ipynb", "*.sh", ".ci/run"):
-        for f in ROOT.glob(pattern):
-            if ".venv" not in f.parts and "docs" not in f.relative_to(ROOT).parts[:1]:
-                parts.append(f.read_text(errors="replace"))
-    return "\n".join(parts)
+    """Every source file that may read an environment variable or export a metric."""
+    files = [ROOT / "setup.sh", ROOT / ".ci" / "run", *ROOT.glob("*.py")]
+    for package in ("engine", "ingress", "egress", "jobs", "delta_tables", "runtime", "relay",
+                    "tests", "notebooks", "examples"):
+        files += [*(ROOT / package).rglob("*.py"), *(ROOT / package).rglob("*.ipynb")]
+    return "\n".join(f.read_text(errors="replace") for f in files if f.is_file())
 
 
 def _env_vars(text: str) -> set[str]:
