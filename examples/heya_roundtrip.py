@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from relay.bench.heya import client_cert   # a self-signed P-256 certificate and key, as PEM files
+from runtime import config
 
 
 def certificate(directory: Path, name: str) -> ssl.SSLContext:
@@ -70,9 +71,10 @@ async def main(args) -> None:
 
 
 if __name__ == "__main__":
+    settings = config.load()   # the port `relay up` uses here: conf/relay.toml, RELAY_HEYA_PORT
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--inbox-token", required=True, help="a line of `relay heya inbox-token`")
     p.add_argument("--pin", help="the `heya-cert-sha256` line of `relay keys`")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8337)
+    p.add_argument("--port", type=int, default=settings.heya.port)
     asyncio.run(main(p.parse_args()))

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from runtime import config
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sync_client import Device, SyncClient, group_id, hello, join, pull, push  # noqa: E402
 
@@ -48,7 +50,9 @@ async def main(args) -> None:
 
 
 if __name__ == "__main__":
+    settings = config.load()   # the port `relay up` uses here: conf/relay.toml, RELAY_SYNC_PORT
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pin", help="the `sync-cert-sha256` line of `relay keys`")
-    p.add_argument("--port", type=int, default=4433, help="the relay's UDP port (127.0.0.1)")
+    p.add_argument("--port", type=int, default=settings.sync.port,
+                   help="the relay's UDP port on 127.0.0.1")
     asyncio.run(main(p.parse_args()))

@@ -17,6 +17,7 @@ import time
 
 from relay.bench.trueseal_client import (TAG_DELIVER, TAG_HEARTBEAT, connect_xx,
                                          deliver_ack_frame, frame, push_once, static_public)
+from runtime import config
 
 
 async def main(args) -> None:
@@ -44,9 +45,10 @@ async def main(args) -> None:
 
 
 if __name__ == "__main__":
+    settings = config.load()   # the ports `relay up` uses here: conf/relay.toml, RELAY_* variables
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--relay-key", required=True, help="the `trueseal` line of `relay keys`")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--push-port", type=int, default=7701)
-    p.add_argument("--receive-port", type=int, default=7700)
+    p.add_argument("--push-port", type=int, default=settings.trueseal.push_port)
+    p.add_argument("--receive-port", type=int, default=settings.trueseal.receive_port)
     asyncio.run(main(p.parse_args()))
