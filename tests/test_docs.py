@@ -292,3 +292,15 @@ def test_the_setting_and_variable_checks_catch_what_is_gone():
     assert not _setting_exists("stream.max_ttl_days")
     assert _env_vars("`RELAY_METRICS_PORT_{INGRESS,EGRESS}`, `RELAY_APNS_*`, PPP_TRUSTED_PROXIES") \
         == {"RELAY_METRICS_PORT_INGRESS", "RELAY_METRICS_PORT_EGRESS", "PPP_TRUSTED_PROXIES"}
+
+
+def test_pages_a_person_reads_carry_no_issue_numbers(site):
+    """Issue numbers mean nothing to an operator; dated logs live in docs/results/ only."""
+    found = []
+    for page in [*PAGES, *site.rglob("*.html")]:
+        rel = page.relative_to(ROOT if page.suffix == ".md" else site)
+        if rel.parts[:2] == ("docs", "results") or rel.parts[:1] == ("results",):
+            continue
+        text = page.read_text()
+        found += [f"{rel}: {m.group(0)}" for m in re.finditer(r"\b[Ii]ssues? #?\d+", text)]
+    assert not found, "\n".join(found)

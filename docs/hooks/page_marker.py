@@ -9,7 +9,8 @@ from typing import Callable
 def cell(text: str) -> str:
     """One Markdown table cell: one line, pipes escaped, < and > escaped outside code spans,
     no issue references (they mean nothing to a reader of the site)."""
-    text = re.sub(r"\s*\(issue \d+\)", "", " ".join(str(text).split())).replace("|", "\\|")
+    text = re.sub(r"\s*\(issue \d+\)", "", " ".join(str(text).split()))
+    text = re.sub(r"\(issue \d+[;,] ?", "(", text).replace("|", "\\|")
     parts = text.split("`")
     for i in range(0, len(parts), 2):
         parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;")
