@@ -772,7 +772,8 @@ def _add_ppp_parser(sub) -> None:
     p.set_defaults(func=cmd_ppp_discover_contacts)
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line; docs/hooks/cli_reference.py renders the CLI reference from it."""
     parser = argparse.ArgumentParser(prog="relay", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conf", help="settings file (default: $RELAY_CONF or ./conf/relay.toml)")
@@ -854,18 +855,22 @@ def main(argv: list[str] | None = None) -> None:
                         "bench-startup.json with --startup, bench-object-store.json with "
                         "--object-store)")
     p.add_argument("--peer", action="store_true",
-                   help="our PPP against the public nostr-relay, alternating runs (issue 20); "
+                   help="our PPP against the public nostr-relay, alternating runs; "
                         "installs the peer into .venv-peer on first use")
     p.add_argument("--startup", action="store_true",
                    help="`relay up` from cold, each round: seconds to the first PPP ack and to "
-                        "ready, then idle CPU and memory (issue 20) -> bench-startup.json")
+                        "ready, then idle CPU and memory -> bench-startup.json")
     p.add_argument("--object-store", action="store_true",
                    help="landing commit latency and stream throughput with the tables on "
-                        "local disk and on an S3 server (moto, loopback), alternating (issue "
-                        "18) -> bench-object-store.json")
+                        "local disk and on an S3 server (moto, loopback), alternating "
+                        "-> bench-object-store.json")
     p.set_defaults(func=cmd_bench)
     _add_ppp_parser(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     if argv is None:
         _with_listener_allocator(args.command)
     if args.log_format:

@@ -2,7 +2,7 @@
 from this machine's measurements. docs/scale-out.md prints `report()`'s table and the capacity
 notebook runs it; tests/test_scale_model.py keeps the document equal to this code.
 
-Every input names where it comes from: a `relay bench` figure (README "Benchmarks", the JSON
+Every input names where it comes from: a `relay bench` figure (docs/benchmarks/, the JSON
 files), the load generator's model of a day (jobs/loadgen.py), or a published price or limit
 of the object store (named as such: those are not measured here).
 """
