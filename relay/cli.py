@@ -389,22 +389,60 @@ def cmd_ppp_register_push(args) -> None:
     _ppp_run(run)
 
 
+def _ppp_device(args):
+    from .ppp_device import Device
+    return Device.beside(args.seed, getattr(args, "state", None))
+
+
 def cmd_ppp_send(args) -> None:
-    from .ppp_client import send_blinded, send_presence
+    """Build the event, flush what was queued before it, then deliver it: sealed falls back
+    to STORE (§6.3); no relay reachable queues it in the device's outbox (§12)."""
+    from .ppp_client import (Outbox, PppUnreachable, build_blinded, build_presence, deliver,
+                             sender_delivery_token)
 
     def run():
         me = _ppp_identity(args.seed)
+        url, outbox = _ppp_url(args), Outbox(_ppp_device(args))
+        opts = dict(lat=args.lat, lon=args.lon, radius_m=args.radius, ttl=args.ttl)
         if args.blinded:
-            result = asyncio.run(send_blinded(
-                _ppp_url(args), me, args.to, args.text, sealed=args.sealed, lat=args.lat,
-                lon=args.lon, radius_m=args.radius, ttl=args.ttl))
-            print(json.dumps(result.to_json()))
-            return
-        result = asyncio.run(send_presence(
-            _ppp_url(args), me, args.to, args.text, sealed=args.sealed or bool(args.token),
-            token=bytes.fromhex(args.token) if args.token else None, lat=args.lat,
-            lon=args.lon, radius_m=args.radius, ttl=args.ttl))
-        print(json.dumps(result.to_json()))
+            gw, token = build_blinded(me, args.to, args.text, **opts)
+        else:
+            gw = build_presence(me, args.to, args.text, **opts)
+            token = bytes.fromhex(args.token) if args.token else sender_delivery_token(me,
+                                                                                       args.to)
+        sealed = args.sealed or bool(args.token)
+        token = token if sealed else None
+
+        async def go():
+            if outbox.entries():
+                for line in await outbox.flush(url, me):
+                    if not line.get("queued"):
+                        print(json.dumps(line))
+            try:
+                return (await deliver(url, me, gw, token=token,
+                                      fallback=not args.no_fallback)).to_json()
+            except PppUnreachable as e:
+                outbox.add(gw, token=token, error=str(e), now=int(time.time()),
+                           blinded_for=args.to if args.blinded else None)
+                print("relay unreachable: queued (relay ppp flush sends it)",
+                      file=sys.stderr)
+                return {"event_id": gw.event_id.hex(), "queued": True}
+        print(json.dumps(asyncio.run(go())))
+    _ppp_run(run)
+
+
+def cmd_ppp_flush(args) -> None:
+    """Send what the outbox holds; `--wait` keeps retrying (backoff) until it is empty."""
+    from .ppp_client import Outbox
+
+    def run():
+        me, outbox = _ppp_identity(args.seed), Outbox(_ppp_device(args))
+        if args.wait:
+            lines = asyncio.run(outbox.flush_until_empty(_ppp_url(args), me, wait=args.wait))
+        else:
+            lines = asyncio.run(outbox.flush(_ppp_url(args), me))
+        for line in lines:
+            print(json.dumps(line))
     _ppp_run(run)
 
 
@@ -413,18 +451,34 @@ def cmd_ppp_receive(args) -> None:
 
     def run():
         me = _ppp_identity(args.seed)
+        device = _ppp_device(args)
         if args.blinded:
             if not args.contact:
                 raise ValueError("--blinded needs --contact (one per contact)")
-            got = asyncio.run(receive_blinded(_ppp_url(args), me, args.contact, ack=args.ack))
+            state = device.load("blinded", {})
+            got = asyncio.run(receive_blinded(_ppp_url(args), me, args.contact, ack=args.ack,
+                                              state=state))
+            device.save("blinded", state)
         else:
             got = asyncio.run(receive(_ppp_url(args), me, since=args.since, ack=args.ack))
+        lines = []
         for r in got:
             if r.opened is not None and args.here:
                 region = getattr(r.opened.rumor.content, "region", None)
                 if region is not None:
                     r.extra["inside"] = region.contains(*args.here)
-            print(json.dumps(r.to_json(), ensure_ascii=False))
+            lines.append(r.to_json())
+            print(json.dumps(lines[-1], ensure_ascii=False))
+        device.append_mail([{k: v for k, v in line.items() if k not in ("acked", "inside")}
+                            for line in lines])
+    _ppp_run(run)
+
+
+def cmd_ppp_mail(args) -> None:
+    """The mail this device has received and kept (JSON lines), newest last."""
+    def run():
+        for m in _ppp_device(args).mail():
+            print(json.dumps(m, ensure_ascii=False))
     _ppp_run(run)
 
 
@@ -701,6 +755,8 @@ def _add_ppp_parser(sub) -> None:
     ppp = sub.add_parser("ppp", help="PPP client: keys, tokens, send and receive events")
     pp = ppp.add_subparsers(dest="ppp_command", required=True)
     url_help = "relay WebSocket URL (default: ws://<bind>:<ppp.port>/v1/ws from the settings)"
+    state_help = ("this device's state directory: contacts, outbox, received mail "
+                  "(default: <seed file>.d)")
     p = pp.add_parser("keygen", help="new identity: seed file (0600), prints the public key")
     p.add_argument("--out", required=True, help="seed file to create")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
@@ -741,11 +797,26 @@ def _add_ppp_parser(sub) -> None:
     p.add_argument("--sealed", action="store_true",
                    help="anonymous POST /v1/note/submit with the pair's delivery token")
     p.add_argument("--token", help="delivery token (24 hex) instead of the derived one")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="with --sealed: fail rather than fall back to authenticated STORE "
+                        "(which shows the relay who sends)")
     p.add_argument("--blinded", action="store_true",
                    help="to the recipient's blinded mailbox of today (its per-contact daily "
                         "id, unlinkable by the relay); with --sealed, that mailbox's token")
     p.add_argument("--url", help=url_help)
+    p.add_argument("--state", help=state_help)
     p.set_defaults(func=cmd_ppp_send)
+    p = pp.add_parser("flush", help="send the events queued while no relay was reachable")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--wait", type=float, default=0.0,
+                   help="keep retrying (backoff from 1 s to 60 s) up to this many seconds")
+    p.add_argument("--url", help=url_help)
+    p.add_argument("--state", help=state_help)
+    p.set_defaults(func=cmd_ppp_flush)
+    p = pp.add_parser("mail", help="the mail this device received and kept (JSON lines)")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--state", help=state_help)
+    p.set_defaults(func=cmd_ppp_mail)
     p = pp.add_parser("receive", help="fetch, unwrap, verify and print events (JSON lines)")
     p.add_argument("--seed", required=True)
     p.add_argument("--ack", action="store_true", help="acknowledge the events that opened")
@@ -753,10 +824,12 @@ def _add_ppp_parser(sub) -> None:
     p.add_argument("--here", type=float, nargs=2, metavar=("LAT", "LON"),
                    help="add 'inside': whether this point is in each event's region")
     p.add_argument("--blinded", action="store_true",
-                   help="fetch my blinded mailboxes (today and yesterday) of each --contact")
+                   help="fetch my blinded mailboxes of each --contact: every day a sender's "
+                        "event may still be alive (30 days), less the days already emptied")
     p.add_argument("--contact", action="append", type=_pubkey, metavar="PUBKEY",
                    help="a contact whose blinded mailboxes to fetch (repeat)")
     p.add_argument("--url", help=url_help)
+    p.add_argument("--state", help=state_help)
     p.set_defaults(func=cmd_ppp_receive)
     _add_room_parser(pp, url_help)
     _add_courier_parsers(pp, url_help)

@@ -25,6 +25,7 @@ Also here: the seed file (64 hex characters, mode 0600) and the two flows the CL
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import stat
@@ -529,23 +530,170 @@ def build_presence(sender: Identity, recipient_pk: bytes, text: str, *, lat: flo
 @dataclass
 class SendResult:
     event_id: bytes
-    via: str                 # "ws" or "sealed"
+    via: str                 # "ws", "sealed" or "ws-fallback" (sealed failed, then STORE)
     size: int                # bytes of the GiftWrap ciphertext the relay sees
+    note: str | None = None  # why a sealed send fell back
 
     def to_json(self) -> dict:
-        return {"event_id": self.event_id.hex(), "via": self.via, "ciphertext_bytes": self.size}
+        out = {"event_id": self.event_id.hex(), "via": self.via, "ciphertext_bytes": self.size}
+        if self.note:
+            out["fallback_reason"] = self.note
+        return out
 
 
 async def send_presence(url: str, sender: Identity, recipient_pk: bytes, text: str, *,
                         sealed: bool = False, token: bytes | None = None,
                         **presence) -> SendResult:
+    """Build and deliver one PRESENCE event (`deliver`: sealed falls back to STORE)."""
     gw = build_presence(sender, recipient_pk, text, **presence)
     if sealed:
         token = token or sender_delivery_token(sender, recipient_pk)
-        return SendResult(await submit_sealed(http_base(url), token, gw), "sealed",
-                          len(gw.ciphertext))
-    async with await PppClient.connect(url, sender) as c:
-        return SendResult(await c.store(gw), "ws", len(gw.ciphertext))
+    return await deliver(url, sender, gw, token=token if sealed else None)
+
+
+# --- delivery that never blocks: sealed first, authenticated STORE as fallback, and the
+# --- offline queue (§6.3 fallback, §12 offline creation; relay/ppp_device.py keeps it) ----
+
+class PppUnreachable(PppError):
+    """No relay answered (connection refused, timed out, DNS): the event can be queued."""
+
+
+def _unreachable(e: BaseException) -> bool:
+    return isinstance(e, (OSError, asyncio.TimeoutError, PppUnreachable)) or (
+        isinstance(e, PppError) and not isinstance(e, PppRefused)
+        and "connection closed" in str(e))
+
+
+# Sealed answers worth retrying before falling back (§6.3 "SHOULD retry sealed
+# submission"), and those that mean it will not work for this pair now (fallback at once).
+_SEALED_RETRY = frozenset({429, 500, 502, 503, 504})
+_SEALED_NO_TOKEN = frozenset({401, 404, 405})
+
+
+async def deliver(url: str, sender: Identity, gw: GiftWrap, *, token: bytes | None = None,
+                  sealed_tries: int = 2, backoff: float = 0.5,
+                  fallback: bool = True) -> SendResult:
+    """Deliver one GiftWrap: sealed with `token` if given, retried `sealed_tries` times on a
+    rate limit or a server error, then (or at once on 401, the token not registered) by
+    authenticated STORE: fallback degrades privacy (the relay learns the sender) but never
+    blocks delivery (§6.3). A duplicate refusal means the relay already holds these exact
+    bytes (an earlier try whose answer was lost): that is delivered. Raises PppUnreachable
+    when no relay answered at all, PppRefused when the relay refused the event itself.
+    `fallback=False`: a sealed send that fails raises instead (the sender stays hidden or
+    nothing is sent)."""
+    fallback_reason = None
+    if token is not None:
+        for attempt in range(max(1, sealed_tries)):
+            try:
+                return SendResult(await submit_sealed(http_base(url), token, gw), "sealed",
+                                  len(gw.ciphertext))
+            except PppRefused as e:
+                if e.status == 409:
+                    return SendResult(sealed_event_id(gw.ephemeral_pk, gw.nonce, gw.ciphertext,
+                                                      token, gw.created_at), "sealed",
+                                      len(gw.ciphertext))
+                if not fallback or (e.status not in _SEALED_NO_TOKEN
+                                    and e.status not in _SEALED_RETRY):
+                    raise                         # the event itself is refused (400, 413)
+                fallback_reason = f"sealed HTTP {e.status}"
+                if e.status in _SEALED_NO_TOKEN:
+                    break
+            except (OSError, asyncio.TimeoutError) as e:
+                if not fallback:
+                    raise PppUnreachable(f"relay unreachable: {e}") from e
+                fallback_reason = f"sealed unreachable ({e.__class__.__name__})"
+            if attempt + 1 < sealed_tries:
+                await asyncio.sleep(backoff * (2 ** attempt))
+    try:
+        async with await PppClient.connect(url, sender) as c:
+            try:
+                event_id = await c.store(gw)
+            except PppRefused as e:
+                if "duplicate" not in e.reason.lower():
+                    raise
+                event_id = gw.event_id
+    except (OSError, asyncio.TimeoutError) as e:
+        raise PppUnreachable(f"relay unreachable: {e.__class__.__name__}: {e}") from e
+    via = "ws" if token is None else "ws-fallback"
+    result = SendResult(event_id, via, len(gw.ciphertext))
+    if fallback_reason:
+        result.note = fallback_reason
+    return result
+
+
+class Outbox:
+    """Events waiting for a relay (§12: created and queued offline, delivered when the relay
+    is reachable again), kept in the device's outbox.json. Each entry holds the encrypted
+    GiftWrap itself, so every retry sends the same bytes: idempotent at the relay."""
+
+    def __init__(self, device):
+        self.device = device
+
+    def entries(self) -> list[dict]:
+        return self.device.load("outbox", [])
+
+    def add(self, gw: GiftWrap, *, token: bytes | None, error: str, now: int,
+            blinded_for: bytes | None = None) -> dict:
+        """Queue `gw`; `blinded_for` (the recipient) marks an event routed to a blinded
+        mailbox: it is re-routed to the mailbox of the day it is finally sent, because the
+        recipient stops walking a day's mailbox once that day is over and emptied."""
+        entry = {"event": gw.encode().hex(), "event_id": gw.event_id.hex(),
+                 "token": token.hex() if token else None, "queued_at": now,
+                 "expires_at": gw.expires_at, "attempts": 1, "last_error": error,
+                 "blinded_for": blinded_for.hex() if blinded_for else None}
+        self.device.save("outbox", self.entries() + [entry])
+        return entry
+
+    async def flush(self, url: str, sender: Identity, *, now: int | None = None
+                    ) -> list[dict]:
+        """Try every queued event once; delivered and refused ones leave the queue, those
+        still unreachable stay (attempts counted). Returns one report per entry tried."""
+        now = int(time.time()) if now is None else now
+        keep, report = [], []
+        for e in self.entries():
+            gw = GiftWrap.decode(bytes.fromhex(e["event"]))
+            token = bytes.fromhex(e["token"]) if e["token"] else None
+            if gw.expires_at <= now:
+                report.append({"event_id": e["event_id"], "dropped": "expired"})
+                continue
+            if e.get("blinded_for"):
+                from engine.ppp.blinded import (epoch_of, mailbox_delivery_token,
+                                                their_mailbox_id)
+                rk = bytes.fromhex(e["blinded_for"])
+                box = their_mailbox_id(sender, rk, epoch_of(now))
+                gw = dataclasses.replace(gw, recipient=box)   # the layers do not bind the route
+                token = mailbox_delivery_token(sender, rk, box) if token else None
+            try:
+                r = await deliver(url, sender, gw, token=token)
+            except PppRefused as err:
+                report.append({"event_id": e["event_id"], "dropped": str(err)})
+                continue
+            except (PppError, OSError, asyncio.TimeoutError) as err:
+                if not _unreachable(err):
+                    raise
+                e["attempts"] += 1
+                e["last_error"] = str(err)
+                keep.append(e)
+                report.append({"event_id": e["event_id"], "queued": True,
+                               "attempts": e["attempts"]})
+                continue
+            report.append({**r.to_json(), "queued_at": e["queued_at"]})
+        self.device.save("outbox", keep)
+        return report
+
+    async def flush_until_empty(self, url: str, sender: Identity, *, wait: float,
+                                first_delay: float = 1.0, max_delay: float = 60.0
+                                ) -> list[dict]:
+        """Retry with exponential backoff until the queue is empty or `wait` seconds pass."""
+        deadline = time.monotonic() + wait
+        delay, done = first_delay, []
+        while True:
+            done += [r for r in await self.flush(url, sender) if not r.get("queued")]
+            if not self.entries() or time.monotonic() + delay > deadline:
+                return done + [{"event_id": e["event_id"], "queued": True,
+                                "attempts": e["attempts"]} for e in self.entries()]
+            await asyncio.sleep(delay)
+            delay = min(max_delay, delay * 2)
 
 
 async def register_token(url: str, me: Identity, contact_pk: bytes) -> bytes:
@@ -615,42 +763,64 @@ def open_event(data: bytes, me: Identity, mailbox: bytes | None = None) -> Recei
         return Received(gw.event_id, error=str(e))
 
 
-async def send_blinded(url: str, sender: Identity, recipient_pk: bytes, text: str, *,
-                       sealed: bool = False, now: int | None = None,
-                       **presence) -> SendResult:
-    """A PRESENCE event routed to the recipient's blinded mailbox for today (or `now`'s
-    day): `engine/ppp/blinded.py`. Sealed: that mailbox's delivery token of the pair."""
+def build_blinded(sender: Identity, recipient_pk: bytes, text: str, *,
+                  now: int | None = None, **presence) -> tuple[GiftWrap, bytes]:
+    """A PRESENCE event routed to the recipient's blinded mailbox of `now`'s day
+    (`engine/ppp/blinded.py`), and that mailbox's sealed delivery token of the pair."""
     from engine.ppp.blinded import epoch_of, mailbox_delivery_token, their_mailbox_id
     now = int(time.time()) if now is None else now
     mailbox_id = their_mailbox_id(sender, recipient_pk, epoch_of(now))
     gw = build_presence(sender, recipient_pk, text, now=now, route_to=mailbox_id, **presence)
-    if sealed:
-        token = mailbox_delivery_token(sender, recipient_pk, mailbox_id)
-        return SendResult(await submit_sealed(http_base(url), token, gw), "sealed",
-                          len(gw.ciphertext))
-    async with await PppClient.connect(url, sender) as c:
-        return SendResult(await c.store(gw), "ws", len(gw.ciphertext))
+    return gw, mailbox_delivery_token(sender, recipient_pk, mailbox_id)
+
+
+async def send_blinded(url: str, sender: Identity, recipient_pk: bytes, text: str, *,
+                       sealed: bool = False, now: int | None = None,
+                       **presence) -> SendResult:
+    """A PRESENCE event routed to the recipient's blinded mailbox for today (or `now`'s
+    day). Sealed: that mailbox's delivery token of the pair, falling back to STORE."""
+    gw, token = build_blinded(sender, recipient_pk, text, now=now, **presence)
+    return await deliver(url, sender, gw, token=token if sealed else None)
 
 
 async def receive_blinded(url: str, me: Identity, contacts: list[bytes], *,
                           now: int | None = None, ack: bool = False,
-                          days: int = 2) -> list[Received]:
-    """Each contact's blinded mailbox of today and the `days - 1` before (late arrivals), one
-    session each, authenticated as the mailbox; today's sealed delivery token is registered
-    from today's session (idempotent)."""
-    from engine.ppp.blinded import epoch_of, mailbox_delivery_token, my_mailbox
+                          max_ttl: int | None = None, state: dict | None = None,
+                          tokens_ahead: int = 7) -> list[Received]:
+    """Every blinded mailbox of each contact that may still hold mail: each day back to the
+    longest lifetime a sender may give an event (`max_ttl`, default 004 C.2's 30 days) and
+    tomorrow, one session each, authenticated as the mailbox (only I can: blinded.py).
+
+    `state` (a dict, kept by the caller between runs: `ppp_device.Device.blinded`) makes it
+    cheap without missing anything: per contact, `drained_before` (days before it were
+    emptied and acknowledged: the walk starts there) and `tokens_through` (the last day
+    whose sealed delivery token is registered: today's and the next `tokens_ahead` days' are
+    registered from their own sessions, so a contact can send sealed while I am offline)."""
+    from engine.ppp.blinded import (MAX_EVENT_TTL_SECS, epoch_of, epochs_to_walk,
+                                    mailbox_delivery_token, my_mailbox)
     now = int(time.time()) if now is None else now
+    max_ttl = MAX_EVENT_TTL_SECS if max_ttl is None else max_ttl
     today = epoch_of(now)
+    state = {} if state is None else state
     out: list[Received] = []
     for contact in contacts:
-        for ep in range(today - days + 1, today + 1):
+        st = state.setdefault(contact.hex(), {})
+        tokens_through = st.get("tokens_through", today - 1)
+        all_opened = True
+        days = list(epochs_to_walk(now, max_ttl=max_ttl,
+                                   drained_before=st.get("drained_before")))
+        days += [e for e in range(tokens_through + 1, today + tokens_ahead + 1)
+                 if e > days[-1]]
+        for ep in days:
             box = my_mailbox(me, contact, ep)
             async with await PppClient.connect(url, box) as c:
-                if ep == today:
+                if tokens_through < ep and today <= ep <= today + tokens_ahead:
                     await c.register_delivery_token(
                         mailbox_delivery_token(me, contact, box.pubkey))
+                    st["tokens_through"] = max(st.get("tokens_through", ep), ep)
                 got = [open_event(e, me, box.pubkey) for e in await c.fetch_all()]
                 ids = [r.event_id for r in got if r.opened is not None]
+                all_opened &= len(ids) == len(got)
                 if ack and ids:
                     await c.ack(ids)
                     for r in got:
@@ -658,6 +828,10 @@ async def receive_blinded(url: str, me: Identity, contacts: list[bytes], *,
                 for r in got:
                     r.extra["mailbox_epoch"] = ep
                 out.extend(got)
+        if ack and all_opened:
+            # A sender writes to the mailbox of its own day; a day back covers its clock
+            # running behind ours.
+            st["drained_before"] = max(st.get("drained_before", 0), today - 1)
     return out
 
 

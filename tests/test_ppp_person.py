@@ -1,0 +1,209 @@
+"""PPP as a person uses it (spec 004, client side): devices driven through the client library
+and the `relay ppp` CLI against a real relay on loopback (the ingress node on its own loop in
+a thread, the Spark stream into the inbox, egress), each device with its own seed file and
+state directory.
+
+- Blinded mail is never missed: Bob offline for three days (the clients' clocks moved, the
+  relay's real) finds every message in the mailboxes of those days; a walk of today and
+  yesterday only (what the client did before) misses two of them; Alice, who knows every
+  mailbox id, cannot authenticate as one to fetch or acknowledge Bob's mail.
+- The offline queue: the relay down, `relay ppp send` queues; `relay ppp flush` delivers
+  when it is back; a sealed send without a registered token falls back to STORE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import socket
+import struct
+import time
+
+import pytest
+
+from engine.ppp import blinded as B
+from engine.ppp.keys import Identity
+from jobs.inbox_stream import start_inbox_stream
+from relay import cli
+from relay.ppp_client import (PppClient, PppRefused, read_seed, receive, receive_blinded,
+                              send_blinded)
+from relay.ppp_device import Device
+from test_ppp_client import NodeThread
+
+TIMEOUT = 90.0
+DAY = B.EPOCH_SECONDS
+
+
+@pytest.fixture
+def stream(spark, settings):
+    settings.stream.trigger_interval_ms = 100
+    settings.heya.enabled = False
+    settings.ppp.notify_window_ms = 0
+    query, _ = start_inbox_stream(spark, settings, fsync=False)
+    try:
+        yield settings
+    finally:
+        query.stop()
+
+
+@pytest.fixture
+def relay(stream):
+    node = NodeThread(stream)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def run_cli(capsys, *argv) -> list[dict]:
+    cli.main(list(argv))
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.strip()]
+
+
+def keygen(capsys, tmp_path, name: str) -> tuple[str, Identity]:
+    path = str(tmp_path / f"{name}.seed")
+    cli.main(["ppp", "keygen", "--out", path])
+    capsys.readouterr()
+    return path, read_seed(path)
+
+
+def _until(fn, what: str, timeout: float = TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = fn()
+        if got:
+            return got
+        assert time.monotonic() < deadline, what
+        time.sleep(0.3)
+
+
+# --- blinded mail, never missed -------------------------------------------------------------
+
+class _AliceAsMailbox:
+    """What Alice can put together for Bob's mailbox: its id (she routes mail to it) and the
+    best key she has, the one the first design derived from the pair's shared secret."""
+
+    def __init__(self, alice: Identity, bob_pk: bytes, epoch: int):
+        self.pubkey = B.their_mailbox_id(alice, bob_pk, epoch)
+        seed = hashlib.blake2b(b"ppp-blinded-mailbox-v1" + bob_pk + struct.pack(">Q", epoch),
+                               digest_size=32, key=alice.dh(bob_pk)).digest()
+        self._key = Identity.from_seed(seed)
+
+    def sign(self, message: bytes) -> bytes:
+        return self._key.sign(message)
+
+
+def test_blinded_recipient_offline_three_days(relay):
+    alice, bob = Identity.generate(), Identity.generate()
+    url = relay.url
+    day0 = int(time.time())
+    bob_state: dict = {}
+
+    async def online(now):
+        return await receive_blinded(url, bob, [alice.pubkey], now=now, ack=True,
+                                     state=bob_state)
+
+    # Bob is online on day 0 (nothing yet; his sealed tokens for the week are registered)
+    assert asyncio.run(online(day0)) == []
+    st = bob_state[alice.pubkey.hex()]
+    assert st["tokens_through"] == B.epoch_of(day0) + 7
+
+    # ... then offline three days, while Alice writes on each of them.
+    sent = {}
+    for k, sealed in ((1, True), (2, False), (3, True)):
+        r = asyncio.run(send_blinded(url, alice, bob.pubkey, f"day {k}", now=day0 + k * DAY,
+                                     sealed=sealed))
+        assert r.via == ("sealed" if sealed else "ws"), r
+        sent[k] = r
+
+    # Alice knows each mailbox's id but cannot be it: AUTH as it is refused.
+    async def alice_tries():
+        with pytest.raises(PppRefused) as e:
+            await PppClient.connect(url, _AliceAsMailbox(alice, bob.pubkey,
+                                                        B.epoch_of(day0 + DAY)))
+        return e.value.cmd
+    assert asyncio.run(alice_tries()) == "AUTH_FAIL"
+
+    day4 = day0 + 4 * DAY
+    # The stream takes the three events into the inbox (looked at without acknowledging).
+    _until(lambda: len(asyncio.run(receive_blinded(url, bob, [alice.pubkey], now=day4,
+                                                   max_ttl=5 * DAY, tokens_ahead=0))) == 3,
+           "the three days' messages never reached the inbox")
+    # Walking today and yesterday only, as the client once did, misses days 1 and 2.
+    short = asyncio.run(receive_blinded(url, bob, [alice.pubkey], now=day4, max_ttl=DAY,
+                                        tokens_ahead=0))
+    assert sorted(r.opened.rumor.content.message for r in short) == ["day 3"]
+
+    # Bob back on day 4: every message, each from its day's mailbox, verified and acknowledged.
+    got = asyncio.run(online(day4))
+    assert sorted((r.extra["mailbox_epoch"] - B.epoch_of(day0), r.opened.rumor.content.message)
+                  for r in got) == [(1, "day 1"), (2, "day 2"), (3, "day 3")]
+    assert all(r.acked and r.opened.sender == alice.pubkey for r in got)
+    assert st["drained_before"] == B.epoch_of(day4) - 1
+    # Acknowledged: gone from the relay; the next walk starts at yesterday, not 30 days back.
+    _until(lambda: asyncio.run(receive_blinded(url, bob, [alice.pubkey], now=day4,
+                                               max_ttl=5 * DAY, tokens_ahead=0)) == [],
+           "acknowledged mail still offered")
+    assert list(B.epochs_to_walk(day4, drained_before=st["drained_before"])) == [
+        B.epoch_of(day4) - 1, B.epoch_of(day4), B.epoch_of(day4) + 1]
+
+
+def test_walk_covers_the_longest_lifetime():
+    now = 1_765_000_000
+    days = B.epochs_to_walk(now)
+    assert days[0] == B.epoch_of(now - 30 * DAY) and days[-1] == B.epoch_of(now) + 1
+    assert len(days) == 32
+    # a sender may give an event at most 30 days (C.2 MAX_EVENT_TTL_SECS): that day's
+    # mailbox is the oldest one that can still hold mail
+    assert B.epoch_of(now - B.MAX_EVENT_TTL_SECS) in days
+
+
+# --- the offline queue and the sealed fallback ---------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_relay_down_send_queued_then_delivered(stream, tmp_path, capsys):
+    settings = stream
+    alice_seed, alice = keygen(capsys, tmp_path, "alice")
+    bob_seed, bob = keygen(capsys, tmp_path, "bob")
+    port = _free_port()
+    url = f"ws://127.0.0.1:{port}/v1/ws"
+
+    # The relay is down: both sends are kept in Alice's outbox, nothing lost, exit status 0.
+    (q1,) = run_cli(capsys, "ppp", "send", "--seed", alice_seed, "--to", bob.pubkey_hex,
+                    "--text", "written offline", "--url", url)
+    (q2,) = run_cli(capsys, "ppp", "send", "--seed", alice_seed, "--to", bob.pubkey_hex,
+                    "--text", "sealed, offline", "--sealed", "--url", url)
+    assert q1["queued"] and q2["queued"] and q1["event_id"] != q2["event_id"]
+    outbox = Device.beside(alice_seed).load("outbox", [])
+    assert [e["event_id"] for e in outbox] == [q1["event_id"], q2["event_id"]]
+    # (the second send retried the first before it: three attempts, two)
+    still = run_cli(capsys, "ppp", "flush", "--seed", alice_seed, "--url", url)
+    assert still == [{"event_id": q["event_id"], "queued": True, "attempts": n}
+                     for q, n in ((q1, 3), (q2, 2))]
+
+    # The relay comes back on that port: the queue is delivered. Bob never registered a
+    # delivery token, so the sealed one falls back to authenticated STORE (§6.3).
+    settings.ppp.port = port
+    node = NodeThread(settings)
+    try:
+        done = run_cli(capsys, "ppp", "flush", "--seed", alice_seed, "--url", url)
+        by_id = {d["event_id"]: d for d in done}
+        assert by_id[q1["event_id"]]["via"] == "ws"
+        assert by_id[q2["event_id"]]["via"] == "ws-fallback"
+        assert by_id[q2["event_id"]]["fallback_reason"] == "sealed HTTP 401"
+        assert Device.beside(alice_seed).load("outbox", None) == []
+        assert run_cli(capsys, "ppp", "flush", "--seed", alice_seed, "--url", url) == []
+
+        got: list = []
+        _until(lambda: got.extend(asyncio.run(receive(url, bob, ack=True))) or len(got) >= 2,
+               "queued mail never arrived")
+        assert sorted(r.opened.rumor.content.message for r in got) == [
+            "sealed, offline", "written offline"]
+    finally:
+        node.close()
