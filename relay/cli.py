@@ -474,6 +474,59 @@ def cmd_ppp_receive(args) -> None:
     _ppp_run(run)
 
 
+def _phrase(args) -> str:
+    if args.phrase_file:
+        text = sys.stdin.read() if args.phrase_file == "-" else open(args.phrase_file).read()
+        return " ".join(text.split())
+    raise ValueError("give the recovery phrase with --phrase-file FILE (or - for stdin)")
+
+
+def cmd_ppp_recovery_phrase(args) -> None:
+    """The 24-word BIP-39 phrase of the seed: the one thing to write down."""
+    from engine.ppp.backup import mnemonic_of
+
+    def run():
+        print("write these words down; anyone who has them is you", file=sys.stderr)
+        print(mnemonic_of(_ppp_identity(args.seed)))
+    _ppp_run(run)
+
+
+def cmd_ppp_backup(args) -> None:
+    """`relay ppp backup create|show|delete|restore`: one JSON line."""
+    from . import ppp_client as P
+    from .ppp_device import Device
+
+    def run():
+        url = _ppp_url(args)
+        if args.backup_command == "restore":
+            me, snap, meta = asyncio.run(P.backup_restore(url, _phrase(args),
+                                                          passphrase=args.passphrase))
+            P.write_seed(args.out, me, force=args.force)
+            device = Device.beside(args.out, args.state)
+            if snap is not None:
+                device.restore(snap)
+            print(json.dumps({"pubkey": me.pubkey_hex, "restored": snap is not None,
+                              **(meta or {}), "mail": len(device.mail()),
+                              "contacts": len(device.load("contacts", {}))}))
+            return
+        me = _ppp_identity(args.seed)
+        if args.backup_command == "create":
+            from engine.ppp.backup import mnemonic_of
+            phrase = _phrase(args) if args.phrase_file else mnemonic_of(me)
+            out = asyncio.run(P.backup_create(url, me, phrase, _ppp_device(args).snapshot(),
+                                              passphrase=args.passphrase))
+        elif args.backup_command == "show":
+            out = asyncio.run(P.backup_show(url, me)) or {"backup": None}
+        else:
+            async def delete():
+                async with await P.PppClient.connect(url, me) as c:
+                    await c.delete_backup()
+            asyncio.run(delete())
+            out = {"deleted": True}
+        print(json.dumps(out))
+    _ppp_run(run)          # BackupError is a ValueError: one line on stderr, exit 1
+
+
 def cmd_ppp_mail(args) -> None:
     """The mail this device has received and kept (JSON lines), newest last."""
     def run():
@@ -813,6 +866,33 @@ def _add_ppp_parser(sub) -> None:
     p.add_argument("--url", help=url_help)
     p.add_argument("--state", help=state_help)
     p.set_defaults(func=cmd_ppp_flush)
+    p = pp.add_parser("recovery-phrase", help="print the 24-word BIP-39 recovery phrase of a "
+                                              "seed file (write it down)")
+    p.add_argument("--seed", required=True)
+    p.set_defaults(func=cmd_ppp_recovery_phrase)
+    backup = pp.add_parser("backup", help="encrypted backups on the relay (§6): create, show, "
+                                          "delete, restore on a new device from the phrase")
+    bs = backup.add_subparsers(dest="backup_command", required=True)
+    for name, text in (("create", "encrypt this device's contacts, outbox and mail under the "
+                                  "recovery phrase's key and store it (replaces the last)"),
+                       ("show", "the relay's backup: version, stored_at, size"),
+                       ("delete", "delete the relay's backup")):
+        b = bs.add_parser(name, help=text)
+        b.add_argument("--seed", required=True)
+        b.add_argument("--state", help=state_help)
+        b.add_argument("--url", help=url_help)
+        b.add_argument("--passphrase", default="", help="BIP-39 passphrase, if one is used")
+        b.add_argument("--phrase-file", help="the recovery phrase (default: from the seed)")
+        b.set_defaults(func=cmd_ppp_backup)
+    b = bs.add_parser("restore", help="a new device: the identity from the recovery phrase, "
+                                      "then the relay's backup opened into its state")
+    b.add_argument("--phrase-file", required=True, help="file with the 24 words ('-': stdin)")
+    b.add_argument("--passphrase", default="", help="BIP-39 passphrase, if one was used")
+    b.add_argument("--out", required=True, help="seed file to create")
+    b.add_argument("--force", action="store_true", help="overwrite an existing seed file")
+    b.add_argument("--state", help=state_help)
+    b.add_argument("--url", help=url_help)
+    b.set_defaults(func=cmd_ppp_backup)
     p = pp.add_parser("mail", help="the mail this device received and kept (JSON lines)")
     p.add_argument("--seed", required=True)
     p.add_argument("--state", help=state_help)

@@ -225,6 +225,27 @@ class PppClient:
         await self._call(_pack("DEREGISTER_DELIVERY_TOKEN", delivery_token=token),
                          "DELIVERY_TOKEN_DEREGISTERED")
 
+    # --- backups (§6 backups, C.1) -------------------------------------------------------------
+    async def store_backup(self, ciphertext: bytes) -> dict:
+        """STORE_BACKUP (upsert): {version, stored_at}."""
+        m = await self._call(_pack("STORE_BACKUP", ciphertext=ciphertext), "BACKUP_STORED")
+        return {"version": m["version"], "stored_at": m["stored_at"]}
+
+    async def fetch_backup(self) -> dict | None:
+        """FETCH_BACKUP: {ciphertext, version, stored_at}, or None (BACKUP_EMPTY)."""
+        await self._send(_pack("FETCH_BACKUP"))
+        m = await self._recv()
+        if m["cmd"] == "BACKUP_EMPTY":
+            return None
+        if m["cmd"] == "BACKUP_FAIL":
+            raise PppRefused(m["cmd"], str(m.get("reason", "")))
+        if m["cmd"] != "BACKUP" or not isinstance(m.get("ciphertext"), bytes):
+            raise PppError(f"expected BACKUP, got {m['cmd']}")
+        return {k: m[k] for k in ("ciphertext", "version", "stored_at")}
+
+    async def delete_backup(self) -> None:
+        await self._call(_pack("DELETE_BACKUP"), "BACKUP_DELETED")
+
     # --- carry groups (§8, engine/ppp/carry.py) ----------------------------------------------
     async def register_carry_group(self, group_id: bytes, members, couriers) -> None:
         """REGISTER_CARRY_GROUP signed by this identity: as the group's owner the first time,
@@ -694,6 +715,41 @@ class Outbox:
                                 "attempts": e["attempts"]} for e in self.entries()]
             await asyncio.sleep(delay)
             delay = min(max_delay, delay * 2)
+
+
+# --- backups from the client (§6 backups; engine/ppp/backup.py) ---------------------------
+
+async def backup_create(url: str, me: Identity, phrase: str, snapshot: dict, *,
+                        passphrase: str = "") -> dict:
+    """Encrypt the device's state under the phrase's backup key and STORE_BACKUP it."""
+    from engine.ppp.backup import backup_key, identity_from_mnemonic, seal_backup
+    if identity_from_mnemonic(phrase).pubkey != me.pubkey:
+        raise ValueError("that recovery phrase belongs to another identity")
+    blob = seal_backup(snapshot, backup_key(phrase, passphrase))
+    async with await PppClient.connect(url, me) as c:
+        return {**await c.store_backup(blob), "bytes": len(blob)}
+
+
+async def backup_show(url: str, me: Identity) -> dict | None:
+    """What the relay holds: {version, stored_at, bytes}, or None."""
+    async with await PppClient.connect(url, me) as c:
+        b = await c.fetch_backup()
+    return None if b is None else {"version": b["version"], "stored_at": b["stored_at"],
+                                   "bytes": len(b["ciphertext"])}
+
+
+async def backup_restore(url: str, phrase: str, *, passphrase: str = ""
+                         ) -> tuple[Identity, dict | None, dict | None]:
+    """A new device from the phrase alone: the identity, the relay's backup opened (None if
+    there is none), and its {version, stored_at}."""
+    from engine.ppp.backup import backup_key, identity_from_mnemonic, open_backup
+    me = identity_from_mnemonic(phrase)
+    async with await PppClient.connect(url, me) as c:
+        b = await c.fetch_backup()
+    if b is None:
+        return me, None, None
+    return (me, open_backup(b["ciphertext"], backup_key(phrase, passphrase)),
+            {"version": b["version"], "stored_at": b["stored_at"]})
 
 
 async def register_token(url: str, me: Identity, contact_pk: bytes) -> bytes:

@@ -207,3 +207,75 @@ def test_relay_down_send_queued_then_delivered(stream, tmp_path, capsys):
             "sealed, offline", "written offline"]
     finally:
         node.close()
+
+
+# --- backups: a new device from the recovery phrase alone ----------------------------------
+
+def test_bip39_vector_and_backup_key():
+    from engine.ppp.backup import (BackupError, backup_key, identity_from_mnemonic,
+                                   mnemonic_of, open_backup, seal_backup)
+    # BIP-39's published vector (entropy 00...00, 256 bits, passphrase "TREZOR")
+    phrase = "abandon " * 23 + "art"
+    assert mnemonic_of(Identity.from_seed(bytes(32))) == phrase
+    bip39_seed = bytes.fromhex(
+        "bda85446c68413707090a52022edd26a1c9462295029f2e60cd7c4f2bbd30971"
+        "70af7a4d73245cafa9c3cca8d561a7c3de6f5d4a10be8ed2a5e608d68f92fcc8")
+    assert backup_key(phrase, "TREZOR") == hashlib.blake2b(b"ppp-backup-v1", digest_size=32,
+                                                           key=bip39_seed).digest()
+    assert identity_from_mnemonic(phrase.upper()).seed == bytes(32)
+    with pytest.raises(BackupError, match="checksum"):
+        identity_from_mnemonic("abandon " * 24)
+    blob = seal_backup({"mail": [1]}, backup_key(phrase))
+    assert open_backup(blob, backup_key(phrase)) == {"mail": [1]}
+    with pytest.raises(BackupError, match="does not open"):
+        open_backup(blob, backup_key(phrase, "another passphrase"))
+
+
+def test_restore_on_a_fresh_device_and_read_old_mail(relay, tmp_path, capsys):
+    url = ["--url", relay.url]
+    alice_seed, alice = keygen(capsys, tmp_path, "alice")
+    bob_seed, bob = keygen(capsys, tmp_path, "bob")
+    for text in ("first", "second"):
+        run_cli(capsys, "ppp", "send", "--seed", alice_seed, "--to", bob.pubkey_hex,
+                "--text", text, *url)
+    got: list = []
+    _until(lambda: got.extend(run_cli(capsys, "ppp", "receive", "--seed", bob_seed, "--ack",
+                                      *url)) or len(got) >= 2, "mail never arrived")
+    assert all(g["acked"] for g in got)           # read and acknowledged: gone from the relay
+
+    cli.main(["ppp", "recovery-phrase", "--seed", bob_seed])
+    out = capsys.readouterr()
+    words = out.out.split()
+    assert len(words) == 24 and "write these words down" in out.err
+    (created,) = run_cli(capsys, "ppp", "backup", "create", "--seed", bob_seed, *url)
+    assert created["version"] >= 1 and created["bytes"] > 0
+    (shown,) = run_cli(capsys, "ppp", "backup", "show", "--seed", bob_seed, *url)
+    assert shown == {"version": created["version"], "stored_at": created["stored_at"],
+                     "bytes": created["bytes"]}
+
+    # Bob's phone is lost. A new one, with the 24 words only.
+    phrase = tmp_path / "words.txt"
+    phrase.write_text(" ".join(words) + "\n")
+    new_seed, new_state = str(tmp_path / "new.seed"), str(tmp_path / "new-device")
+    bad = tmp_path / "bad.txt"
+    bad.write_text(" ".join(words[:-1] + [words[0] if words[-1] != words[0] else words[1]]))
+    with pytest.raises(SystemExit):
+        cli.main(["ppp", "backup", "restore", "--phrase-file", str(bad), "--out", new_seed,
+                  "--state", new_state, *url])
+    assert "recovery phrase" in capsys.readouterr().err
+    (restored,) = run_cli(capsys, "ppp", "backup", "restore", "--phrase-file", str(phrase),
+                          "--out", new_seed, "--state", new_state, *url)
+    assert restored["pubkey"] == bob.pubkey_hex and restored["restored"]
+    assert restored["mail"] == 2
+    old = run_cli(capsys, "ppp", "mail", "--seed", new_seed, "--state", new_state)
+    assert sorted(m["message"] for m in old) == ["first", "second"]
+    assert all(m["sender"] == alice.pubkey_hex for m in old)
+    # ... and it is Bob: new mail opens there too, and joins the kept history.
+    run_cli(capsys, "ppp", "send", "--seed", alice_seed, "--to", bob.pubkey_hex,
+            "--text", "third", *url)
+    more: list = []
+    _until(lambda: more.extend(run_cli(capsys, "ppp", "receive", "--seed", new_seed,
+                                       "--state", new_state, "--ack", *url)) or more,
+           "new mail never arrived on the new device")
+    assert [m["message"] for m in more] == ["third"]
+    assert len(run_cli(capsys, "ppp", "mail", "--seed", new_seed, "--state", new_state)) == 3
