@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 
 from runtime import config, logs
 from .up import SUPERVISED_ENV, role_env
@@ -403,7 +404,9 @@ def cmd_ppp_send(args) -> None:
     def run():
         me = _ppp_identity(args.seed)
         url, outbox = _ppp_url(args), Outbox(_ppp_device(args))
-        opts = dict(lat=args.lat, lon=args.lon, radius_m=args.radius, ttl=args.ttl)
+        presence_id = uuid.uuid4().bytes                 # what `relay ppp revoke` names
+        opts = dict(lat=args.lat, lon=args.lon, radius_m=args.radius, ttl=args.ttl,
+                    presence_id=presence_id)
         if args.blinded:
             gw, token = build_blinded(me, args.to, args.text, **opts)
         else:
@@ -419,14 +422,16 @@ def cmd_ppp_send(args) -> None:
                     if not line.get("queued"):
                         print(json.dumps(line))
             try:
-                return (await deliver(url, me, gw, token=token,
-                                      fallback=not args.no_fallback)).to_json()
+                return {**(await deliver(url, me, gw, token=token,
+                                         fallback=not args.no_fallback)).to_json(),
+                        "presence_id": presence_id.hex()}
             except PppUnreachable as e:
                 outbox.add(gw, token=token, error=str(e), now=int(time.time()),
                            blinded_for=args.to if args.blinded else None)
                 print("relay unreachable: queued (relay ppp flush sends it)",
                       file=sys.stderr)
-                return {"event_id": gw.event_id.hex(), "queued": True}
+                return {"event_id": gw.event_id.hex(), "queued": True,
+                        "presence_id": presence_id.hex()}
         print(json.dumps(asyncio.run(go())))
     _ppp_run(run)
 
@@ -447,7 +452,7 @@ def cmd_ppp_flush(args) -> None:
 
 
 def cmd_ppp_receive(args) -> None:
-    from .ppp_client import receive, receive_blinded
+    from .ppp_client import apply_received, receive, receive_blinded
 
     def run():
         me = _ppp_identity(args.seed)
@@ -471,6 +476,13 @@ def cmd_ppp_receive(args) -> None:
             print(json.dumps(lines[-1], ensure_ascii=False))
         device.append_mail([{k: v for k, v in line.items() if k not in ("acked", "inside")}
                             for line in lines])
+        for notice in apply_received(device, me, got):
+            print(json.dumps({"notice": notice}))
+            change = notice.get("key_change")
+            if change and change["severity"] == "warning":
+                print(f"WARNING: {change['contact_id']}: {change['advice']} "
+                      f"(relay ppp contacts approve --name {change['contact_id']})",
+                      file=sys.stderr)
     _ppp_run(run)
 
 
@@ -525,6 +537,114 @@ def cmd_ppp_backup(args) -> None:
             out = {"deleted": True}
         print(json.dumps(out))
     _ppp_run(run)          # BackupError is a ValueError: one line on stderr, exit 1
+
+
+def cmd_ppp_verify(args) -> None:
+    """`relay ppp verify invite|accept|complete` (§9 OOB verification): one JSON line."""
+    from engine.ppp import verify as V
+    from .ppp_client import http_base
+
+    def run():
+        me, device = _ppp_identity(args.seed), _ppp_device(args)
+        now = int(time.time())
+        contacts = device.load("contacts", {})
+        level = 2 if getattr(args, "in_person", False) else 1
+        if args.verify_command == "invite":
+            relay_url = args.relay_url or http_base(_ppp_url(args))
+            inv = V.Invite.make(me, relay_url, now)
+            pending = {t: r for t, r in device.load("invites", {}).items()
+                       if now - r["issued_at"] <= V.INVITE_TTL}       # expired ones go
+            pending[inv.invite_token.hex()] = {"issued_at": now, "relay_url": relay_url}
+            device.save("invites", pending)
+            out = {"invite_url": inv.url(args.domain), "expires_at": now + V.INVITE_TTL}
+        elif args.verify_command == "accept":
+            inv = V.Invite.parse(args.invite, now)
+            if inv.sender_pk == me.pubkey:
+                raise V.VerifyError("that is my own invite")
+            change = V.pin(contacts, args.name, inv.sender_pk, level=level, via=args.via,
+                           now=now, relay_url=inv.relay_url)
+            out = {"accept_url": V.Accept.make(me, inv).url(args.domain),
+                   "contact": args.name, "pubkey": inv.sender_pk.hex(), "level": level}
+            if change:
+                out["key_change"] = dataclasses.asdict(change)
+        else:
+            acc = V.Accept.parse(args.accept)
+            pending = device.load("invites", {})
+            rec = V.check_accept(me, acc, pending, now)
+            device.save("invites", pending)                            # single use
+            change = V.pin(contacts, args.name, acc.responder_pk, level=level, via=args.via,
+                           now=now, relay_url=rec.get("relay_url", ""))
+            out = {"contact": args.name, "pubkey": acc.responder_pk.hex(), "level": level,
+                   "fingerprint": _fingerprint(me.pubkey, acc.responder_pk)}
+            if change:
+                out["key_change"] = dataclasses.asdict(change)
+        device.save("contacts", contacts)
+        print(json.dumps(out))
+    _ppp_run(run)
+
+
+def _fingerprint(a: bytes, b: bytes) -> str:
+    from engine.ppp.tokens import display_fingerprint, fingerprint
+    return display_fingerprint(fingerprint(a, b))
+
+
+def cmd_ppp_contacts(args) -> None:
+    """`relay ppp contacts [list|add|approve]`: pinned contacts, never sent to the relay."""
+    from engine.ppp import verify as V
+
+    def run():
+        device = _ppp_device(args)
+        contacts = device.load("contacts", {})
+        action = args.contacts_command or "list"
+        if action == "list":
+            me = _ppp_identity(args.seed)
+            for c in contacts.values():
+                print(json.dumps({**c, "level_name": V.LEVELS[c["verification_level"]],
+                                  "fingerprint": _fingerprint(me.pubkey,
+                                                              bytes.fromhex(c["pubkey"]))}))
+            return
+        if action == "add":
+            change = V.pin(contacts, args.name, args.pubkey, level=0, via=args.via,
+                           now=int(time.time()))
+            out = {"contact": args.name, "level": contacts[args.name]["verification_level"]}
+            if change:
+                out["key_change"] = dataclasses.asdict(change)
+        else:
+            if args.name not in contacts:
+                raise ValueError(f"no contact named {args.name}")
+            out = V.approve(contacts, args.name, int(time.time()))
+        device.save("contacts", contacts)
+        print(json.dumps(out))
+    _ppp_run(run)
+
+
+def cmd_ppp_event(args) -> None:
+    """`relay ppp revoke|rotate-key|key-exchange-return`: a §4.3 event of that kind."""
+    from engine.ppp import verify as V
+    from engine.ppp.wrap import Kind
+    from .ppp_client import (build_event, deliver, key_exchange_return_content,
+                             revoke_content)
+
+    def run():
+        me = _ppp_identity(args.seed)
+        if args.ppp_command == "revoke":
+            events = [(args.to, Kind.REVOKE, revoke_content(args.presence_id))]
+        elif args.ppp_command == "key-exchange-return":
+            events = [(args.to, Kind.KEY_EXCHANGE_RETURN,
+                       key_exchange_return_content(me, args.to))]
+        else:
+            new = _ppp_identity(args.new_seed)
+            content = V.key_rotation_content(me, new.pubkey)
+            recipients = args.to or [bytes.fromhex(c["pubkey"]) for c in
+                                     _ppp_device(args).load("contacts", {}).values()]
+            events = [(pk, Kind.KEY_ROTATION, content) for pk in recipients]
+
+        async def go():
+            for to, kind, content in events:
+                r = await deliver(_ppp_url(args), me, build_event(me, to, kind, content))
+                print(json.dumps({"to": to.hex(), "kind": kind.name, **r.to_json()}))
+        asyncio.run(go())
+    _ppp_run(run)
 
 
 def cmd_ppp_mail(args) -> None:
@@ -893,6 +1013,63 @@ def _add_ppp_parser(sub) -> None:
     b.add_argument("--state", help=state_help)
     b.add_argument("--url", help=url_help)
     b.set_defaults(func=cmd_ppp_backup)
+    verify = pp.add_parser("verify", help="out-of-band verification of a contact (§9): "
+                                          "invite, accept, complete")
+    vs = verify.add_subparsers(dest="verify_command", required=True)
+    for name, text in (("invite", "make a signed, single-use invite URL (24 h) to send over "
+                                  "a channel you trust"),
+                       ("accept", "check a contact's invite URL, pin them, and make the "
+                                  "signed accept URL to send back"),
+                       ("complete", "check the accept URL for my invite and pin the contact")):
+        v = vs.add_parser(name, help=text)
+        v.add_argument("--seed", required=True)
+        v.add_argument("--state", help=state_help)
+        v.add_argument("--domain", default="ppp.invalid",
+                       help="host the invite/accept links name (default ppp.invalid)")
+        if name == "invite":
+            v.add_argument("--relay-url", help="the relay URL to give (default: --url's)")
+            v.add_argument("--url", help=url_help)
+        else:
+            v.add_argument("--" + ("invite" if name == "accept" else "accept"), required=True,
+                           help="the URL received")
+            v.add_argument("--name", required=True, help="what you call this contact")
+            v.add_argument("--via", default="oob", help="the channel used (iMessage, QR, ...)")
+            v.add_argument("--in-person", action="store_true",
+                           help="done face to face (QR, fingerprint read aloud): level 2")
+        v.set_defaults(func=cmd_ppp_verify)
+    contacts = pp.add_parser("contacts", help="pinned contacts and their verification level "
+                                              "(local only); add; approve a changed key")
+    p = contacts
+    p.add_argument("--seed", required=True)
+    p.add_argument("--state", help=state_help)
+    p.set_defaults(func=cmd_ppp_contacts, contacts_command=None)
+    cs = contacts.add_subparsers(dest="contacts_command")
+    c = cs.add_parser("add", help="pin a key learnt without verification (level 0)")
+    c.add_argument("--name", required=True)
+    c.add_argument("--pubkey", required=True, type=_pubkey)
+    c.add_argument("--via", default="manual")
+    c = cs.add_parser("approve", help="accept a verified contact's changed key (back to "
+                                      "level 0 until verified again)")
+    c.add_argument("--name", required=True)
+    for name, text in (("revoke", "revoke a PRESENCE event I sent (REVOKE, §4.3)"),
+                       ("rotate-key", "announce my new key to my contacts (KEY_ROTATION, "
+                                      "signed by the old key)"),
+                       ("key-exchange-return", "return my key to the initiator of a "
+                                               "deep-link exchange (KEY_EXCHANGE_RETURN)")):
+        p = pp.add_parser(name, help=text)
+        p.add_argument("--seed", required=True)
+        p.add_argument("--state", help=state_help)
+        p.add_argument("--url", help=url_help)
+        if name == "rotate-key":
+            p.add_argument("--new-seed", required=True, help="the new identity's seed file")
+            p.add_argument("--to", action="append", type=_pubkey, metavar="PUBKEY",
+                           help="a contact to tell (repeat; default: every pinned contact)")
+        else:
+            p.add_argument("--to", required=True, type=_pubkey, help="recipient (hex)")
+        if name == "revoke":
+            p.add_argument("--presence-id", required=True, type=_hex_arg(16, "a presence id"),
+                           help="the presence_id of the event (32 hex)")
+        p.set_defaults(func=cmd_ppp_event)
     p = pp.add_parser("mail", help="the mail this device received and kept (JSON lines)")
     p.add_argument("--seed", required=True)
     p.add_argument("--state", help=state_help)

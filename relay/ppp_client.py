@@ -537,11 +537,12 @@ def seed_file_too_open(path: str | Path) -> bool:
 def build_presence(sender: Identity, recipient_pk: bytes, text: str, *, lat: float = 0.0,
                    lon: float = 0.0, radius_m: int = 50_000, ttl: int = DEFAULT_TTL,
                    now: int | None = None, timezone: str = "UTC",
-                   route_to: bytes | None = None) -> GiftWrap:
+                   route_to: bytes | None = None,
+                   presence_id: bytes | None = None) -> GiftWrap:
     """A PRESENCE event to one recipient, discoverable from now until now + ttl (routed to
     a blinded mailbox with `route_to`)."""
     now = int(time.time()) if now is None else now
-    content = PresenceContent(uuid.uuid4().bytes, text, Region(float(lat), float(lon), radius_m),
+    content = PresenceContent(presence_id or uuid.uuid4().bytes, text, Region(float(lat), float(lon), radius_m),
                               TimeWindow(now, now + ttl, timezone), (recipient_pk,))
     rumor = Rumor(sender.pubkey, Kind.PRESENCE, content, now)
     return wrap(rumor, sender, recipient_pk, created_at=now, expires_at=now + ttl,
@@ -752,6 +753,68 @@ async def backup_restore(url: str, phrase: str, *, passphrase: str = ""
             {"version": b["version"], "stored_at": b["stored_at"]})
 
 
+# --- the other event kinds (§4.2-4.3): REVOKE, KEY_ROTATION, KEY_EXCHANGE_RETURN ----------
+
+def build_event(sender: Identity, recipient_pk: bytes, kind: int, content: Any, *,
+                ttl: int = DEFAULT_TTL, now: int | None = None) -> GiftWrap:
+    """Any rumor kind, gift-wrapped to one recipient (content as §4.3 gives it)."""
+    now = int(time.time()) if now is None else now
+    return wrap(Rumor(sender.pubkey, int(kind), content, now), sender, recipient_pk,
+                created_at=now, expires_at=now + ttl)
+
+
+def revoke_content(presence_id: bytes) -> dict:
+    return {"event_id": presence_id}              # §4.3 RevokeContent
+
+
+def key_exchange_return_content(me: Identity, initiator_pk: bytes) -> dict:
+    return {"initiator_pubkey": initiator_pk, "responder_pubkey": me.pubkey}
+
+
+def apply_received(device, me: Identity, got: list[Received], *, now: int | None = None
+                   ) -> list[dict]:
+    """What a received event changes on the device, after it opened and its seal verified:
+    REVOKE removes the revoked message from the kept mail (only if the same sender sent
+    it); KEY_ROTATION from a pinned contact is a key change (alerted per its verification
+    level, `engine/ppp/verify.py`); KEY_EXCHANGE_RETURN bound to me pins the responder at
+    level 0 (TOFU). Returns one notice per change, for the user."""
+    from engine.ppp import verify as V
+    now = int(time.time()) if now is None else now
+    contacts = device.load("contacts", {})
+    notices: list[dict] = []
+    for r in got:
+        if r.opened is None:
+            continue
+        rumor = r.opened.rumor
+        try:
+            if rumor.kind == Kind.REVOKE:
+                pid = rumor.content.get("event_id") if isinstance(rumor.content, dict) else None
+                if not isinstance(pid, bytes):
+                    raise V.VerifyError("malformed REVOKE content")
+                n = device.remove_mail(pid.hex(), rumor.sender.hex())
+                notices.append({"revoked": pid.hex(), "removed": n})
+            elif rumor.kind == Kind.KEY_ROTATION:
+                new_pk = V.check_key_rotation(rumor.sender, rumor.content)
+                cid = V.by_pubkey(contacts, rumor.sender)
+                if cid is None:
+                    notices.append({"key_rotation": "from an unknown sender: ignored"})
+                    continue
+                change = V.observe_key(contacts, cid, new_pk, now=now)
+                if change is not None:
+                    notices.append({"key_change": dataclasses.asdict(change)})
+            elif rumor.kind == Kind.KEY_EXCHANGE_RETURN:
+                pk = V.check_key_exchange_return(me, rumor.sender, rumor.content)
+                cid = V.by_pubkey(contacts, pk) or pk.hex()[:16]
+                change = V.pin(contacts, cid, pk, level=0, via="key exchange return",
+                               now=now)
+                notices.append({"contact_added": cid, "pubkey": pk.hex(), "level": 0}
+                               if change is None else {"key_change": dataclasses.asdict(change)})
+        except V.VerifyError as e:
+            notices.append({"event_id": r.event_id.hex(), "refused": str(e)})
+    device.save("contacts", contacts)
+    return notices
+
+
 async def register_token(url: str, me: Identity, contact_pk: bytes) -> bytes:
     """Register the delivery token of (me, contact) for notes the contact sends me."""
     token = recipient_delivery_token(me, contact_pk)
@@ -783,7 +846,7 @@ class Received:
                    verified=True)
         if isinstance(r.content, PresenceContent):
             c = r.content
-            out.update(message=c.message,
+            out.update(presence_id=c.event_id.hex(), message=c.message,
                        region={"latitude": c.region.latitude, "longitude": c.region.longitude,
                                "radius_m": c.region.radius_m},
                        time_window={"starts_at": c.time_window.starts_at,
@@ -792,12 +855,23 @@ class Received:
         elif isinstance(r.content, GroupInviteContent):   # the key stays in the event
             out.update(room_id=r.content.room_id.hex(), group_name=r.content.group_name)
         else:
-            out["content"] = repr(r.content)
+            out["content"] = jsonable(r.content)
         out["expires_at"] = self.opened.giftwrap.expires_at
         out.update(self.extra)
         if self.acked:
             out["acked"] = True
         return out
+
+
+def jsonable(v: Any) -> Any:
+    """A decoded MessagePack value as JSON: bytes in hex (ids, keys), never a Python repr."""
+    if isinstance(v, (bytes, bytearray)):
+        return bytes(v).hex()
+    if isinstance(v, dict):
+        return {str(k): jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [jsonable(x) for x in v]
+    return v
 
 
 def _kind_name(kind: int) -> str:

@@ -80,6 +80,24 @@ class Device:
                 os.close(fd)
         return len(new)
 
+    def remove_mail(self, presence_id: str, sender: str) -> int:
+        """A REVOKE (§4.3): drop the sender's message with that presence id."""
+        mail = self.mail()
+        keep = [m for m in mail if not (m.get("presence_id") == presence_id
+                                        and m.get("sender") == sender)]
+        if len(keep) != len(mail):
+            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            tmp = self._file("mail.jsonl.tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.write(fd, "".join(json.dumps(m, ensure_ascii=False) + "\n"
+                                     for m in keep).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self._file("mail.jsonl"))
+        return len(mail) - len(keep)
+
     def mail(self) -> list[dict]:
         try:
             text = self._file("mail.jsonl").read_text(encoding="utf-8")

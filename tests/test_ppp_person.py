@@ -19,6 +19,7 @@ import json
 import socket
 import struct
 import time
+from pathlib import Path
 
 import pytest
 
@@ -75,7 +76,7 @@ def _until(fn, what: str, timeout: float = TIMEOUT):
         if got:
             return got
         assert time.monotonic() < deadline, what
-        time.sleep(0.3)
+        time.sleep(1.0)     # FETCH is rate-limited (C.3: 30 a minute per pubkey)
 
 
 # --- blinded mail, never missed -------------------------------------------------------------
@@ -279,3 +280,136 @@ def test_restore_on_a_fresh_device_and_read_old_mail(relay, tmp_path, capsys):
            "new mail never arrived on the new device")
     assert [m["message"] for m in more] == ["third"]
     assert len(run_cli(capsys, "ppp", "mail", "--seed", new_seed, "--state", new_state)) == 3
+
+
+# --- out-of-band verification, key changes, REVOKE, KEY_EXCHANGE_RETURN ----------------------
+
+def test_verification_urls_are_signed_single_use_and_expire():
+    from engine.ppp import verify as V
+    alice, bob, carol = (Identity.generate() for _ in range(3))
+    now = 1_765_000_000
+    inv = V.Invite.make(alice, "https://relay.example", now)
+    url = inv.url("ppp.example")
+    assert url.startswith("https://ppp.example/v?p=")
+    assert V.Invite.parse(url, now + 60) == inv
+    with pytest.raises(V.VerifyError, match="expired"):
+        V.Invite.parse(url, now + V.INVITE_TTL + 1)
+    # a key swapped into the link does not carry the signature
+    forged = url.replace(f"p={V._b64(alice.pubkey)}", f"p={V._b64(carol.pubkey)}")
+    with pytest.raises(V.VerifyError, match="does not verify"):
+        V.Invite.parse(forged, now)
+    pending = {inv.invite_token.hex(): {"issued_at": now}}
+    acc = V.Accept.make(bob, inv)
+    # Bob's accept names Alice: forwarded to Carol (same token in her pending set) it fails
+    with pytest.raises(V.VerifyError, match="does not verify"):
+        V.check_accept(carol, acc, dict(pending), now)
+    assert V.check_accept(alice, V.Accept.parse(acc.url("x")), pending, now) == {
+        "issued_at": now}
+    with pytest.raises(V.VerifyError, match="already used"):
+        V.check_accept(alice, acc, pending, now)
+    late = {inv.invite_token.hex(): {"issued_at": now}}
+    with pytest.raises(V.VerifyError, match="expired"):
+        V.check_accept(alice, acc, late, now + V.INVITE_TTL + 1)
+
+
+def test_verify_a_contact_and_see_a_changed_key_flagged(relay, tmp_path, capsys):
+    from engine.ppp.wrap import Kind
+    from relay.ppp_client import build_event, deliver, key_exchange_return_content
+    url = ["--url", relay.url]
+    alice_seed, alice = keygen(capsys, tmp_path, "alice")
+    bob_seed, bob = keygen(capsys, tmp_path, "bob")
+    bob2_seed, bob2 = keygen(capsys, tmp_path, "bob2")
+    carol_seed, carol = keygen(capsys, tmp_path, "carol")
+    dave_seed, dave = keygen(capsys, tmp_path, "dave")
+
+    (inv,) = run_cli(capsys, "ppp", "verify", "invite", "--seed", alice_seed,
+                     "--domain", "ppp.example", *url)
+    (acc,) = run_cli(capsys, "ppp", "verify", "accept", "--seed", bob_seed, "--invite",
+                     inv["invite_url"], "--name", "alice", "--via", "signal",
+                     "--domain", "ppp.example")
+    assert acc["pubkey"] == alice.pubkey_hex and acc["level"] == 1
+    (done,) = run_cli(capsys, "ppp", "verify", "complete", "--seed", alice_seed, "--accept",
+                      acc["accept_url"], "--name", "bob", "--via", "signal")
+    assert done["pubkey"] == bob.pubkey_hex and done["level"] == 1
+    assert [done["fingerprint"]] == [line for line in (
+        cli.main(["ppp", "fingerprint", "--seed", bob_seed, "--contact", alice.pubkey_hex])
+        or capsys.readouterr().out.splitlines())]
+    with pytest.raises(SystemExit):                              # single use
+        run_cli(capsys, "ppp", "verify", "complete", "--seed", alice_seed, "--accept",
+                acc["accept_url"], "--name", "bob")
+    assert "already used" in capsys.readouterr().err
+    run_cli(capsys, "ppp", "contacts", "--seed", alice_seed, "add", "--name", "carol",
+            "--pubkey", carol.pubkey_hex)
+    (bob_pin, carol_pin) = run_cli(capsys, "ppp", "contacts", "--seed", alice_seed)
+    assert (bob_pin["contact_id"], bob_pin["verification_level"], bob_pin["verified_via"],
+            bob_pin["level_name"]) == ("bob", 1, "signal", "oob-verified")
+    assert carol_pin["verification_level"] == 0
+
+    # Bob sends, then revokes; Bob and Carol move to new keys; Carol forges nothing she can't.
+    (sent,) = run_cli(capsys, "ppp", "send", "--seed", bob_seed, "--to", alice.pubkey_hex,
+                      "--text", "meet at noon", *url)
+    _until(lambda: run_cli(capsys, "ppp", "receive", "--seed", alice_seed, "--ack", *url),
+           "Bob's message never arrived")
+    assert [m["message"] for m in run_cli(capsys, "ppp", "mail", "--seed", alice_seed)] == [
+        "meet at noon"]
+    run_cli(capsys, "ppp", "revoke", "--seed", bob_seed, "--to", alice.pubkey_hex,
+            "--presence-id", sent["presence_id"], *url)
+    (rot,) = run_cli(capsys, "ppp", "rotate-key", "--seed", bob_seed, "--new-seed", bob2_seed,
+                     "--to", alice.pubkey_hex, *url)
+    assert rot["kind"] == "KEY_ROTATION"
+    carol2 = Identity.generate()
+    from engine.ppp import verify as V
+
+    async def more():
+        await deliver(relay.url, carol, build_event(carol, alice.pubkey, Kind.KEY_ROTATION,
+                                                    V.key_rotation_content(carol, carol2.pubkey)))
+        await deliver(relay.url, carol, build_event(carol, alice.pubkey, Kind.KEY_ROTATION, {
+            "new_pubkey": dave.pubkey, "migration_sig": bytes(64)}))      # not Carol's doing
+        await deliver(relay.url, dave, build_event(dave, alice.pubkey, Kind.KEY_EXCHANGE_RETURN,
+                                                   key_exchange_return_content(dave,
+                                                                               alice.pubkey)))
+        await deliver(relay.url, dave, build_event(dave, alice.pubkey, Kind.KEY_EXCHANGE_RETURN,
+                                                   key_exchange_return_content(dave,
+                                                                               carol.pubkey)))
+    asyncio.run(more())
+
+    notices: list = []
+
+    def poll():
+        cli.main(["ppp", "receive", "--seed", alice_seed, "--ack", *url])
+        out = capsys.readouterr()
+        poll.err += out.err
+        notices.extend(json.loads(x)["notice"] for x in out.out.splitlines() if '"notice"' in x)
+        return len(notices) >= 6
+    poll.err = ""
+    _until(poll, "the revoke, rotations and key returns never arrived")
+
+    assert {"revoked": sent["presence_id"], "removed": 1} in notices
+    kept = run_cli(capsys, "ppp", "mail", "--seed", alice_seed)
+    assert [m["kind"] for m in kept if m["kind"] == "PRESENCE"] == []      # revoked
+    assert sorted(m["kind"] for m in kept) == ["KEY_EXCHANGE_RETURN"] * 2 + [
+        "KEY_ROTATION"] * 3 + ["REVOKE"]
+    changes = {n["key_change"]["contact_id"]: n["key_change"] for n in notices
+               if "key_change" in n}
+    # Bob was verified: a prominent warning, the old key kept until Alice approves.
+    assert changes["bob"]["severity"] == "warning" and not changes["bob"]["accepted"]
+    assert changes["bob"]["new_pubkey"] == bob2.pubkey_hex
+    assert "WARNING: bob:" in poll.err
+    # Carol was only discovered: a notice, the new key taken (TOFU).
+    assert changes["carol"]["severity"] == "notice" and changes["carol"]["accepted"]
+    refused = [n["refused"] for n in notices if "refused" in n]
+    assert sorted(refused) == ["KEY_EXCHANGE_RETURN is bound to another initiator",
+                               "KEY_ROTATION migration signature does not verify"]
+    assert any(n.get("contact_added") and n["pubkey"] == dave.pubkey_hex for n in notices)
+    pins = {c["contact_id"]: c for c in run_cli(capsys, "ppp", "contacts", "--seed",
+                                                 alice_seed)}
+    assert pins["bob"]["pubkey"] == bob.pubkey_hex and pins["bob"]["pending_key"] == \
+        bob2.pubkey_hex
+    assert pins["carol"]["pubkey"] == carol2.pubkey.hex()
+    (approved,) = run_cli(capsys, "ppp", "contacts", "--seed", alice_seed, "approve",
+                          "--name", "bob")
+    assert approved["pubkey"] == bob2.pubkey_hex and approved["verification_level"] == 0
+    # The pins never went to the relay: nothing of them in what it stored.
+    stored = b"".join(p.read_bytes() for p in Path(relay.node.settings.data_dir).rglob("*")
+                      if p.is_file())
+    assert b"signal" not in stored and b"oob-verified" not in stored
