@@ -310,7 +310,7 @@ def _ppp_url(args) -> str:
         return args.url
     from .ppp_client import ws_url
     settings = _settings(args)
-    return ws_url(settings.bind, settings.ppp.port)
+    return ws_url(settings.bind, settings.ppp.port, tls=bool(settings.ppp.tls_cert_file))
 
 
 def _ppp_identity(path: str):

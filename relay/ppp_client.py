@@ -70,12 +70,12 @@ def _pack(cmd: str, **fields: Any) -> bytes:
     return msgpack.packb({"cmd": cmd, **fields}, use_bin_type=True)
 
 
-def ws_url(host: str, port: int) -> str:
+def ws_url(host: str, port: int, *, tls: bool = False) -> str:
     if host in ("0.0.0.0", "::", ""):
         host = "127.0.0.1"
     if ":" in host:
         host = f"[{host}]"
-    return f"ws://{host}:{port}{WS_PATH}"
+    return f"{'wss' if tls else 'ws'}://{host}:{port}{WS_PATH}"
 
 
 def http_base(url: str) -> str:

@@ -413,3 +413,82 @@ def test_verify_a_contact_and_see_a_changed_key_flagged(relay, tmp_path, capsys)
     stored = b"".join(p.read_bytes() for p in Path(relay.node.settings.data_dir).rglob("*")
                       if p.is_file())
     assert b"signal" not in stored and b"oob-verified" not in stored
+
+
+# --- TLS on the listener itself ------------------------------------------------------------
+
+def _self_signed(tmp_path) -> tuple[str, str]:
+    import datetime
+    import ipaddress
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ppp test")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = tmp_path / "ppp.crt", tmp_path / "ppp.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return str(cert_path), str(key_path)
+
+
+def test_listener_serves_wss_and_https_itself(settings, tmp_path, capsys, monkeypatch):
+    import websockets
+    from relay.ppp_client import PppError
+    cert, key = _self_signed(tmp_path)
+    settings.ppp.tls_cert_file, settings.ppp.tls_key_file = cert, key
+    settings.ppp.notify_window_ms = 0
+    monkeypatch.setenv("SSL_CERT_FILE", cert)       # the clients trust this certificate
+    node = NodeThread(settings)
+    try:
+        port = node.node.ppp.bound_port
+        wss = f"wss://127.0.0.1:{port}/v1/ws"
+        alice_seed, alice = keygen(capsys, tmp_path, "alice")
+        bob_seed, bob = keygen(capsys, tmp_path, "bob")
+        # over TLS: AUTH, STORE (WebSocket) and a sealed POST (HTTPS) through the CLI
+        run_cli(capsys, "ppp", "register-token", "--seed", bob_seed, "--contact",
+                alice.pubkey_hex, "--url", wss)
+        (ws,) = run_cli(capsys, "ppp", "send", "--seed", alice_seed, "--to", bob.pubkey_hex,
+                        "--text", "over wss", "--url", wss)
+        (sealed,) = run_cli(capsys, "ppp", "send", "--seed", alice_seed, "--to",
+                            bob.pubkey_hex, "--text", "over https", "--sealed",
+                            "--no-fallback", "--url", wss)
+        assert ws["via"] == "ws" and sealed["via"] == "sealed"
+        # plain ws:// to a TLS listener gets nowhere (no queueing of a mistake: the CLI
+        # queues only when nothing answered, and here TLS bytes answered)
+        async def plain():
+            with pytest.raises((PppError, websockets.InvalidMessage, OSError, EOFError)):
+                await PppClient.connect(f"ws://127.0.0.1:{port}/v1/ws", alice,
+                                        open_timeout=5)
+        asyncio.run(plain())
+        # a certificate nobody trusts is refused by the client
+        monkeypatch.delenv("SSL_CERT_FILE")
+        async def untrusted():
+            import ssl
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await PppClient.connect(wss, alice, open_timeout=5)
+        asyncio.run(untrusted())
+    finally:
+        node.close()
+
+
+def test_tls_settings_go_together(settings, tmp_path):
+    from ingress.ppp_app import tls_context
+    cert, key = _self_signed(tmp_path)
+    assert tls_context("", "") is None
+    with pytest.raises(ValueError, match="go together"):
+        tls_context(cert, "")
+    with pytest.raises(ValueError, match="cannot load"):
+        tls_context(cert, str(tmp_path / "missing.key"))
+    assert tls_context(cert, key) is not None
