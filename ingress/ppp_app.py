@@ -817,7 +817,12 @@ def build_app(server: PppServer) -> FastAPI:
         if not all(v.isascii() and v.isdigit() for k, v in request.query_params.multi_items()
                    if k in ("since", "cursor")):
             return _msgpack(P.store_fail("malformed request"), 400)
-        ok, err = await _authed(request, b"", cmd.name)
+        signed = b""
+        if server.conf.http_get_signature_covers_path:
+            qs = request.scope.get("query_string", b"")
+            signed = P.http_get_signed_body(request.scope.get("raw_path", b"")
+                                            + (b"?" + qs if qs else b""))
+        ok, err = await _authed(request, signed, cmd.name)
         if err is not None:
             return err
         pubkey, rid = ok

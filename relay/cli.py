@@ -452,7 +452,7 @@ def cmd_ppp_flush(args) -> None:
 
 
 def cmd_ppp_receive(args) -> None:
-    from .ppp_client import apply_received, receive, receive_blinded
+    from .ppp_client import apply_received, receive, receive_blinded, receive_polling
 
     def run():
         me = _ppp_identity(args.seed)
@@ -464,6 +464,9 @@ def cmd_ppp_receive(args) -> None:
             got = asyncio.run(receive_blinded(_ppp_url(args), me, args.contact, ack=args.ack,
                                               state=state))
             device.save("blinded", state)
+        elif args.http:
+            got = asyncio.run(receive_polling(_ppp_url(args), me, since=args.since,
+                                              ack=args.ack))
         else:
             got = asyncio.run(receive(_ppp_url(args), me, since=args.since, ack=args.ack))
         lines = []
@@ -1085,6 +1088,8 @@ def _add_ppp_parser(sub) -> None:
                         "event may still be alive (30 days), less the days already emptied")
     p.add_argument("--contact", action="append", type=_pubkey, metavar="PUBKEY",
                    help="a contact whose blinded mailboxes to fetch (repeat)")
+    p.add_argument("--http", action="store_true",
+                   help="HTTP polling (§5.2: signed GET/POST) instead of the WebSocket")
     p.add_argument("--url", help=url_help)
     p.add_argument("--state", help=state_help)
     p.set_defaults(func=cmd_ppp_receive)

@@ -394,6 +394,89 @@ class PppClient:
         return self.notified
 
 
+# --- HTTP polling (§5.2): for devices without a persistent connection ------------------------
+
+class PollingClient:
+    """STORE / FETCH / ACK over plain HTTP requests, each signed on its own:
+    `Authorization: PPP-Ed25519 <pubkey_hex>:<sig_hex>` with `X-PPP-Timestamp`, the
+    signature over body || timestamp for a POST and over `GET <path?query>` || timestamp
+    for a GET (engine/ppp/protocol.py `http_get_signed_body`: the path is covered, so a
+    captured signature reads nothing else). §5.2: poll every 30 s by default; a 429's
+    Retry-After is honoured by `poll`."""
+
+    DEFAULT_INTERVAL = 30.0
+
+    def __init__(self, url: str, identity: Identity, *, timeout: float = 10.0,
+                 clock=time.time):
+        self.base = http_base(url).rstrip("/")
+        self.identity = identity
+        self.timeout = timeout
+        self.clock = clock
+
+    def headers(self, signed: bytes) -> dict[str, str]:
+        from engine.ppp.protocol import http_signed_message
+        ts = str(int(self.clock()))
+        sig = self.identity.sign(http_signed_message(signed, ts))
+        return {"Authorization": f"PPP-Ed25519 {self.identity.pubkey_hex}:{sig.hex()}",
+                "X-PPP-Timestamp": ts, "Content-Type": "application/msgpack"}
+
+    def _request(self, method: str, target: str, body: bytes | None) -> tuple[int, bytes, dict]:
+        from engine.ppp.protocol import http_get_signed_body
+        signed = body if method == "POST" else http_get_signed_body(target.encode())
+        req = urllib.request.Request(self.base + target, data=body, method=method,
+                                     headers=self.headers(signed or b""))
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                return resp.status, resp.read(), dict(resp.headers)
+        except urllib.error.HTTPError as e:
+            return e.code, e.read(), dict(e.headers)
+
+    async def _call(self, method: str, target: str, body: bytes | None, reply: str) -> dict:
+        status, raw, headers = await asyncio.to_thread(self._request, method, target, body)
+        try:
+            m = msgpack.unpackb(raw, raw=False) if raw else {}
+        except Exception:   # msgpack raises several unrelated types
+            m = {}
+        if status == 200 and isinstance(m, dict) and m.get("cmd") == reply:
+            return m
+        reason = m.get("reason") if isinstance(m, dict) else None
+        err = PppRefused(f"HTTP {method} {target.split('?')[0]}",
+                         f"HTTP {status} {reason or 'refused'}", status)
+        err.retry_after = headers.get("Retry-After")
+        raise err
+
+    async def store(self, gw: GiftWrap) -> bytes:
+        body = msgpack.packb({"event": gw.encode()}, use_bin_type=True)
+        return (await self._call("POST", "/v1/events", body, "STORED"))["event_id"]
+
+    async def fetch(self, since: int = 0, cursor: int | None = None
+                    ) -> tuple[list[bytes], int | None]:
+        target = f"/v1/events?since={int(since)}" + (f"&cursor={int(cursor)}"
+                                                      if cursor is not None else "")
+        m = await self._call("GET", target, None, "EVENTS")
+        return list(m.get("events", [])), m.get("cursor")
+
+    async def fetch_all(self, since: int = 0, max_pages: int = 1000) -> list[bytes]:
+        return await PppClient._pages(lambda c: self.fetch(since, c), max_pages)
+
+    async def ack(self, event_ids: list[bytes]) -> int:
+        body = msgpack.packb({"event_ids": list(event_ids)}, use_bin_type=True)
+        return int((await self._call("POST", "/v1/events/ack", body, "ACKED"))["count"])
+
+
+async def receive_polling(url: str, me: Identity, *, since: int = 0, ack: bool = False
+                          ) -> list[Received]:
+    """`receive` over HTTP polling (§5.2) instead of the WebSocket."""
+    c = PollingClient(url, me)
+    got = [open_event(e, me) for e in await c.fetch_all(since)]
+    ids = [r.event_id for r in got if r.opened is not None]
+    if ack and ids:
+        await c.ack(ids)
+        for r in got:
+            r.acked = r.opened is not None
+    return got
+
+
 # --- sealed sender over HTTP (§6.3) -------------------------------------------------------------
 
 def sealed_note_body(token: bytes, gw: GiftWrap) -> bytes:

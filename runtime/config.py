@@ -252,6 +252,10 @@ class PppConf:
     max_message_bytes: int = 5767168
     # HTTP polling: a signed timestamp may be this far from now; each signature is used once.
     http_auth_window_seconds: int = 300
+    # A polling GET's signature covers `GET <path?query>` || timestamp (engine/ppp/protocol.py
+    # http_get_signed_body), so a captured one cannot read another path. False: the spec's
+    # literal body || timestamp, i.e. the timestamp alone, for clients that sign only that.
+    http_get_signature_covers_path: bool = True
     # Proxies whose X-Forwarded-For is believed (comma-separated addresses or CIDRs; env
     # PPP_TRUSTED_PROXIES, spec §5.x), by the sealed endpoints' per-IP budget and by the
     # connection budgets below once a request head is in. Default: loopback.

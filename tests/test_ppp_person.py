@@ -492,3 +492,37 @@ def test_tls_settings_go_together(settings, tmp_path):
     with pytest.raises(ValueError, match="cannot load"):
         tls_context(cert, str(tmp_path / "missing.key"))
     assert tls_context(cert, key) is not None
+
+
+# --- HTTP polling: a round trip, and a signature bound to its path -------------------------
+
+def test_polling_client_round_trip_and_tampered_path_refused(relay, tmp_path, capsys):
+    import urllib.error
+    import urllib.request
+    from relay.ppp_client import PollingClient, build_presence
+    alice, bob = Identity.generate(), Identity.generate()
+    bob_seed = str(tmp_path / "bob.seed")
+    from relay.ppp_client import write_seed
+    write_seed(bob_seed, bob)
+    alice_poll, bob_poll = PollingClient(relay.url, alice), PollingClient(relay.url, bob)
+    gw = build_presence(alice, bob.pubkey, "by polling")
+    assert asyncio.run(alice_poll.store(gw)) == gw.event_id          # POST /v1/events
+    got = _until(lambda: run_cli(capsys, "ppp", "receive", "--seed", bob_seed, "--http",
+                                 "--ack", "--url", relay.url), "the polled event never came")
+    assert [(g["message"], g["acked"]) for g in got] == [("by polling", True)]
+    assert asyncio.run(bob_poll.fetch()) == ([], None)               # acknowledged
+
+    def get(target: str, headers: dict) -> int:
+        req = urllib.request.Request(bob_poll.base + target, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+    signed_for = bob_poll.headers(b"GET /v1/events?since=0")
+    assert get("/v1/events?since=0", signed_for) == 200
+    # the same signature on another path or query: refused
+    assert get("/v1/events?since=1", signed_for) == 401
+    assert get(f"/v1/events/carry?group={'00' * 16}&since=0", signed_for) == 401
+    # the spec-literal signature (timestamp only) no longer reads anything
+    assert get("/v1/events?since=0", bob_poll.headers(b"")) == 401
