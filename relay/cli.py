@@ -808,7 +808,24 @@ def cmd_ppp_room(args) -> None:
             elif act == "invite":
                 eid = asyncio.run(R.invite(url, me, room, args.to, args.name))
                 print(json.dumps({"event_id": eid.hex(), "to": args.to.hex()}))
+            elif act in ("update", "kick", "ban"):
+                print(json.dumps(asyncio.run(_room_admin(url, me, room.room_id, args))))
     _ppp_run(run)
+
+
+async def _room_admin(url: str, me, room_id: bytes, args) -> dict:
+    """`relay ppp room update|kick|ban`: the admin's calls (§7.1 UPDATE_ROOM, §7.7)."""
+    from .ppp_client import PppClient
+    async with await PppClient.connect(url, me) as c:
+        if args.room_command == "update":
+            flags = {"gated": args.gated, "proximity_required": args.proximity_required}
+            await c.update_room(room_id, **flags)
+            return {"room_id": room_id.hex(), "updated": {k: v for k, v in flags.items()
+                                                          if v is not None}}
+        call = c.kick_member if args.room_command == "kick" else c.ban_member
+        await call(room_id, args.member, args.reason)
+        return {"room_id": room_id.hex(), "member": args.member.hex(),
+                ("kicked" if args.room_command == "kick" else "banned"): True}
 
 
 def cmd_ppp_discover_contacts(args) -> None:
@@ -881,6 +898,16 @@ def _add_room_parser(pp, url_help: str) -> None:
     p = action("invite", "admin: send a GroupInvite (§7.6) to a contact")
     p.add_argument("--to", required=True, type=_pubkey, help="contact public key (hex)")
     p.add_argument("--name", default="", help="group name shown to the invitee")
+    p = action("update", "admin: change the room's flags (UPDATE_ROOM)")
+    p.add_argument("--gated", action=argparse.BooleanOptionalAction, default=None,
+                   help="members only (--no-gated: any authenticated user)")
+    p.add_argument("--proximity-required", action=argparse.BooleanOptionalAction,
+                   default=None, help="reserved by §7.1 for future use")
+    for name, text in (("kick", "admin: kick a member (KICK_MEMBER; they may knock again)"),
+                       ("ban", "admin: ban a member for good (BAN_MEMBER)")):
+        p = action(name, text + "; the relay must have moderation on (§7.7)")
+        p.add_argument("--member", required=True, type=_pubkey, help="member public key")
+        p.add_argument("--reason", help="shown to nobody but the relay's reply")
     p = action("join", "room files from the GroupInvites sent to you", room_file=False)
     p.add_argument("--out-dir", required=True, help="where to write <room id>.json")
 

@@ -341,6 +341,29 @@ class PppClient:
             fields["encrypted_grant"] = grant
         await self._call(_pack("ADMIT", **fields), "ADMIT_OK")
 
+    async def update_room(self, room_id: bytes, *, gated: bool | None = None,
+                          proximity_required: bool | None = None) -> None:
+        """UPDATE_ROOM (admin only, §7.1): flags left None are unchanged."""
+        await self._call(_pack("UPDATE_ROOM", room_id=room_id, gated=gated,
+                               proximity_required=proximity_required), "ROOM_UPDATED")
+
+    async def kick_member(self, room_id: bytes, member: bytes, reason: str | None = None
+                          ) -> None:
+        """KICK_MEMBER (admin, §7.7): temporary, the member may knock again. A relay with
+        moderation off answers STORE_FAIL "feature disabled" (PppRefused)."""
+        fields: dict[str, Any] = {"room_id": room_id, "member_pubkey": member}
+        if reason is not None:
+            fields["reason"] = reason
+        await self._call(_pack("KICK_MEMBER", **fields), "MEMBER_KICKED")
+
+    async def ban_member(self, room_id: bytes, member: bytes, reason: str | None = None
+                         ) -> None:
+        """BAN_MEMBER (admin, §7.7): permanent for the room."""
+        fields: dict[str, Any] = {"room_id": room_id, "member_pubkey": member}
+        if reason is not None:
+            fields["reason"] = reason
+        await self._call(_pack("BAN_MEMBER", **fields), "MEMBER_BANNED")
+
     async def create_group(self, room_id: bytes, *, gated: bool = True,
                            max_members: int = 100) -> None:
         await self._call(_pack("CREATE_GROUP", room_id=room_id, gated=gated,

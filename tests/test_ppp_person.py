@@ -526,3 +526,35 @@ def test_polling_client_round_trip_and_tampered_path_refused(relay, tmp_path, ca
     assert get(f"/v1/events/carry?group={'00' * 16}&since=0", signed_for) == 401
     # the spec-literal signature (timestamp only) no longer reads anything
     assert get("/v1/events?since=0", bob_poll.headers(b"")) == 401
+
+
+# --- room moderation from the CLI ----------------------------------------------------------
+
+def test_room_update_kick_and_ban_from_the_cli(settings, tmp_path, capsys):
+    settings.ppp.moderation = True
+    node = NodeThread(settings)
+    try:
+        url = ["--url", node.url]
+        admin_seed, _ = keygen(capsys, tmp_path, "admin")
+        bob_seed, bob = keygen(capsys, tmp_path, "bob")
+        room_file = str(tmp_path / "group.json")
+        (made,) = run_cli(capsys, "ppp", "room", "create", "--seed", admin_seed, "--group",
+                          "--out", room_file, *url)
+        (upd,) = run_cli(capsys, "ppp", "room", "update", "--seed", admin_seed, "--room",
+                         room_file, "--no-gated", *url)
+        assert upd == {"room_id": made["room_id"], "updated": {"gated": False}}
+        with pytest.raises(SystemExit):                     # only the admin moderates
+            run_cli(capsys, "ppp", "room", "kick", "--seed", bob_seed, "--room", room_file,
+                    "--member", bob.pubkey_hex, *url)
+        assert "not room admin" in capsys.readouterr().err
+        for act in ("kick", "ban"):
+            (out,) = run_cli(capsys, "ppp", "room", act, "--seed", admin_seed, "--room",
+                             room_file, "--member", bob.pubkey_hex, "--reason", "spam", *url)
+            assert out == {"room_id": made["room_id"], "member": bob.pubkey_hex,
+                           ("kicked" if act == "kick" else "banned"): True}
+        with pytest.raises(SystemExit):                     # banned: FETCH_ROOM refused
+            run_cli(capsys, "ppp", "room", "fetch", "--seed", bob_seed, "--room", room_file,
+                    *url)
+        assert "banned" in capsys.readouterr().err
+    finally:
+        node.close()
