@@ -696,6 +696,19 @@ def cmd_ppp_courier(args) -> None:
         if args.no_serve:
             print(json.dumps(report))
             return
+        if args.loopback:
+            gatt = courier_ble.CourierGatt(
+                store, carried_for=frozenset(e.recipient for e in carrying),
+                couriers=frozenset(args.courier or ()), mtu=args.mtu)
+            try:
+                lines = asyncio.run(_loopback_handover(gatt, args.loopback))
+            finally:
+                courier.save_store(args.store, store)
+            for line in lines:
+                print(json.dumps(line, ensure_ascii=False))
+            report.update(delivered=len(gatt.delivered), handed_on=len(gatt.handed_on))
+            print(json.dumps(report))
+            return
         absent = courier_ble.bluetooth_absent()
         if absent is not None:
             print(json.dumps(report))
@@ -716,6 +729,28 @@ def cmd_ppp_courier(args) -> None:
         report.update(delivered=len(gatt.delivered), handed_on=len(gatt.handed_on))
         print(json.dumps(report))
     _ppp_run(run)
+
+
+async def _loopback_handover(gatt, seeds: list[str]) -> list[dict]:
+    """The BLE hand-over without Bluetooth: each recipient (a seed file) runs the central's
+    side against this courier over `LoopbackLink`, the same reads, writes, notifications
+    and MTU-sized chunks as on the air; what each received is opened and verified."""
+    from engine.ppp.courier import RecipientSession
+    from nacl.signing import SigningKey
+    from . import courier_ble
+    from .ppp_client import open_event
+    out = []
+    for path in seeds:
+        me = _ppp_identity(path)
+        side = RecipientSession(SigningKey(me.seed))
+        try:
+            await courier_ble.receive(courier_ble.LoopbackLink(gatt), side, idle=0.5)
+        except courier_ble.GattRefused:
+            out.append({"recipient": me.pubkey_hex, "refused": "nothing carried for it"})
+            continue
+        for gw in side.received.values():
+            out.append({"recipient": me.pubkey_hex, **open_event(gw.encode(), me).to_json()})
+    return out
 
 
 def cmd_ppp_courier_receive(args) -> None:
@@ -940,6 +975,9 @@ def _add_courier_parsers(pp, url_help: str) -> None:
                    help="another courier of my groups, who may take events on (a hop)")
     p.add_argument("--offline", action="store_true", help="do not contact the relay")
     p.add_argument("--no-serve", action="store_true", help="fetch and report only")
+    p.add_argument("--loopback", action="append", metavar="SEED_FILE",
+                   help="no Bluetooth: hand over in this process to the recipient whose seed "
+                        "file this is, over an in-memory GATT link (repeat; to try it out)")
     p.add_argument("--serve-seconds", type=float, help="stop serving after this long")
     p.add_argument("--mtu", type=int, default=23,
                    help="ATT MTU to chunk for, 23..517 (default 23: every link has it)")

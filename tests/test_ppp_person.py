@@ -558,3 +558,31 @@ def test_room_update_kick_and_ban_from_the_cli(settings, tmp_path, capsys):
         assert "banned" in capsys.readouterr().err
     finally:
         node.close()
+
+
+# --- the courier's hand-over without Bluetooth ----------------------------------------------
+
+def test_courier_loopback_handover_from_the_cli(tmp_path, capsys):
+    from engine.ppp import courier as C
+    from relay import courier
+    from relay.ppp_client import build_presence
+    courier_seed, _ = keygen(capsys, tmp_path, "courier")
+    alice_seed, alice = keygen(capsys, tmp_path, "alice")
+    bob_seed, bob = keygen(capsys, tmp_path, "bob")
+    carol_seed, carol = keygen(capsys, tmp_path, "carol")
+    store_path = str(tmp_path / "carried.bin")
+    store = C.CourierStore()
+    now = int(time.time())
+    for text in ("carried one", "carried two"):
+        store.add(C.CarriedEvent.fetched(build_presence(alice, bob.pubkey, text).encode(), now),
+                  now)
+    courier.save_store(store_path, store)
+    lines = run_cli(capsys, "ppp", "courier", "--seed", courier_seed, "--store", store_path,
+                    "--offline", "--loopback", bob_seed, "--loopback", carol_seed)
+    *events, report = lines
+    got = [e for e in events if e["recipient"] == bob.pubkey_hex]
+    assert sorted(e["message"] for e in got) == ["carried one", "carried two"]
+    assert all(e["sender"] == alice.pubkey_hex and e["verified"] for e in got)
+    assert {"recipient": carol.pubkey_hex, "refused": "nothing carried for it"} in events
+    assert report == {"carrying": 2, "delivered": 2, "handed_on": 0}
+    assert all(e.delivered for e in courier.load_store(store_path).events.values())
