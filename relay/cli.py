@@ -355,18 +355,27 @@ def cmd_ppp_keygen(args) -> None:
 
     def run():
         write_seed(args.out, ident, force=args.force)
-        print(ident.pubkey_hex)
+        print(json.dumps({"pubkey": ident.pubkey_hex, "seed_file": args.out}) if args.json
+              else ident.pubkey_hex)
     _ppp_run(run)
 
 
 def cmd_ppp_pubkey(args) -> None:
-    _ppp_run(lambda: print(_ppp_identity(args.seed).pubkey_hex))
+    def run():
+        pk = _ppp_identity(args.seed).pubkey_hex
+        print(json.dumps({"pubkey": pk}) if args.json else pk)
+    _ppp_run(run)
 
 
 def cmd_ppp_fingerprint(args) -> None:
     from engine.ppp.tokens import display_fingerprint, fingerprint
-    _ppp_run(lambda: print(display_fingerprint(
-        fingerprint(_ppp_identity(args.seed).pubkey, args.contact))))
+
+    def run():
+        fp = fingerprint(_ppp_identity(args.seed).pubkey, args.contact)
+        print(json.dumps({"contact": args.contact.hex(), "fingerprint": fp,
+                          "display": display_fingerprint(fp)}) if args.json
+              else display_fingerprint(fp))
+    _ppp_run(run)
 
 
 def cmd_ppp_register_token(args) -> None:
@@ -1001,13 +1010,17 @@ def _add_ppp_parser(sub) -> None:
     p = pp.add_parser("keygen", help="new identity: seed file (0600), prints the public key")
     p.add_argument("--out", required=True, help="seed file to create")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the hex")
     p.set_defaults(func=cmd_ppp_keygen)
     p = pp.add_parser("pubkey", help="print the public key of a seed file")
     p.add_argument("--seed", required=True)
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the hex")
     p.set_defaults(func=cmd_ppp_pubkey)
     p = pp.add_parser("fingerprint", help="verification fingerprint with a contact (§9)")
     p.add_argument("--seed", required=True)
     p.add_argument("--contact", required=True, type=_pubkey, help="contact public key (hex)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object (the base64 fingerprint and its display form)")
     p.set_defaults(func=cmd_ppp_fingerprint)
     p = pp.add_parser("register-token",
                       help="let a contact send to you sealed: register your pair's delivery token")

@@ -586,3 +586,27 @@ def test_courier_loopback_handover_from_the_cli(tmp_path, capsys):
     assert {"recipient": carol.pubkey_hex, "refused": "nothing carried for it"} in events
     assert report == {"carrying": 2, "delivered": 2, "handed_on": 0}
     assert all(e.delivered for e in courier.load_store(store_path).events.values())
+
+
+# --- readable output ----------------------------------------------------------------------
+
+def test_output_is_json_with_ids_in_hex(tmp_path, capsys):
+    from engine.ppp.wrap import Kind
+    from relay.ppp_client import build_event, open_event
+    seed, me = keygen(capsys, tmp_path, "me")
+    other = Identity.generate()
+    assert run_cli(capsys, "ppp", "pubkey", "--seed", seed, "--json") == [
+        {"pubkey": me.pubkey_hex}]
+    (fp,) = run_cli(capsys, "ppp", "fingerprint", "--seed", seed, "--contact",
+                    other.pubkey_hex, "--json")
+    assert fp["contact"] == other.pubkey_hex and fp["display"].replace(" ", "") == \
+        fp["fingerprint"].rstrip("=")
+    # a carry-group invite (or any kind without its own view): JSON, ids and keys in hex
+    invite = {"group_id": bytes(range(16)), "group_name": "hikers",
+              "members": [me.pubkey], "couriers": [other.pubkey]}
+    gw = build_event(other, me.pubkey, Kind.CARRY_GROUP_INVITE, invite)
+    shown = open_event(gw.encode(), me).to_json()
+    assert shown["kind"] == "CARRY_GROUP_INVITE"
+    assert shown["content"] == {"group_id": bytes(range(16)).hex(), "group_name": "hikers",
+                                "members": [me.pubkey_hex], "couriers": [other.pubkey.hex()]}
+    assert json.loads(json.dumps(shown)) == shown
