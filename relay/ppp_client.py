@@ -424,8 +424,9 @@ class PollingClient:
     `Authorization: PPP-Ed25519 <pubkey_hex>:<sig_hex>` with `X-PPP-Timestamp`, the
     signature over body || timestamp for a POST and over `GET <path?query>` || timestamp
     for a GET (engine/ppp/protocol.py `http_get_signed_body`: the path is covered, so a
-    captured signature reads nothing else). §5.2: poll every 30 s by default; a 429's
-    Retry-After is honoured by `poll`."""
+    captured signature reads nothing else). §5.2: poll every `DEFAULT_INTERVAL` (30 s);
+    a refusal carries the relay's Retry-After (`PppRefused.retry_after`) for the caller's
+    next poll."""
 
     DEFAULT_INTERVAL = 30.0
 
