@@ -1077,23 +1077,20 @@ def _add_ppp_parser(sub) -> None:
     for name, text in (("create", "encrypt this device's contacts, outbox and mail under the "
                                   "recovery phrase's key and store it (replaces the last)"),
                        ("show", "the relay's backup: version, stored_at, size"),
-                       ("delete", "delete the relay's backup")):
+                       ("delete", "delete the relay's backup"),
+                       ("restore", "a new device: the identity from the recovery phrase, "
+                                   "then the relay's backup opened into its state")):
         b = bs.add_parser(name, help=text)
-        b.add_argument("--seed", required=True)
         b.add_argument("--state", help=state_help)
         b.add_argument("--url", help=url_help)
         b.add_argument("--passphrase", default="", help="BIP-39 passphrase, if one is used")
-        b.add_argument("--phrase-file", help="the recovery phrase (default: from the seed)")
         b.set_defaults(func=cmd_ppp_backup)
-    b = bs.add_parser("restore", help="a new device: the identity from the recovery phrase, "
-                                      "then the relay's backup opened into its state")
+        if name != "restore":
+            b.add_argument("--seed", required=True)
+            b.add_argument("--phrase-file", help="the recovery phrase (default: from the seed)")
     b.add_argument("--phrase-file", required=True, help="file with the 24 words ('-': stdin)")
-    b.add_argument("--passphrase", default="", help="BIP-39 passphrase, if one was used")
     b.add_argument("--out", required=True, help="seed file to create")
     b.add_argument("--force", action="store_true", help="overwrite an existing seed file")
-    b.add_argument("--state", help=state_help)
-    b.add_argument("--url", help=url_help)
-    b.set_defaults(func=cmd_ppp_backup)
     verify = pp.add_parser("verify", help="out-of-band verification of a contact (§9): "
                                           "invite, accept, complete")
     vs = verify.add_subparsers(dest="verify_command", required=True)

@@ -70,15 +70,24 @@ class Device:
         have = {m["event_id"] for m in self.mail()}
         new = [e for e in entries if e.get("event_id") not in have and "error" not in e]
         if new:
-            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self._file("mail.jsonl"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-            try:
-                os.write(fd, "".join(json.dumps(e, ensure_ascii=False) + "\n"
-                                     for e in new).encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            self._write_mail(new, append=True)
         return len(new)
+
+    def _write_mail(self, entries: list[dict], *, append: bool) -> None:
+        """Append to mail.jsonl, or replace it whole (written aside, then renamed)."""
+        self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        target = self._file("mail.jsonl")
+        path = target if append else self._file("mail.jsonl.tmp")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC),
+                     0o600)
+        try:
+            os.write(fd, "".join(json.dumps(e, ensure_ascii=False) + "\n"
+                                 for e in entries).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        if not append:
+            os.replace(path, target)
 
     def remove_mail(self, presence_id: str, sender: str) -> int:
         """A REVOKE (§4.3): drop the sender's message with that presence id."""
@@ -86,16 +95,7 @@ class Device:
         keep = [m for m in mail if not (m.get("presence_id") == presence_id
                                         and m.get("sender") == sender)]
         if len(keep) != len(mail):
-            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            tmp = self._file("mail.jsonl.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, "".join(json.dumps(m, ensure_ascii=False) + "\n"
-                                     for m in keep).encode())
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, self._file("mail.jsonl"))
+            self._write_mail(keep, append=False)
         return len(mail) - len(keep)
 
     def mail(self) -> list[dict]:
