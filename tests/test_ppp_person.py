@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import os
 import socket
 import struct
 import time
@@ -589,3 +590,72 @@ def test_output_is_json_with_ids_in_hex(tmp_path, capsys):
     assert shown["content"] == {"group_id": bytes(range(16)).hex(), "group_name": "hikers",
                                 "members": [me.pubkey_hex], "couriers": [other.pubkey.hex()]}
     assert json.loads(json.dumps(shown)) == shown
+
+
+# --- a spec-literal STORE_ROOM to a gated room ---------------------------------------------
+
+async def _spec_literal_store_room(url: str, me: Identity, room_id: bytes) -> dict:
+    """C.1's STORE_ROOM {room_id, nonce, ciphertext} and nothing else, over a WebSocket
+    authenticated by hand (§5.1), as a client that knows only the spec would send it."""
+    import msgpack
+    import websockets
+    async with websockets.connect(url) as ws:
+        challenge = msgpack.unpackb(await ws.recv(), raw=False)
+        await ws.send(msgpack.packb({"cmd": "AUTH", "pubkey": me.pubkey,
+                                     "sig": me.sign(challenge["nonce"])}, use_bin_type=True))
+        assert msgpack.unpackb(await ws.recv(), raw=False)["cmd"] == "AUTH_OK"
+        await ws.send(msgpack.packb({"cmd": "STORE_ROOM", "room_id": room_id,
+                                     "nonce": bytes(24), "ciphertext": os.urandom(64)},
+                                    use_bin_type=True))
+        while True:
+            m = msgpack.unpackb(await ws.recv(), raw=False)
+            if m["cmd"] not in ("ROOM_NOTIFY", "NOTIFY"):
+                return m
+
+
+def test_spec_literal_gated_store_room_from_an_admitted_member(stream, tmp_path):
+    from relay import ppp_rooms as R
+    settings = stream
+    settings.ppp.moderation = True
+    node = NodeThread(settings)
+    admin, bob, carol = Identity.generate(), Identity.generate(), Identity.generate()
+    try:
+        url = node.url
+
+        async def scenario():
+            room = await R.create(url, admin, 48.8566, 2.3522, ttl=3600, gated=True,
+                                  max_members=10, ble=True, out=tmp_path / "room.json")
+            # Carol never joined: refused. Bob knocks and the admin admits him.
+            refused = await _spec_literal_store_room(url, carol, room.room_id)
+            admitting = asyncio.create_task(R.admit(url, admin, room, wait=30))
+            await asyncio.sleep(0.5)
+            await R.knock(url, bob, room.room_id, tmp_path / "bob-room.json", wait=30)
+            await admitting
+            stored = await _spec_literal_store_room(url, bob, room.room_id)
+            # kicked: forgotten, refused again
+            async with await PppClient.connect(url, admin) as c:
+                await c.kick_member(room.room_id, bob.pubkey)
+            after_kick = await _spec_literal_store_room(url, bob, room.room_id)
+            return refused, stored, after_kick
+        refused, stored, after_kick = asyncio.run(scenario())
+        assert refused["cmd"] == "STORE_FAIL" and "member" in refused["reason"]
+        assert stored["cmd"] == "ROOM_STORED" and stored["sequence_number"] >= 1
+        assert after_kick["cmd"] == "STORE_FAIL" and "member" in after_kick["reason"]
+    finally:
+        node.close()
+
+
+def test_remembered_members_fold_and_are_forgotten():
+    from delta_tables.room_state import RoomState
+    from delta_tables.schema_ppp import OP_MEMBER, OP_REVOKE, OP_ROTATE, OP_UNMEMBER
+    room, bob, dan = b"r" * 16, b"b" * 32, b"d" * 32
+    st = RoomState()
+    st.token_row(OP_MEMBER, room, bob, None, 1)
+    st.token_row(OP_MEMBER, room, dan, None, 2)
+    assert st.known_member(room, bob) and st.known_member(room, dan)
+    st.token_row(OP_UNMEMBER, room, dan, None, 3)
+    assert not st.known_member(room, dan)
+    for op in (OP_ROTATE, OP_REVOKE):
+        st.token_row(OP_MEMBER, room, bob, None, 4)
+        st.token_row(op, room, None, 10, 5)
+        assert not st.known_member(room, bob)
