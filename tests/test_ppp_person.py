@@ -181,20 +181,27 @@ def test_relay_down_send_queued_then_delivered(stream, tmp_path, capsys):
                     "--text", "written offline", "--url", url)
     (q2,) = run_cli(capsys, "ppp", "send", "--seed", alice_seed, "--to", bob.pubkey_hex,
                     "--text", "sealed, offline", "--sealed", "--url", url)
-    assert q1["queued"] and q2["queued"] and q1["event_id"] != q2["event_id"]
+    (q3,) = run_cli(capsys, "ppp", "send", "--seed", alice_seed, "--to", bob.pubkey_hex,
+                    "--text", "blinded, offline", "--blinded", "--url", url)
+    assert q1["queued"] and q2["queued"] and q3["queued"]
+    assert len({q1["event_id"], q2["event_id"], q3["event_id"]}) == 3
     outbox = Device.beside(alice_seed).load("outbox", [])
-    assert [e["event_id"] for e in outbox] == [q1["event_id"], q2["event_id"]]
-    # (the second send retried the first before it: three attempts, two)
+    assert [e["event_id"] for e in outbox] == [q["event_id"] for q in (q1, q2, q3)]
+    assert outbox[2]["blinded_for"] == bob.pubkey_hex
+    # (each send retried those before it: four attempts, three, two)
     still = run_cli(capsys, "ppp", "flush", "--seed", alice_seed, "--url", url)
     assert still == [{"event_id": q["event_id"], "queued": True, "attempts": n}
-                     for q, n in ((q1, 3), (q2, 2))]
+                     for q, n in ((q1, 4), (q2, 3), (q3, 2))]
 
     # The relay comes back on that port: the queue is delivered. Bob never registered a
     # delivery token, so the sealed one falls back to authenticated STORE (§6.3).
     settings.ppp.port = port
     node = NodeThread(settings)
     try:
-        done = run_cli(capsys, "ppp", "flush", "--seed", alice_seed, "--url", url)
+        # Alice's device comes back online two days later (its clock moved; the relay's not)
+        later = int(time.time()) + 2 * DAY
+        from relay.ppp_client import Outbox
+        done = asyncio.run(Outbox(Device.beside(alice_seed)).flush(url, alice, now=later))
         by_id = {d["event_id"]: d for d in done}
         assert by_id[q1["event_id"]]["via"] == "ws"
         assert by_id[q2["event_id"]]["via"] == "ws-fallback"
@@ -207,6 +214,14 @@ def test_relay_down_send_queued_then_delivered(stream, tmp_path, capsys):
                "queued mail never arrived")
         assert sorted(r.opened.rumor.content.message for r in got) == [
             "sealed, offline", "written offline"]
+        # The blinded one was re-routed to the mailbox of the day it was sent, the only one
+        # Bob still walks once the days before are emptied.
+        assert by_id[q3["event_id"]]["via"] == "ws"
+        late = _until(lambda: asyncio.run(receive_blinded(
+            url, bob, [alice.pubkey], now=later, max_ttl=0, tokens_ahead=0)),
+            "the re-routed blinded event never arrived")
+        assert [(r.extra["mailbox_epoch"], r.opened.rumor.content.message) for r in late] == [
+            (B.epoch_of(later), "blinded, offline")]
     finally:
         node.close()
 
