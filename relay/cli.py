@@ -668,10 +668,24 @@ def cmd_ppp_mail(args) -> None:
 
 
 def cmd_ppp_carry(args) -> None:
-    """`relay ppp carry register|leave`: one JSON line."""
-    from .ppp_client import PppClient
+    """`relay ppp carry register|leave|invite|accept`: one JSON line."""
+    from .ppp_client import PppClient, build_event, deliver
 
     async def act(me):
+        if args.carry_command in ("invite", "accept"):
+            from engine.ppp.wrap import Kind
+            if args.carry_command == "invite":       # §4.3 CarryGroupInviteContent
+                kind, content = Kind.CARRY_GROUP_INVITE, {
+                    "group_id": args.group, "group_name": args.name,
+                    "members": list(args.member), "couriers": list(args.courier)}
+            else:                                    # §8: consent, named by pubkey
+                kind, content = Kind.CARRY_GROUP_ACCEPT, {"group_id": args.group,
+                                                         "pubkey": me.pubkey}
+            out = []
+            for to in args.to:
+                r = await deliver(_ppp_url(args), me, build_event(me, to, kind, content))
+                out.append({"to": to.hex(), "kind": kind.name, **r.to_json()})
+            return out[0] if len(out) == 1 else out
         async with await PppClient.connect(_ppp_url(args), me) as c:
             if args.carry_command == "leave":
                 await c.leave_carry_group(args.group)
@@ -967,6 +981,26 @@ def _add_courier_parsers(pp, url_help: str) -> None:
                    help="a member whose events may be carried (repeat)")
     p.add_argument("--courier", action="append", type=_pubkey, required=True, metavar="PUBKEY",
                    help="a courier who may fetch them (repeat)")
+    p.add_argument("--url", help=url_help)
+    p.set_defaults(func=cmd_ppp_carry)
+    p = cs.add_parser("invite", help="invite members to a carry group (CARRY_GROUP_INVITE, "
+                                     "gift-wrapped to each --to)")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--group", type=_group_id, required=True)
+    p.add_argument("--name", default="", help="the group's name, shown to the invitee")
+    p.add_argument("--member", action="append", type=_pubkey, required=True, metavar="PUBKEY")
+    p.add_argument("--courier", action="append", type=_pubkey, required=True,
+                   metavar="PUBKEY")
+    p.add_argument("--to", action="append", type=_pubkey, required=True, metavar="PUBKEY",
+                   help="who receives the invite (repeat)")
+    p.add_argument("--url", help=url_help)
+    p.set_defaults(func=cmd_ppp_carry)
+    p = cs.add_parser("accept", help="accept a carry-group invite (CARRY_GROUP_ACCEPT to the "
+                                     "inviter); then `carry register` gives the relay consent")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--group", type=_group_id, required=True)
+    p.add_argument("--to", action="append", type=_pubkey, required=True, metavar="PUBKEY",
+                   help="the inviter")
     p.add_argument("--url", help=url_help)
     p.set_defaults(func=cmd_ppp_carry)
     p = cs.add_parser("leave", help="leave a carry group (its owner: dissolve it)")

@@ -674,3 +674,26 @@ def test_remembered_members_fold_and_are_forgotten():
         st.token_row(OP_MEMBER, room, bob, None, 4)
         st.token_row(op, room, None, 10, 5)
         assert not st.known_member(room, bob)
+
+
+def test_carry_group_invite_and_accept_through_the_cli(relay, tmp_path, capsys):
+    url = ["--url", relay.url]
+    owner_seed, owner = keygen(capsys, tmp_path, "owner")
+    bob_seed, bob = keygen(capsys, tmp_path, "bob")
+    courier_seed, courier_id = keygen(capsys, tmp_path, "courier")
+    group = os.urandom(16).hex()
+    (inv,) = run_cli(capsys, "ppp", "carry", "invite", "--seed", owner_seed, "--group", group,
+                     "--name", "hikers", "--member", bob.pubkey_hex, "--courier",
+                     courier_id.pubkey_hex, "--to", bob.pubkey_hex, *url)
+    assert inv["kind"] == "CARRY_GROUP_INVITE" and inv["via"] == "ws"
+    (got,) = _until(lambda: run_cli(capsys, "ppp", "receive", "--seed", bob_seed, "--ack",
+                                    *url), "the invite never came")
+    assert got["kind"] == "CARRY_GROUP_INVITE" and got["sender"] == owner.pubkey_hex
+    assert got["content"] == {"group_id": group, "group_name": "hikers",
+                              "members": [bob.pubkey_hex], "couriers": [courier_id.pubkey_hex]}
+    run_cli(capsys, "ppp", "carry", "accept", "--seed", bob_seed, "--group", group,
+            "--to", owner.pubkey_hex, *url)
+    (acc,) = _until(lambda: run_cli(capsys, "ppp", "receive", "--seed", owner_seed, "--ack",
+                                    *url), "the accept never came")
+    assert acc["kind"] == "CARRY_GROUP_ACCEPT" and acc["sender"] == bob.pubkey_hex
+    assert acc["content"] == {"group_id": group, "pubkey": bob.pubkey_hex}
