@@ -333,6 +333,19 @@ def _hex_arg(size: int, what: str):
     return parse
 
 
+def _int_in(lo: int, hi: int, what: str):
+    """An argparse type: an integer in [lo, hi], refused with the range named."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{what} must be in {lo}..{hi}")
+        return v
+    return parse
+
+
 _pubkey = _hex_arg(32, "a public key")
 _group_id = _hex_arg(16, "a carry group id")
 
@@ -922,9 +935,10 @@ def _add_room_parser(pp, url_help: str) -> None:
     p.add_argument("--group", action="store_true",
                    help="a group (§7.6): no place, never discovered, lives until deleted")
     p.add_argument("--out", required=True, help="room file to create")
-    p.add_argument("--ttl", type=int, default=86_400,
+    p.add_argument("--ttl", type=_int_in(1, 30 * 86_400, "--ttl"), default=86_400,
                    help="seconds the room lives (default 1 day)")
-    p.add_argument("--max-members", type=int, default=100, help="1-100 (default 100)")
+    p.add_argument("--max-members", type=_int_in(1, 100, "--max-members"), default=100,
+                   help="1-100 (default 100)")
     p.add_argument("--open", action="store_true",
                    help="not gated: any authenticated user may STORE_ROOM")
     p.add_argument("--ble", action="store_true", help="allow knock / admit")
@@ -941,7 +955,8 @@ def _add_room_parser(pp, url_help: str) -> None:
     p = action("fetch", "fetch and decrypt messages (JSON lines)")
     p.add_argument("--since-id", type=int, default=0, help="after this sequence number")
     p = action("rotate", "admin: new room key; old tokens valid for --grace seconds")
-    p.add_argument("--grace", type=int, default=300, help="0-600 s (default 300)")
+    p.add_argument("--grace", type=_int_in(0, 600, "--grace"), default=300,
+                   help="0-600 s (default 300)")
     p.add_argument("--out", required=True, help="new room file (the new key)")
     action("revoke", "admin: revoke every member token of the room")
     p = action("knock", "ask a room's admin in (§7.4); writes the room file once admitted",
@@ -1022,7 +1037,7 @@ def _add_courier_parsers(pp, url_help: str) -> None:
                    help="no Bluetooth: hand over in this process to the recipient whose seed "
                         "file this is, over an in-memory GATT link (repeat; to try it out)")
     p.add_argument("--serve-seconds", type=float, help="stop serving after this long")
-    p.add_argument("--mtu", type=int, default=23,
+    p.add_argument("--mtu", type=_int_in(23, 517, "--mtu"), default=23,
                    help="ATT MTU to chunk for, 23..517 (default 23: every link has it)")
     p.add_argument("--url", help=url_help)
     p.set_defaults(func=cmd_ppp_courier)
@@ -1079,9 +1094,10 @@ def _add_ppp_parser(sub) -> None:
     p.add_argument("--text", required=True, help="message text")
     p.add_argument("--lat", type=float, default=0.0, help="region centre latitude (default 0)")
     p.add_argument("--lon", type=float, default=0.0, help="region centre longitude (default 0)")
-    p.add_argument("--radius", type=int, default=50_000,
+    p.add_argument("--radius", type=_int_in(10, 50_000, "--radius"), default=50_000,
                    help="region radius in metres, 10..50000 (default 50000)")
-    p.add_argument("--ttl", type=int, default=7 * 86_400, help="seconds (default 7 days)")
+    p.add_argument("--ttl", type=_int_in(1, 30 * 86_400, "--ttl"), default=7 * 86_400,
+                   help="seconds, up to 30 days (C.2 MAX_EVENT_TTL_SECS; default 7 days)")
     p.add_argument("--sealed", action="store_true",
                    help="anonymous POST /v1/note/submit with the pair's delivery token")
     p.add_argument("--token", help="delivery token (24 hex) instead of the derived one")
@@ -1189,7 +1205,8 @@ def _add_ppp_parser(sub) -> None:
     p = pp.add_parser("receive", help="fetch, unwrap, verify and print events (JSON lines)")
     p.add_argument("--seed", required=True)
     p.add_argument("--ack", action="store_true", help="acknowledge the events that opened")
-    p.add_argument("--since", type=int, default=0, help="created_at lower bound (default 0)")
+    p.add_argument("--since", type=_int_in(0, 2 ** 64 - 1, "--since"), default=0,
+                   help="created_at lower bound (default 0)")
     p.add_argument("--here", type=float, nargs=2, metavar=("LAT", "LON"),
                    help="add 'inside': whether this point is in each event's region")
     p.add_argument("--blinded", action="store_true",

@@ -697,3 +697,17 @@ def test_carry_group_invite_and_accept_through_the_cli(relay, tmp_path, capsys):
                                     *url), "the accept never came")
     assert acc["kind"] == "CARRY_GROUP_ACCEPT" and acc["sender"] == bob.pubkey_hex
     assert acc["content"] == {"group_id": group, "pubkey": bob.pubkey_hex}
+
+
+def test_bad_options_are_refused_with_the_range(tmp_path, capsys):
+    seed, _ = keygen(capsys, tmp_path, "me")
+    to = Identity.generate().pubkey_hex
+    for opt, value, says in (("--ttl", "0", "--ttl must be in 1..2592000"),
+                             ("--ttl", "2592001", "--ttl must be in 1..2592000"),
+                             ("--radius", "9", "--radius must be in 10..50000"),
+                             ("--ttl", "1.5", "--ttl must be a whole number")):
+        with pytest.raises(SystemExit):
+            cli.main(["ppp", "send", "--seed", seed, "--to", to, "--text", "x", opt, value,
+                      "--url", "ws://127.0.0.1:9/v1/ws"])
+        assert says in capsys.readouterr().err
+    assert Device.beside(seed).load("outbox", []) == []      # nothing built, nothing queued
