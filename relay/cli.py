@@ -11,8 +11,9 @@
     relay status      the relay at a glance: tables, landing lag, each process's /metrics
     relay loadgen     fill a data directory with a realistic synthetic day
     relay bench       measure throughput and latency, write a JSON results file
-    relay ppp         PPP client: keygen, register-token, register-push, send, receive, fingerprint,
-                      carry groups and the BLE courier (carry, courier, courier-receive)
+    relay ppp         PPP client: keygen, send (queued when offline: flush), receive, mail,
+                      verify and contacts, backup and recovery-phrase, revoke, rotate-key,
+                      rooms, carry groups and the BLE courier (docs/clients/ppp-client.md)
 """
 
 from __future__ import annotations
