@@ -999,26 +999,24 @@ def _add_courier_parsers(pp, url_help: str) -> None:
                    help="a courier who may fetch them (repeat)")
     p.add_argument("--url", help=url_help)
     p.set_defaults(func=cmd_ppp_carry)
-    p = cs.add_parser("invite", help="invite members to a carry group (CARRY_GROUP_INVITE, "
-                                     "gift-wrapped to each --to)")
-    p.add_argument("--seed", required=True)
-    p.add_argument("--group", type=_group_id, required=True)
-    p.add_argument("--name", default="", help="the group's name, shown to the invitee")
-    p.add_argument("--member", action="append", type=_pubkey, required=True, metavar="PUBKEY")
-    p.add_argument("--courier", action="append", type=_pubkey, required=True,
-                   metavar="PUBKEY")
-    p.add_argument("--to", action="append", type=_pubkey, required=True, metavar="PUBKEY",
-                   help="who receives the invite (repeat)")
-    p.add_argument("--url", help=url_help)
-    p.set_defaults(func=cmd_ppp_carry)
-    p = cs.add_parser("accept", help="accept a carry-group invite (CARRY_GROUP_ACCEPT to the "
-                                     "inviter); then `carry register` gives the relay consent")
-    p.add_argument("--seed", required=True)
-    p.add_argument("--group", type=_group_id, required=True)
-    p.add_argument("--to", action="append", type=_pubkey, required=True, metavar="PUBKEY",
-                   help="the inviter")
-    p.add_argument("--url", help=url_help)
-    p.set_defaults(func=cmd_ppp_carry)
+    for name, text, to_help in (
+            ("invite", "invite members to a carry group (CARRY_GROUP_INVITE, gift-wrapped to "
+                       "each --to)", "who receives the invite (repeat)"),
+            ("accept", "accept a carry-group invite (CARRY_GROUP_ACCEPT to the inviter); then "
+                       "`carry register` gives the relay consent", "the inviter")):
+        p = cs.add_parser(name, help=text)
+        p.add_argument("--seed", required=True)
+        p.add_argument("--group", type=_group_id, required=True)
+        p.add_argument("--to", action="append", type=_pubkey, required=True, metavar="PUBKEY",
+                       help=to_help)
+        p.add_argument("--url", help=url_help)
+        p.set_defaults(func=cmd_ppp_carry)
+        if name == "invite":
+            p.add_argument("--name", default="", help="the group's name, shown to the invitee")
+            p.add_argument("--member", action="append", type=_pubkey, required=True,
+                           metavar="PUBKEY")
+            p.add_argument("--courier", action="append", type=_pubkey, required=True,
+                           metavar="PUBKEY")
     p = cs.add_parser("leave", help="leave a carry group (its owner: dissolve it)")
     p.add_argument("--seed", required=True)
     p.add_argument("--group", type=_group_id, required=True)
