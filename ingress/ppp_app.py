@@ -262,7 +262,7 @@ class PppServer(Listener):
         self.sealed_room_token = SlidingWindowLimiter(SEALED_TOKEN_RATE_LIMIT.max_count,
                                                       SEALED_TOKEN_RATE_LIMIT.window_secs)
         self.trusted = parse_trusted(self.conf.trusted_proxies)
-        self.ssl_context = tls_context(self.conf.tls_cert_file, self.conf.tls_key_file)
+        self.accept_tls = tls_context(self.conf.tls_cert_file, self.conf.tls_key_file)
         self._seen_sigs: dict[bytes, float] = {}   # HTTP replay cache: sig -> forget after
         self.app = build_app(self)
         self._noise = _ClientNoise(self)

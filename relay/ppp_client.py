@@ -649,7 +649,8 @@ def build_presence(sender: Identity, recipient_pk: bytes, text: str, *, lat: flo
     """A PRESENCE event to one recipient, discoverable from now until now + ttl (routed to
     a blinded mailbox with `route_to`)."""
     now = int(time.time()) if now is None else now
-    content = PresenceContent(presence_id or uuid.uuid4().bytes, text, Region(float(lat), float(lon), radius_m),
+    content = PresenceContent(presence_id or uuid.uuid4().bytes, text,
+                              Region(float(lat), float(lon), radius_m),
                               TimeWindow(now, now + ttl, timezone), (recipient_pk,))
     rumor = Rumor(sender.pubkey, Kind.PRESENCE, content, now)
     return wrap(rumor, sender, recipient_pk, created_at=now, expires_at=now + ttl,
