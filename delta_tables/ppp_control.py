@@ -22,7 +22,7 @@ from engine.ppp.rooms import Room
 from .control import ControlTables, utc_micros
 from .layout import Layout
 from .ppp_state import BackupMeta, PppState, load_state, read_backup, ts
-from .schema_ppp import (OP_BAN, OP_CLEAR, OP_CREATE, OP_DELETE, OP_DEREGISTER, OP_PUBLISH,
+from .schema_ppp import (OP_BAN, OP_MEMBER, OP_UNMEMBER, OP_CLEAR, OP_CREATE, OP_DELETE, OP_DEREGISTER, OP_PUBLISH,
                          OP_REGISTER, OP_REVOKE, OP_ROTATE, OP_STORE, OP_UPDATE, PPP_BACKUPS,
                          PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS,
                          PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
@@ -185,6 +185,16 @@ class PppControl(ControlTables):
         async with self.lock:
             if not self.state.rooms.banned(room_id, pubkey):
                 await self._member_change(room_id, OP_BAN, pubkey, None)
+
+    async def remember_member(self, room_id: bytes, pubkey: bytes) -> None:
+        async with self.lock:
+            if not self.state.rooms.known_member(room_id, pubkey):
+                await self._member_change(room_id, OP_MEMBER, pubkey, None)
+
+    async def forget_member(self, room_id: bytes, pubkey: bytes) -> None:
+        async with self.lock:
+            if self.state.rooms.known_member(room_id, pubkey):
+                await self._member_change(room_id, OP_UNMEMBER, pubkey, None)
 
     async def update_room(self, room: Room) -> None:
         async with self.lock:

@@ -18,6 +18,10 @@ each row it writes with the methods the loader replays, so memory and a rebuild 
   until its messages have expired (MAX_EVENT_TTL_SECS), so compaction can purge them first.
 * `ban` (BAN_MEMBER) adds a pubkey that may not knock, store or fetch; a revoke does not
   lift it (a ban outlives re-knocks), a new incarnation of the room id starts without.
+* `member` remembers a pubkey as a member of a gated room: the admin ADMITted its knock, or
+  it sent STORE_ROOM with a valid member token. Such a pubkey may send a spec-literal
+  STORE_ROOM (C.1 gives it no token field) without one. `unmember` (KICK_MEMBER) forgets it;
+  a revoke or a rotation forgets every one (members re-prove themselves under the new key).
 * Discovery index: rooms (never groups) by fine cell id, sorted, and by coarse cell id, so a
   query is one range scan plus one lookup per level, which is `engine.ppp.rooms.matches`.
 * `needed_at`: the rows compaction keeps: each live room's newest row and its token rows
@@ -34,7 +38,8 @@ from dataclasses import dataclass, field
 from engine.ppp.limits import MAX_EVENT_TTL_SECS
 from engine.ppp.rooms import MIN_DISCOVERY_LEVEL, TYPE_ROOM, Room, parse_cell
 
-from .schema_ppp import (OP_BAN, OP_CREATE, OP_DELETE, OP_REGISTER, OP_REVOKE, OP_ROTATE,
+from .schema_ppp import (OP_BAN, OP_CREATE, OP_DELETE, OP_MEMBER, OP_REGISTER, OP_REVOKE,
+                         OP_ROTATE, OP_UNMEMBER,
                          PPP_ROOM_TOKENS, PPP_ROOMS)
 
 
@@ -43,6 +48,7 @@ class _Tokens:
     valid_until: dict[bytes, int | None] = field(default_factory=dict)  # token -> µs or None
     rows: list[int] = field(default_factory=list)   # `at` of the rows the set rests on
     bans: dict[bytes, int] = field(default_factory=dict)   # pubkey -> `at` of its ban row
+    known: dict[bytes, int] = field(default_factory=dict)  # member pubkey -> its row's `at`
 
     def members(self) -> int:
         return sum(1 for v in self.valid_until.values() if v is None)
@@ -85,6 +91,14 @@ class RoomState:
         if op == OP_BAN and token is not None:
             t.bans[token] = at
             return
+        if op == OP_MEMBER and token is not None:
+            t.known[token] = at
+            return
+        if op == OP_UNMEMBER:
+            t.known.pop(token, None)
+            return
+        if op in (OP_REVOKE, OP_ROTATE):
+            t.known.clear()
         if op == OP_REVOKE:
             t.valid_until.clear()
             t.rows = []
@@ -134,6 +148,10 @@ class RoomState:
         t = self.tokens.get(room_id)
         return t is not None and pubkey in t.bans
 
+    def known_member(self, room_id: bytes, pubkey: bytes) -> bool:
+        t = self.tokens.get(room_id)
+        return t is not None and pubkey in t.known
+
     def members(self, room_id: bytes) -> int:
         t = self.tokens.get(room_id)
         return 0 if t is None else t.members()
@@ -171,4 +189,5 @@ class RoomState:
                 | {at for at in self.deleted.values() if at > keep_deleted},
                 PPP_ROOM_TOKENS.name: {at for r in live if r in self.tokens
                                        for at in (*self.tokens[r].rows,
-                                                  *self.tokens[r].bans.values())}}
+                                                  *self.tokens[r].bans.values(),
+                                                  *self.tokens[r].known.values())}}

@@ -71,6 +71,8 @@ OP_UPDATE = "update"
 OP_REVOKE = "revoke"
 OP_ROTATE = "rotate"
 OP_BAN = "ban"
+OP_MEMBER = "member"        # a pubkey the relay knows as a room member (admitted, or proved a token)
+OP_UNMEMBER = "unmember"    # forgotten again (kicked)
 OP_PUBLISH = "publish"
 OP_CLEAR = "clear"
 

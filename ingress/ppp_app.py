@@ -105,6 +105,23 @@ def ppp_limits(conf: PppConf) -> Limits:
                   Cap(conf.max_auth_sessions, conf.max_auth_sessions_per_address))
 
 
+def tls_context(cert_file: str, key_file: str) -> "ssl.SSLContext | None":
+    """The listener's own TLS (ppp.tls_cert_file / tls_key_file): both or neither. uvicorn's
+    protocols see the TLS transport, so scopes say wss / https."""
+    if not cert_file and not key_file:
+        return None
+    if not (cert_file and key_file):
+        raise ValueError("ppp.tls_cert_file and ppp.tls_key_file go together: set both")
+    import ssl
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert_file, key_file)
+    except (OSError, ssl.SSLError) as e:
+        raise ValueError(f"ppp.tls_cert_file / tls_key_file: cannot load ({e})") from e
+    return ctx
+
+
 def parse_trusted(spec: str) -> list[ipaddress._BaseNetwork]:
     """`PPP_TRUSTED_PROXIES`: comma-separated addresses or CIDR networks."""
     return [ipaddress.ip_network(p.strip(), strict=False) for p in spec.split(",") if p.strip()]
@@ -246,6 +263,7 @@ class PppServer(Listener):
         self.sealed_room_token = SlidingWindowLimiter(SEALED_TOKEN_RATE_LIMIT.max_count,
                                                       SEALED_TOKEN_RATE_LIMIT.window_secs)
         self.trusted = parse_trusted(self.conf.trusted_proxies)
+        self.accept_tls = tls_context(self.conf.tls_cert_file, self.conf.tls_key_file)
         self._seen_sigs: dict[bytes, float] = {}   # HTTP replay cache: sig -> forget after
         self.app = build_app(self)
         self._noise = _ClientNoise(self)
@@ -802,7 +820,12 @@ def build_app(server: PppServer) -> FastAPI:
         if not all(v.isascii() and v.isdigit() for k, v in request.query_params.multi_items()
                    if k in ("since", "cursor")):
             return _msgpack(P.store_fail("malformed request"), 400)
-        ok, err = await _authed(request, b"", cmd.name)
+        signed = b""
+        if server.conf.http_get_signature_covers_path:
+            qs = request.scope.get("query_string", b"")
+            signed = P.http_get_signed_body(request.scope.get("raw_path", b"")
+                                            + (b"?" + qs if qs else b""))
+        ok, err = await _authed(request, signed, cmd.name)
         if err is not None:
             return err
         pubkey, rid = ok

@@ -13,8 +13,12 @@ request id, §7.7):
   admin"); REGISTER_TOKEN also needs the admin's signature over member_token || room_id and
   a member slot (`ppp_control.register_member`). A rotation's grace is clamped to [0, 600] s.
 * STORE_ROOM: any authenticated pubkey for an open room; a gated room takes it from its
-  admin or with a valid member token (this relay's optional `member_token` field, since
-  C.1 gives STORE_ROOM none). The sealed endpoint always needs a valid token.
+  admin, from a pubkey the relay knows as a member (the admin ADMITted its knock, or it
+  once sent a valid token; `room_state.py` `member` rows), as C.1's STORE_ROOM has no token
+  field, or with a valid member token (this relay's optional `member_token` field: it lets
+  a member the relay has not met, one invited by GroupInvite, use the authenticated path;
+  its pubkey is remembered then). A kick forgets the pubkey, a revoke or rotation every
+  one. The sealed endpoint always needs a valid token.
 * FETCH_ROOM, DISCOVER_ROOMS: any authenticated pubkey (room messages are ciphertext under
   the room key; discovery shows what §7.1's RoomInfo shows).
 * KNOCK: any authenticated pubkey, on a BLE-enabled room or a group (§7.6: a group is
@@ -171,7 +175,7 @@ class RoomService:
             self.view.key_rotated(room.room_id, grace_until, session)
             return P.key_rotated(room.room_id, count, grace_until)
         if isinstance(cmd, P.Admit):
-            return self._admit(pubkey, room, cmd, rid, now)
+            return await self._admit(pubkey, room, cmd, rid, now)
         if isinstance(cmd, P.DeleteGroup):
             if room.room_type != R.TYPE_GROUP:
                 return self.fail(cmd.name, "not a group", rid)
@@ -244,11 +248,12 @@ class RoomService:
             self.on_admin_offline(room.admin)    # spec 004 §7.4: "or push fallback"
         return P.knock_ok(request_id)
 
-    def _admit(self, pubkey: bytes, room: R.Room, cmd: P.Admit, rid: str,
-               now: float) -> P.Reply:
+    async def _admit(self, pubkey: bytes, room: R.Room, cmd: P.Admit, rid: str,
+                     now: float) -> P.Reply:
         knock = self.knocks.take(room.room_id, cmd.request_id, now)
         if knock is None:
             return self.fail(cmd.name, "unknown knock", rid)
+        await self.control.remember_member(room.room_id, knock.knocker)
         told = self.tell(knock.knocker, P.admitted(room.room_id, knock.request_id, room.admin,
                                                    cmd.encrypted_grant))
         if not told:
@@ -266,6 +271,7 @@ class RoomService:
         member = cmd.member_pubkey
         if isinstance(cmd, P.BanMember):
             await self.control.ban_member(room.room_id, member)
+        await self.control.forget_member(room.room_id, member)
         self.knocks.drop_knocker(room.room_id, member)
         self.view.unsubscribe_pubkey(room.room_id, member)
         self.tell(member, P.kicked(room.room_id))
@@ -294,10 +300,14 @@ class RoomService:
         why = R.check_message(cmd.nonce, cmd.ciphertext)
         if why is not None:
             return self.fail(cmd.name, why, rid)
-        if room.gated and pubkey != room.admin and not (
-                cmd.member_token is not None and self.control.rooms.token_valid(
-                    room.room_id, cmd.member_token, int(now * 1_000_000))):
-            return self.fail(cmd.name, MEMBERSHIP, rid)
+        if room.gated and pubkey != room.admin:
+            known = self.control.rooms.known_member(room.room_id, pubkey)
+            token = cmd.member_token is not None and self.control.rooms.token_valid(
+                room.room_id, cmd.member_token, int(now * 1_000_000))
+            if not (known or token):
+                return self.fail(cmd.name, MEMBERSHIP, rid)
+            if token and not known:
+                await self.control.remember_member(room.room_id, pubkey)
         if session is not None:
             self.view.subscribe(room.room_id, session)
         seq, why = await self.land(room, cmd.nonce, cmd.ciphertext, now)

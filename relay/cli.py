@@ -11,8 +11,9 @@
     relay status      the relay at a glance: tables, landing lag, each process's /metrics
     relay loadgen     fill a data directory with a realistic synthetic day
     relay bench       measure throughput and latency, write a JSON results file
-    relay ppp         PPP client: keygen, register-token, register-push, send, receive, fingerprint,
-                      carry groups and the BLE courier (carry, courier, courier-receive)
+    relay ppp         PPP client: keygen, send (queued when offline: flush), receive, mail,
+                      verify and contacts, backup and recovery-phrase, revoke, rotate-key,
+                      rooms, carry groups and the BLE courier (docs/clients/ppp-client.md)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import signal
 import sys
 import threading
 import time
+import uuid
 
 from runtime import config, logs
 from .up import SUPERVISED_ENV, role_env
@@ -309,7 +311,7 @@ def _ppp_url(args) -> str:
         return args.url
     from .ppp_client import ws_url
     settings = _settings(args)
-    return ws_url(settings.bind, settings.ppp.port)
+    return ws_url(settings.bind, settings.ppp.port, tls=bool(settings.ppp.tls_cert_file))
 
 
 def _ppp_identity(path: str):
@@ -329,6 +331,19 @@ def _hex_arg(size: int, what: str):
         if len(b) != size:
             raise argparse.ArgumentTypeError(f"expected {what}: {2 * size} hex characters")
         return b
+    return parse
+
+
+def _int_in(lo: int, hi: int, what: str):
+    """An argparse type: an integer in [lo, hi], refused with the range named."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number") from None
+        if not lo <= v <= hi:
+            raise argparse.ArgumentTypeError(f"{what} must be in {lo}..{hi}")
+        return v
     return parse
 
 
@@ -354,18 +369,27 @@ def cmd_ppp_keygen(args) -> None:
 
     def run():
         write_seed(args.out, ident, force=args.force)
-        print(ident.pubkey_hex)
+        print(json.dumps({"pubkey": ident.pubkey_hex, "seed_file": args.out}) if args.json
+              else ident.pubkey_hex)
     _ppp_run(run)
 
 
 def cmd_ppp_pubkey(args) -> None:
-    _ppp_run(lambda: print(_ppp_identity(args.seed).pubkey_hex))
+    def run():
+        pk = _ppp_identity(args.seed).pubkey_hex
+        print(json.dumps({"pubkey": pk}) if args.json else pk)
+    _ppp_run(run)
 
 
 def cmd_ppp_fingerprint(args) -> None:
     from engine.ppp.tokens import display_fingerprint, fingerprint
-    _ppp_run(lambda: print(display_fingerprint(
-        fingerprint(_ppp_identity(args.seed).pubkey, args.contact))))
+
+    def run():
+        fp = fingerprint(_ppp_identity(args.seed).pubkey, args.contact)
+        print(json.dumps({"contact": args.contact.hex(), "fingerprint": fp,
+                          "display": display_fingerprint(fp)}) if args.json
+              else display_fingerprint(fp))
+    _ppp_run(run)
 
 
 def cmd_ppp_register_token(args) -> None:
@@ -389,50 +413,293 @@ def cmd_ppp_register_push(args) -> None:
     _ppp_run(run)
 
 
+def _ppp_device(args):
+    from .ppp_device import Device
+    return Device.beside(args.seed, getattr(args, "state", None))
+
+
 def cmd_ppp_send(args) -> None:
-    from .ppp_client import send_blinded, send_presence
+    """Build the event, flush what was queued before it, then deliver it: sealed falls back
+    to STORE (§6.3); no relay reachable queues it in the device's outbox (§12)."""
+    from .ppp_client import (Outbox, PppUnreachable, build_blinded, build_presence, deliver,
+                             sender_delivery_token)
 
     def run():
         me = _ppp_identity(args.seed)
+        url, outbox = _ppp_url(args), Outbox(_ppp_device(args))
+        presence_id = uuid.uuid4().bytes                 # what `relay ppp revoke` names
+        opts = dict(lat=args.lat, lon=args.lon, radius_m=args.radius, ttl=args.ttl,
+                    presence_id=presence_id)
         if args.blinded:
-            result = asyncio.run(send_blinded(
-                _ppp_url(args), me, args.to, args.text, sealed=args.sealed, lat=args.lat,
-                lon=args.lon, radius_m=args.radius, ttl=args.ttl))
-            print(json.dumps(result.to_json()))
-            return
-        result = asyncio.run(send_presence(
-            _ppp_url(args), me, args.to, args.text, sealed=args.sealed or bool(args.token),
-            token=bytes.fromhex(args.token) if args.token else None, lat=args.lat,
-            lon=args.lon, radius_m=args.radius, ttl=args.ttl))
-        print(json.dumps(result.to_json()))
+            gw, token = build_blinded(me, args.to, args.text, **opts)
+        else:
+            gw = build_presence(me, args.to, args.text, **opts)
+            token = bytes.fromhex(args.token) if args.token else sender_delivery_token(me,
+                                                                                       args.to)
+        sealed = args.sealed or bool(args.token)
+        token = token if sealed else None
+
+        async def go():
+            if outbox.entries():
+                for line in await outbox.flush(url, me):
+                    if not line.get("queued"):
+                        print(json.dumps(line))
+            try:
+                return {**(await deliver(url, me, gw, token=token,
+                                         fallback=not args.no_fallback)).to_json(),
+                        "presence_id": presence_id.hex()}
+            except PppUnreachable as e:
+                outbox.add(gw, token=token, error=str(e), now=int(time.time()),
+                           blinded_for=args.to if args.blinded else None)
+                print("relay unreachable: queued (relay ppp flush sends it)",
+                      file=sys.stderr)
+                return {"event_id": gw.event_id.hex(), "queued": True,
+                        "presence_id": presence_id.hex()}
+        print(json.dumps(asyncio.run(go())))
+    _ppp_run(run)
+
+
+def cmd_ppp_flush(args) -> None:
+    """Send what the outbox holds; `--wait` keeps retrying (backoff) until it is empty."""
+    from .ppp_client import Outbox
+
+    def run():
+        me, outbox = _ppp_identity(args.seed), Outbox(_ppp_device(args))
+        if args.wait:
+            lines = asyncio.run(outbox.flush_until_empty(_ppp_url(args), me, wait=args.wait))
+        else:
+            lines = asyncio.run(outbox.flush(_ppp_url(args), me))
+        for line in lines:
+            print(json.dumps(line))
     _ppp_run(run)
 
 
 def cmd_ppp_receive(args) -> None:
-    from .ppp_client import receive, receive_blinded
+    from .ppp_client import apply_received, receive, receive_blinded, receive_polling
 
     def run():
         me = _ppp_identity(args.seed)
+        device = _ppp_device(args)
         if args.blinded:
             if not args.contact:
                 raise ValueError("--blinded needs --contact (one per contact)")
-            got = asyncio.run(receive_blinded(_ppp_url(args), me, args.contact, ack=args.ack))
+            state = device.load("blinded", {})
+            got = asyncio.run(receive_blinded(_ppp_url(args), me, args.contact, ack=args.ack,
+                                              state=state))
+            device.save("blinded", state)
+        elif args.http:
+            got = asyncio.run(receive_polling(_ppp_url(args), me, since=args.since,
+                                              ack=args.ack))
         else:
             got = asyncio.run(receive(_ppp_url(args), me, since=args.since, ack=args.ack))
+        lines = []
         for r in got:
             if r.opened is not None and args.here:
                 region = getattr(r.opened.rumor.content, "region", None)
                 if region is not None:
                     r.extra["inside"] = region.contains(*args.here)
-            print(json.dumps(r.to_json(), ensure_ascii=False))
+            lines.append(r.to_json())
+            print(json.dumps(lines[-1], ensure_ascii=False))
+        device.append_mail([{k: v for k, v in line.items() if k not in ("acked", "inside")}
+                            for line in lines])
+        for notice in apply_received(device, me, got):
+            print(json.dumps({"notice": notice}))
+            change = notice.get("key_change")
+            if change and change["severity"] == "warning":
+                print(f"WARNING: {change['contact_id']}: {change['advice']} "
+                      f"(relay ppp contacts approve --name {change['contact_id']})",
+                      file=sys.stderr)
+    _ppp_run(run)
+
+
+def _phrase(args) -> str:
+    if args.phrase_file:
+        text = sys.stdin.read() if args.phrase_file == "-" else open(args.phrase_file).read()
+        return " ".join(text.split())
+    raise ValueError("give the recovery phrase with --phrase-file FILE (or - for stdin)")
+
+
+def cmd_ppp_recovery_phrase(args) -> None:
+    """The 24-word BIP-39 phrase of the seed: the one thing to write down."""
+    from engine.ppp.backup import mnemonic_of
+
+    def run():
+        print("write these words down; anyone who has them is you", file=sys.stderr)
+        print(mnemonic_of(_ppp_identity(args.seed)))
+    _ppp_run(run)
+
+
+def cmd_ppp_backup(args) -> None:
+    """`relay ppp backup create|show|delete|restore`: one JSON line."""
+    from . import ppp_client as P
+    from .ppp_device import Device
+
+    def run():
+        url = _ppp_url(args)
+        if args.backup_command == "restore":
+            me, snap, meta = asyncio.run(P.backup_restore(url, _phrase(args),
+                                                          passphrase=args.passphrase))
+            P.write_seed(args.out, me, force=args.force)
+            device = Device.beside(args.out, args.state)
+            if snap is not None:
+                device.restore(snap)
+            print(json.dumps({"pubkey": me.pubkey_hex, "restored": snap is not None,
+                              **(meta or {}), "mail": len(device.mail()),
+                              "contacts": len(device.load("contacts", {}))}))
+            return
+        me = _ppp_identity(args.seed)
+        if args.backup_command == "create":
+            from engine.ppp.backup import mnemonic_of
+            phrase = _phrase(args) if args.phrase_file else mnemonic_of(me)
+            out = asyncio.run(P.backup_create(url, me, phrase, _ppp_device(args).snapshot(),
+                                              passphrase=args.passphrase))
+        elif args.backup_command == "show":
+            out = asyncio.run(P.backup_show(url, me)) or {"backup": None}
+        else:
+            async def delete():
+                async with await P.PppClient.connect(url, me) as c:
+                    await c.delete_backup()
+            asyncio.run(delete())
+            out = {"deleted": True}
+        print(json.dumps(out))
+    _ppp_run(run)          # BackupError is a ValueError: one line on stderr, exit 1
+
+
+def cmd_ppp_verify(args) -> None:
+    """`relay ppp verify invite|accept|complete` (§9 OOB verification): one JSON line."""
+    from engine.ppp import verify as V
+    from .ppp_client import http_base
+
+    def run():
+        me, device = _ppp_identity(args.seed), _ppp_device(args)
+        now = int(time.time())
+        contacts = device.load("contacts", {})
+        level = 2 if getattr(args, "in_person", False) else 1
+        if args.verify_command == "invite":
+            relay_url = args.relay_url or http_base(_ppp_url(args))
+            inv = V.Invite.make(me, relay_url, now)
+            pending = {t: r for t, r in device.load("invites", {}).items()
+                       if now - r["issued_at"] <= V.INVITE_TTL}       # expired ones go
+            pending[inv.invite_token.hex()] = {"issued_at": now, "relay_url": relay_url}
+            device.save("invites", pending)
+            out = {"invite_url": inv.url(args.domain), "expires_at": now + V.INVITE_TTL}
+        elif args.verify_command == "accept":
+            inv = V.Invite.parse(args.invite, now)
+            if inv.sender_pk == me.pubkey:
+                raise V.VerifyError("that is my own invite")
+            change = V.pin(contacts, args.name, inv.sender_pk, level=level, via=args.via,
+                           now=now, relay_url=inv.relay_url)
+            out = {"accept_url": V.Accept.make(me, inv).url(args.domain),
+                   "contact": args.name, "pubkey": inv.sender_pk.hex(), "level": level}
+            if change:
+                out["key_change"] = dataclasses.asdict(change)
+        else:
+            acc = V.Accept.parse(args.accept)
+            pending = device.load("invites", {})
+            rec = V.check_accept(me, acc, pending, now)
+            device.save("invites", pending)                            # single use
+            change = V.pin(contacts, args.name, acc.responder_pk, level=level, via=args.via,
+                           now=now, relay_url=rec.get("relay_url", ""))
+            out = {"contact": args.name, "pubkey": acc.responder_pk.hex(), "level": level,
+                   "fingerprint": _fingerprint(me.pubkey, acc.responder_pk)}
+            if change:
+                out["key_change"] = dataclasses.asdict(change)
+        device.save("contacts", contacts)
+        print(json.dumps(out))
+    _ppp_run(run)
+
+
+def _fingerprint(a: bytes, b: bytes) -> str:
+    from engine.ppp.tokens import display_fingerprint, fingerprint
+    return display_fingerprint(fingerprint(a, b))
+
+
+def cmd_ppp_contacts(args) -> None:
+    """`relay ppp contacts [list|add|approve]`: pinned contacts, never sent to the relay."""
+    from engine.ppp import verify as V
+
+    def run():
+        device = _ppp_device(args)
+        contacts = device.load("contacts", {})
+        action = args.contacts_command or "list"
+        if action == "list":
+            me = _ppp_identity(args.seed)
+            for c in contacts.values():
+                print(json.dumps({**c, "level_name": V.LEVELS[c["verification_level"]],
+                                  "fingerprint": _fingerprint(me.pubkey,
+                                                              bytes.fromhex(c["pubkey"]))}))
+            return
+        if action == "add":
+            change = V.pin(contacts, args.name, args.pubkey, level=0, via=args.via,
+                           now=int(time.time()))
+            out = {"contact": args.name, "level": contacts[args.name]["verification_level"]}
+            if change:
+                out["key_change"] = dataclasses.asdict(change)
+        else:
+            if args.name not in contacts:
+                raise ValueError(f"no contact named {args.name}")
+            out = V.approve(contacts, args.name, int(time.time()))
+        device.save("contacts", contacts)
+        print(json.dumps(out))
+    _ppp_run(run)
+
+
+def cmd_ppp_event(args) -> None:
+    """`relay ppp revoke|rotate-key|key-exchange-return`: a §4.3 event of that kind."""
+    from engine.ppp import verify as V
+    from engine.ppp.wrap import Kind
+    from .ppp_client import (build_event, deliver, key_exchange_return_content,
+                             revoke_content)
+
+    def run():
+        me = _ppp_identity(args.seed)
+        if args.ppp_command == "revoke":
+            events = [(args.to, Kind.REVOKE, revoke_content(args.presence_id))]
+        elif args.ppp_command == "key-exchange-return":
+            events = [(args.to, Kind.KEY_EXCHANGE_RETURN,
+                       key_exchange_return_content(me, args.to))]
+        else:
+            new = _ppp_identity(args.new_seed)
+            content = V.key_rotation_content(me, new.pubkey)
+            recipients = args.to or [bytes.fromhex(c["pubkey"]) for c in
+                                     _ppp_device(args).load("contacts", {}).values()]
+            events = [(pk, Kind.KEY_ROTATION, content) for pk in recipients]
+
+        async def go():
+            for to, kind, content in events:
+                r = await deliver(_ppp_url(args), me, build_event(me, to, kind, content))
+                print(json.dumps({"to": to.hex(), "kind": kind.name, **r.to_json()}))
+        asyncio.run(go())
+    _ppp_run(run)
+
+
+def cmd_ppp_mail(args) -> None:
+    """The mail this device has received and kept (JSON lines), newest last."""
+    def run():
+        for m in _ppp_device(args).mail():
+            print(json.dumps(m, ensure_ascii=False))
     _ppp_run(run)
 
 
 def cmd_ppp_carry(args) -> None:
-    """`relay ppp carry register|leave`: one JSON line."""
-    from .ppp_client import PppClient
+    """`relay ppp carry register|leave|invite|accept`: one JSON line."""
+    from .ppp_client import PppClient, build_event, deliver
 
     async def act(me):
+        if args.carry_command in ("invite", "accept"):
+            from engine.ppp.wrap import Kind
+            if args.carry_command == "invite":       # §4.3 CarryGroupInviteContent
+                kind, content = Kind.CARRY_GROUP_INVITE, {
+                    "group_id": args.group, "group_name": args.name,
+                    "members": list(args.member), "couriers": list(args.courier)}
+            else:                                    # §8: consent, named by pubkey
+                kind, content = Kind.CARRY_GROUP_ACCEPT, {"group_id": args.group,
+                                                         "pubkey": me.pubkey}
+            out = []
+            for to in args.to:
+                r = await deliver(_ppp_url(args), me, build_event(me, to, kind, content))
+                out.append({"to": to.hex(), "kind": kind.name, **r.to_json()})
+            return out[0] if len(out) == 1 else out
         async with await PppClient.connect(_ppp_url(args), me) as c:
             if args.carry_command == "leave":
                 await c.leave_carry_group(args.group)
@@ -466,6 +733,19 @@ def cmd_ppp_courier(args) -> None:
         if args.no_serve:
             print(json.dumps(report))
             return
+        if args.loopback:
+            gatt = courier_ble.CourierGatt(
+                store, carried_for=frozenset(e.recipient for e in carrying),
+                couriers=frozenset(args.courier or ()), mtu=args.mtu)
+            try:
+                lines = asyncio.run(_loopback_handover(gatt, args.loopback))
+            finally:
+                courier.save_store(args.store, store)
+            for line in lines:
+                print(json.dumps(line, ensure_ascii=False))
+            report.update(delivered=len(gatt.delivered), handed_on=len(gatt.handed_on))
+            print(json.dumps(report))
+            return
         absent = courier_ble.bluetooth_absent()
         if absent is not None:
             print(json.dumps(report))
@@ -486,6 +766,28 @@ def cmd_ppp_courier(args) -> None:
         report.update(delivered=len(gatt.delivered), handed_on=len(gatt.handed_on))
         print(json.dumps(report))
     _ppp_run(run)
+
+
+async def _loopback_handover(gatt, seeds: list[str]) -> list[dict]:
+    """The BLE hand-over without Bluetooth: each recipient (a seed file) runs the central's
+    side against this courier over `LoopbackLink`, the same reads, writes, notifications
+    and MTU-sized chunks as on the air; what each received is opened and verified."""
+    from engine.ppp.courier import RecipientSession
+    from nacl.signing import SigningKey
+    from . import courier_ble
+    from .ppp_client import open_event
+    out = []
+    for path in seeds:
+        me = _ppp_identity(path)
+        side = RecipientSession(SigningKey(me.seed))
+        try:
+            await courier_ble.receive(courier_ble.LoopbackLink(gatt), side, idle=0.5)
+        except courier_ble.GattRefused:
+            out.append({"recipient": me.pubkey_hex, "refused": "nothing carried for it"})
+            continue
+        for gw in side.received.values():
+            out.append({"recipient": me.pubkey_hex, **open_event(gw.encode(), me).to_json()})
+    return out
 
 
 def cmd_ppp_courier_receive(args) -> None:
@@ -578,7 +880,24 @@ def cmd_ppp_room(args) -> None:
             elif act == "invite":
                 eid = asyncio.run(R.invite(url, me, room, args.to, args.name))
                 print(json.dumps({"event_id": eid.hex(), "to": args.to.hex()}))
+            elif act in ("update", "kick", "ban"):
+                print(json.dumps(asyncio.run(_room_admin(url, me, room.room_id, args))))
     _ppp_run(run)
+
+
+async def _room_admin(url: str, me, room_id: bytes, args) -> dict:
+    """`relay ppp room update|kick|ban`: the admin's calls (§7.1 UPDATE_ROOM, §7.7)."""
+    from .ppp_client import PppClient
+    async with await PppClient.connect(url, me) as c:
+        if args.room_command == "update":
+            flags = {"gated": args.gated, "proximity_required": args.proximity_required}
+            await c.update_room(room_id, **flags)
+            return {"room_id": room_id.hex(), "updated": {k: v for k, v in flags.items()
+                                                          if v is not None}}
+        call = c.kick_member if args.room_command == "kick" else c.ban_member
+        await call(room_id, args.member, args.reason)
+        return {"room_id": room_id.hex(), "member": args.member.hex(),
+                ("kicked" if args.room_command == "kick" else "banned"): True}
 
 
 def cmd_ppp_discover_contacts(args) -> None:
@@ -617,9 +936,10 @@ def _add_room_parser(pp, url_help: str) -> None:
     p.add_argument("--group", action="store_true",
                    help="a group (§7.6): no place, never discovered, lives until deleted")
     p.add_argument("--out", required=True, help="room file to create")
-    p.add_argument("--ttl", type=int, default=86_400,
+    p.add_argument("--ttl", type=_int_in(1, 30 * 86_400, "--ttl"), default=86_400,
                    help="seconds the room lives (default 1 day)")
-    p.add_argument("--max-members", type=int, default=100, help="1-100 (default 100)")
+    p.add_argument("--max-members", type=_int_in(1, 100, "--max-members"), default=100,
+                   help="1-100 (default 100)")
     p.add_argument("--open", action="store_true",
                    help="not gated: any authenticated user may STORE_ROOM")
     p.add_argument("--ble", action="store_true", help="allow knock / admit")
@@ -636,7 +956,8 @@ def _add_room_parser(pp, url_help: str) -> None:
     p = action("fetch", "fetch and decrypt messages (JSON lines)")
     p.add_argument("--since-id", type=int, default=0, help="after this sequence number")
     p = action("rotate", "admin: new room key; old tokens valid for --grace seconds")
-    p.add_argument("--grace", type=int, default=300, help="0-600 s (default 300)")
+    p.add_argument("--grace", type=_int_in(0, 600, "--grace"), default=300,
+                   help="0-600 s (default 300)")
     p.add_argument("--out", required=True, help="new room file (the new key)")
     action("revoke", "admin: revoke every member token of the room")
     p = action("knock", "ask a room's admin in (§7.4); writes the room file once admitted",
@@ -651,6 +972,16 @@ def _add_room_parser(pp, url_help: str) -> None:
     p = action("invite", "admin: send a GroupInvite (§7.6) to a contact")
     p.add_argument("--to", required=True, type=_pubkey, help="contact public key (hex)")
     p.add_argument("--name", default="", help="group name shown to the invitee")
+    p = action("update", "admin: change the room's flags (UPDATE_ROOM)")
+    p.add_argument("--gated", action=argparse.BooleanOptionalAction, default=None,
+                   help="members only (--no-gated: any authenticated user)")
+    p.add_argument("--proximity-required", action=argparse.BooleanOptionalAction,
+                   default=None, help="reserved by §7.1 for future use")
+    for name, text in (("kick", "admin: kick a member (KICK_MEMBER; they may knock again)"),
+                       ("ban", "admin: ban a member for good (BAN_MEMBER)")):
+        p = action(name, text + "; the relay must have moderation on (§7.7)")
+        p.add_argument("--member", required=True, type=_pubkey, help="member public key")
+        p.add_argument("--reason", help="shown to nobody but the relay's reply")
     p = action("join", "room files from the GroupInvites sent to you", room_file=False)
     p.add_argument("--out-dir", required=True, help="where to write <room id>.json")
 
@@ -668,6 +999,24 @@ def _add_courier_parsers(pp, url_help: str) -> None:
                    help="a courier who may fetch them (repeat)")
     p.add_argument("--url", help=url_help)
     p.set_defaults(func=cmd_ppp_carry)
+    for name, text, to_help in (
+            ("invite", "invite members to a carry group (CARRY_GROUP_INVITE, gift-wrapped to "
+                       "each --to)", "who receives the invite (repeat)"),
+            ("accept", "accept a carry-group invite (CARRY_GROUP_ACCEPT to the inviter); then "
+                       "`carry register` gives the relay consent", "the inviter")):
+        p = cs.add_parser(name, help=text)
+        p.add_argument("--seed", required=True)
+        p.add_argument("--group", type=_group_id, required=True)
+        p.add_argument("--to", action="append", type=_pubkey, required=True, metavar="PUBKEY",
+                       help=to_help)
+        p.add_argument("--url", help=url_help)
+        p.set_defaults(func=cmd_ppp_carry)
+        if name == "invite":
+            p.add_argument("--name", default="", help="the group's name, shown to the invitee")
+            p.add_argument("--member", action="append", type=_pubkey, required=True,
+                           metavar="PUBKEY")
+            p.add_argument("--courier", action="append", type=_pubkey, required=True,
+                           metavar="PUBKEY")
     p = cs.add_parser("leave", help="leave a carry group (its owner: dissolve it)")
     p.add_argument("--seed", required=True)
     p.add_argument("--group", type=_group_id, required=True)
@@ -683,8 +1032,11 @@ def _add_courier_parsers(pp, url_help: str) -> None:
                    help="another courier of my groups, who may take events on (a hop)")
     p.add_argument("--offline", action="store_true", help="do not contact the relay")
     p.add_argument("--no-serve", action="store_true", help="fetch and report only")
+    p.add_argument("--loopback", action="append", metavar="SEED_FILE",
+                   help="no Bluetooth: hand over in this process to the recipient whose seed "
+                        "file this is, over an in-memory GATT link (repeat; to try it out)")
     p.add_argument("--serve-seconds", type=float, help="stop serving after this long")
-    p.add_argument("--mtu", type=int, default=23,
+    p.add_argument("--mtu", type=_int_in(23, 517, "--mtu"), default=23,
                    help="ATT MTU to chunk for, 23..517 (default 23: every link has it)")
     p.add_argument("--url", help=url_help)
     p.set_defaults(func=cmd_ppp_courier)
@@ -701,16 +1053,22 @@ def _add_ppp_parser(sub) -> None:
     ppp = sub.add_parser("ppp", help="PPP client: keys, tokens, send and receive events")
     pp = ppp.add_subparsers(dest="ppp_command", required=True)
     url_help = "relay WebSocket URL (default: ws://<bind>:<ppp.port>/v1/ws from the settings)"
+    state_help = ("this device's state directory: contacts, outbox, received mail "
+                  "(default: <seed file>.d)")
     p = pp.add_parser("keygen", help="new identity: seed file (0600), prints the public key")
     p.add_argument("--out", required=True, help="seed file to create")
     p.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the hex")
     p.set_defaults(func=cmd_ppp_keygen)
     p = pp.add_parser("pubkey", help="print the public key of a seed file")
     p.add_argument("--seed", required=True)
+    p.add_argument("--json", action="store_true", help="one JSON object instead of the hex")
     p.set_defaults(func=cmd_ppp_pubkey)
     p = pp.add_parser("fingerprint", help="verification fingerprint with a contact (§9)")
     p.add_argument("--seed", required=True)
     p.add_argument("--contact", required=True, type=_pubkey, help="contact public key (hex)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object (the base64 fingerprint and its display form)")
     p.set_defaults(func=cmd_ppp_fingerprint)
     p = pp.add_parser("register-token",
                       help="let a contact send to you sealed: register your pair's delivery token")
@@ -735,28 +1093,130 @@ def _add_ppp_parser(sub) -> None:
     p.add_argument("--text", required=True, help="message text")
     p.add_argument("--lat", type=float, default=0.0, help="region centre latitude (default 0)")
     p.add_argument("--lon", type=float, default=0.0, help="region centre longitude (default 0)")
-    p.add_argument("--radius", type=int, default=50_000,
+    p.add_argument("--radius", type=_int_in(10, 50_000, "--radius"), default=50_000,
                    help="region radius in metres, 10..50000 (default 50000)")
-    p.add_argument("--ttl", type=int, default=7 * 86_400, help="seconds (default 7 days)")
+    p.add_argument("--ttl", type=_int_in(1, 30 * 86_400, "--ttl"), default=7 * 86_400,
+                   help="seconds, up to 30 days (C.2 MAX_EVENT_TTL_SECS; default 7 days)")
     p.add_argument("--sealed", action="store_true",
                    help="anonymous POST /v1/note/submit with the pair's delivery token")
     p.add_argument("--token", help="delivery token (24 hex) instead of the derived one")
+    p.add_argument("--no-fallback", action="store_true",
+                   help="with --sealed: fail rather than fall back to authenticated STORE "
+                        "(which shows the relay who sends)")
     p.add_argument("--blinded", action="store_true",
                    help="to the recipient's blinded mailbox of today (its per-contact daily "
                         "id, unlinkable by the relay); with --sealed, that mailbox's token")
     p.add_argument("--url", help=url_help)
+    p.add_argument("--state", help=state_help)
     p.set_defaults(func=cmd_ppp_send)
+    p = pp.add_parser("flush", help="send the events queued while no relay was reachable")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--wait", type=float, default=0.0,
+                   help="keep retrying (backoff from 1 s to 60 s) up to this many seconds")
+    p.add_argument("--url", help=url_help)
+    p.add_argument("--state", help=state_help)
+    p.set_defaults(func=cmd_ppp_flush)
+    p = pp.add_parser("recovery-phrase", help="print the 24-word BIP-39 recovery phrase of a "
+                                              "seed file (write it down)")
+    p.add_argument("--seed", required=True)
+    p.set_defaults(func=cmd_ppp_recovery_phrase)
+    backup = pp.add_parser("backup", help="encrypted backups on the relay (§6): create, show, "
+                                          "delete, restore on a new device from the phrase")
+    bs = backup.add_subparsers(dest="backup_command", required=True)
+    for name, text in (("create", "encrypt this device's contacts, outbox and mail under the "
+                                  "recovery phrase's key and store it (replaces the last)"),
+                       ("show", "the relay's backup: version, stored_at, size"),
+                       ("delete", "delete the relay's backup"),
+                       ("restore", "a new device: the identity from the recovery phrase, "
+                                   "then the relay's backup opened into its state")):
+        b = bs.add_parser(name, help=text)
+        b.add_argument("--state", help=state_help)
+        b.add_argument("--url", help=url_help)
+        b.add_argument("--passphrase", default="", help="BIP-39 passphrase, if one is used")
+        b.set_defaults(func=cmd_ppp_backup)
+        if name != "restore":
+            b.add_argument("--seed", required=True)
+            b.add_argument("--phrase-file", help="the recovery phrase (default: from the seed)")
+    b.add_argument("--phrase-file", required=True, help="file with the 24 words ('-': stdin)")
+    b.add_argument("--out", required=True, help="seed file to create")
+    b.add_argument("--force", action="store_true", help="overwrite an existing seed file")
+    verify = pp.add_parser("verify", help="out-of-band verification of a contact (§9): "
+                                          "invite, accept, complete")
+    vs = verify.add_subparsers(dest="verify_command", required=True)
+    for name, text in (("invite", "make a signed, single-use invite URL (24 h) to send over "
+                                  "a channel you trust"),
+                       ("accept", "check a contact's invite URL, pin them, and make the "
+                                  "signed accept URL to send back"),
+                       ("complete", "check the accept URL for my invite and pin the contact")):
+        v = vs.add_parser(name, help=text)
+        v.add_argument("--seed", required=True)
+        v.add_argument("--state", help=state_help)
+        v.add_argument("--domain", default="ppp.invalid",
+                       help="host the invite/accept links name (default ppp.invalid)")
+        if name == "invite":
+            v.add_argument("--relay-url", help="the relay URL to give (default: --url's)")
+            v.add_argument("--url", help=url_help)
+        else:
+            v.add_argument("--" + ("invite" if name == "accept" else "accept"), required=True,
+                           help="the URL received")
+            v.add_argument("--name", required=True, help="what you call this contact")
+            v.add_argument("--via", default="oob", help="the channel used (iMessage, QR, ...)")
+            v.add_argument("--in-person", action="store_true",
+                           help="done face to face (QR, fingerprint read aloud): level 2")
+        v.set_defaults(func=cmd_ppp_verify)
+    contacts = pp.add_parser("contacts", help="pinned contacts and their verification level "
+                                              "(local only); add; approve a changed key")
+    p = contacts
+    p.add_argument("--seed", required=True)
+    p.add_argument("--state", help=state_help)
+    p.set_defaults(func=cmd_ppp_contacts, contacts_command=None)
+    cs = contacts.add_subparsers(dest="contacts_command")
+    c = cs.add_parser("add", help="pin a key learnt without verification (level 0)")
+    c.add_argument("--name", required=True)
+    c.add_argument("--pubkey", required=True, type=_pubkey)
+    c.add_argument("--via", default="manual")
+    c = cs.add_parser("approve", help="accept a verified contact's changed key (back to "
+                                      "level 0 until verified again)")
+    c.add_argument("--name", required=True)
+    for name, text in (("revoke", "revoke a PRESENCE event I sent (REVOKE, §4.3)"),
+                       ("rotate-key", "announce my new key to my contacts (KEY_ROTATION, "
+                                      "signed by the old key)"),
+                       ("key-exchange-return", "return my key to the initiator of a "
+                                               "deep-link exchange (KEY_EXCHANGE_RETURN)")):
+        p = pp.add_parser(name, help=text)
+        p.add_argument("--seed", required=True)
+        p.add_argument("--state", help=state_help)
+        p.add_argument("--url", help=url_help)
+        if name == "rotate-key":
+            p.add_argument("--new-seed", required=True, help="the new identity's seed file")
+            p.add_argument("--to", action="append", type=_pubkey, metavar="PUBKEY",
+                           help="a contact to tell (repeat; default: every pinned contact)")
+        else:
+            p.add_argument("--to", required=True, type=_pubkey, help="recipient (hex)")
+        if name == "revoke":
+            p.add_argument("--presence-id", required=True, type=_hex_arg(16, "a presence id"),
+                           help="the presence_id of the event (32 hex)")
+        p.set_defaults(func=cmd_ppp_event)
+    p = pp.add_parser("mail", help="the mail this device received and kept (JSON lines)")
+    p.add_argument("--seed", required=True)
+    p.add_argument("--state", help=state_help)
+    p.set_defaults(func=cmd_ppp_mail)
     p = pp.add_parser("receive", help="fetch, unwrap, verify and print events (JSON lines)")
     p.add_argument("--seed", required=True)
     p.add_argument("--ack", action="store_true", help="acknowledge the events that opened")
-    p.add_argument("--since", type=int, default=0, help="created_at lower bound (default 0)")
+    p.add_argument("--since", type=_int_in(0, 2 ** 64 - 1, "--since"), default=0,
+                   help="created_at lower bound (default 0)")
     p.add_argument("--here", type=float, nargs=2, metavar=("LAT", "LON"),
                    help="add 'inside': whether this point is in each event's region")
     p.add_argument("--blinded", action="store_true",
-                   help="fetch my blinded mailboxes (today and yesterday) of each --contact")
+                   help="fetch my blinded mailboxes of each --contact: every day a sender's "
+                        "event may still be alive (30 days), less the days already emptied")
     p.add_argument("--contact", action="append", type=_pubkey, metavar="PUBKEY",
                    help="a contact whose blinded mailboxes to fetch (repeat)")
+    p.add_argument("--http", action="store_true",
+                   help="HTTP polling (§5.2: signed GET/POST) instead of the WebSocket")
     p.add_argument("--url", help=url_help)
+    p.add_argument("--state", help=state_help)
     p.set_defaults(func=cmd_ppp_receive)
     _add_room_parser(pp, url_help)
     _add_courier_parsers(pp, url_help)

@@ -261,10 +261,19 @@ class PppConf:
     max_message_bytes: int = 5767168
     # HTTP polling: a signed timestamp may be this far from now; each signature is used once.
     http_auth_window_seconds: int = 300
+    # A polling GET's signature covers `GET <path?query>` || timestamp (engine/ppp/protocol.py
+    # http_get_signed_body), so a captured one cannot read another path. False: the spec's
+    # literal body || timestamp, i.e. the timestamp alone, for clients that sign only that.
+    http_get_signature_covers_path: bool = True
     # Proxies whose X-Forwarded-For is believed (comma-separated addresses or CIDRs; env
     # PPP_TRUSTED_PROXIES, spec §5.x), by the sealed endpoints' per-IP budget and by the
     # connection budgets below once a request head is in. Default: loopback.
     trusted_proxies: str = "127.0.0.0/8,::1"
+    # TLS on the PPP listener itself (wss:// and https://): a PEM certificate chain and its
+    # key, both or neither. Empty: plain ws/http, for a TLS-terminating proxy in front (set
+    # trusted_proxies to it); docs/clients/ppp-client.md shows both.
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
     max_in_flight: int = 64      # commands of one WebSocket being carried out at once
     # WebSockets open at once; past it the upgrade is answered 403. The budgets below bind
     # first (a WebSocket is UNAUTH, then AUTH).
@@ -595,6 +604,8 @@ ENV_OVERRIDES = {
     "RELAY_HEYA_PORT": "heya.port",
     "RELAY_PPP_PORT": "ppp.port",
     "PPP_TRUSTED_PROXIES": "ppp.trusted_proxies",   # spec 004 §5.x names this variable
+    "RELAY_PPP_TLS_CERT_FILE": "ppp.tls_cert_file",
+    "RELAY_PPP_TLS_KEY_FILE": "ppp.tls_key_file",
     "RELAY_SYNC_PORT": "sync.port",
     "RELAY_METRICS_BIND": "metrics.bind",
     "RELAY_METRICS_PORT_INGRESS": "metrics.ingress_port",

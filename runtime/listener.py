@@ -71,6 +71,11 @@ class Listener:
     name = "listener"   # for logs and metrics: "trueseal_push", ...
     protocol = ""       # metrics label: the protocol this listener speaks
     light_holds = LIGHT_HOLDS   # connections an address may hold and still be light
+    # TLS by asyncio on accepted sockets, after admission: None = plain TCP (or a listener
+    # that runs TLS in its own protocol, as Heya does). The PPP listener sets it when it has
+    # a certificate.
+    accept_tls = None
+    accept_tls_handshake_timeout = 10.0
 
     def __init__(self, host: str, port: int, max_connections: int, *,
                  limits: Limits | None = None, backlog: int = BACKLOG,
@@ -179,8 +184,11 @@ class Listener:
 
     async def _open(self, conn: socket.socket, ticket: Ticket) -> None:
         try:
+            tls = {} if self.accept_tls is None else {
+                "ssl": self.accept_tls,
+                "ssl_handshake_timeout": self.accept_tls_handshake_timeout}
             await asyncio.get_running_loop().connect_accepted_socket(
-                lambda: self._protocol_for(ticket), sock=conn)
+                lambda: self._protocol_for(ticket), sock=conn, **tls)
         except asyncio.CancelledError:
             conn.close()
             self.admission.release(ticket)

@@ -104,6 +104,11 @@ async def ahttp(port: int, method: str, path: str, body: bytes = b"", headers=No
     return await asyncio.to_thread(http_call, port, method, path, body, headers)
 
 
+def signed_get(sk: SigningKey, target: str, ts: int | None = None) -> dict:
+    """A polling GET: the signature covers `GET <path?query>` (engine/ppp/protocol.py)."""
+    return signed(sk, b"GET " + target.encode(), ts)
+
+
 def signed(sk: SigningKey, body: bytes, ts: int | None = None) -> dict:
     """§5.2: Authorization: PPP-Ed25519 <pubkey_hex>:<sig_hex>, sig over body || timestamp."""
     t = str(int(time.time()) if ts is None else ts)

@@ -83,7 +83,7 @@ def test_two_users_two_days(spark, settings, caplog):
     relay_key = load_or_create(settings.data_dir).private_bytes
     relay_pk = bindings.crypto_scalarmult_base(relay_key)
     for secret in (relay_key, bindings.crypto_scalarmult(relay_key, bob.x25519_pk)):
-        assert B._mailbox(secret, bob.pubkey, e2).pubkey != ids[e2]
+        assert B._blind_point(B._blinding(secret, bob.pubkey, e2), bob.pubkey) != ids[e2]
     # The spec's formula: the relay computes Bob's seed from its key and his pubkey.
     bob_seed = bindings.crypto_scalarmult(bob.x25519_sk, relay_pk)
     relay_seed = bindings.crypto_scalarmult(relay_key, bob.x25519_pk)
@@ -106,7 +106,8 @@ async def _scenario(settings, alice: Identity, bob: Identity) -> dict:
         out: dict = {"days": (day1, day2)}
         for day in (day1, day2):
             # Bob's session of that day registers its sealed token first (empty fetch).
-            assert await receive_blinded(url, bob, [alice.pubkey], now=day, days=1) == []
+            assert await receive_blinded(url, bob, [alice.pubkey], now=day, max_ttl=0,
+                                         tokens_ahead=0) == []
             # ... and stays online as that day's mailbox: NOTIFY comes to the blinded id.
             box = B.my_mailbox(bob, alice.pubkey, B.epoch_of(day))
             online = await PppClient.connect(url, box)
@@ -118,8 +119,8 @@ async def _scenario(settings, alice: Identity, bob: Identity) -> dict:
             deadline = time.monotonic() + TIMEOUT
             while len(got) < 2:
                 assert time.monotonic() < deadline, "the day's messages never arrived"
-                got += await receive_blinded(url, bob, [alice.pubkey], now=day, days=1,
-                                             ack=True)
+                got += await receive_blinded(url, bob, [alice.pubkey], now=day, max_ttl=0,
+                                             tokens_ahead=0, ack=True)
                 await asyncio.sleep(0.2)
             out[day] = got
         out["stored_blinded"] = _stored(settings)

@@ -16,7 +16,7 @@ import time
 import msgpack
 from nacl.signing import SigningKey
 
-from ppp_wire import Ws, giftwrap, http_call, signed, unpack
+from ppp_wire import Ws, giftwrap, http_call, signed, signed_get, unpack
 from test_ppp_client import NodeThread
 
 WAIT = 90.0
@@ -178,15 +178,15 @@ def test_fetch_carry_scoping_budgets_and_the_end_of_carrying(spark, settings):
             assert await carried(carol, g1) == bobs   # never dan's (no consent), never erin's
             assert await carried(fred, g2) == {sent["erin"][0][0]}
             # HTTP polling: the same, signed by the Authorization header
-            status, body, _ = http_call(port, "GET", f"/v1/events/carry?group={g1.hex()}&since=0",
-                                        headers=signed(carol, b""))
+            q = f"/v1/events/carry?group={g1.hex()}&since=0"
+            status, body, _ = http_call(port, "GET", q, headers=signed_get(carol, q))
             assert status == 200 and set(unpack(body)["events"]) == bobs
-            status, body, _ = http_call(port, "GET", f"/v1/events/carry?group={g2.hex()}",
-                                        headers=signed(carol, b""))
+            q = f"/v1/events/carry?group={g2.hex()}"
+            status, body, _ = http_call(port, "GET", q, headers=signed_get(carol, q))
             assert status == 400 and unpack(body)["reason"].startswith("unknown carry group")
             for bad in ("zz", g1.hex()[:30], g1.hex() + "00"):
-                status, _, _ = http_call(port, "GET", f"/v1/events/carry?group={bad}",
-                                         headers=signed(carol, b""))
+                q = f"/v1/events/carry?group={bad}"
+                status, _, _ = http_call(port, "GET", q, headers=signed_get(carol, q))
                 assert status in (400, 422)
             status, _, _ = http_call(port, "GET", f"/v1/events/carry?group={g1.hex()}")
             assert status == 401

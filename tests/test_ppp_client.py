@@ -135,8 +135,12 @@ def test_cli_keygen_send_register(relay_node, tmp_path, capsys):
     assert json.loads(out)["via"] == "ws"
     with pytest.raises(SystemExit):                         # no token registered yet: 401
         run_cli(capsys, "ppp", "send", "--seed", a_seed, "--to", b_pk, "--text", "x",
-                "--sealed", *url)
+                "--sealed", "--no-fallback", *url)
     assert "401" in capsys.readouterr().err
+    (out,) = run_cli(capsys, "ppp", "send", "--seed", a_seed, "--to", b_pk, "--text", "x",
+                     "--sealed", *url)                      # §6.3: fall back to STORE
+    assert json.loads(out)["via"] == "ws-fallback"
+    assert json.loads(out)["fallback_reason"] == "sealed HTTP 401"
     run_cli(capsys, "ppp", "register-token", "--seed", b_seed, "--contact", a_pk, *url)
     (out,) = run_cli(capsys, "ppp", "send", "--seed", a_seed, "--to", b_pk, "--text", "x",
                      "--sealed", "--lat", "1", "--lon", "2", "--radius", "10", *url)

@@ -21,7 +21,7 @@ from delta_tables.schema import C, INBOX
 from engine.ppp.limits import MAX_BACKUP_SIZE, MAX_CIPHERTEXT_SIZE, MAX_EVENT_TTL_SECS
 from ingress.service import IngressNode
 
-from ppp_wire import Ws, ahttp, giftwrap, pack, sealed_id, signed, unpack
+from ppp_wire import Ws, ahttp, giftwrap, pack, sealed_id, signed, signed_get, unpack
 
 
 class Clock:
@@ -382,22 +382,23 @@ def test_polling_transport_same_semantics_and_signatures_checked(settings):
             assert len(landing_rows(settings)) == 1
             land_inbox(settings, pk(bob), [(ev, eid)])
             await until(lambda: n.ppp.inbox.pending_count(pk(bob)) == 1)
-            s, r, _ = await ahttp(port, "GET", "/v1/events?since=0", b"", signed(alice, b""))
+            q = "/v1/events?since=0"
+            s, r, _ = await ahttp(port, "GET", q, b"", signed_get(alice, q))
             assert unpack(r) == {"cmd": "EVENTS", "events": []}
-            s, r, _ = await ahttp(port, "GET", "/v1/events?since=0", b"", signed(bob, b""))
+            s, r, _ = await ahttp(port, "GET", q, b"", signed_get(bob, q))
             assert s == 200 and unpack(r) == {"cmd": "EVENTS", "events": [ev]}
             ack = pack({"event_ids": [eid]})
             s, r, _ = await ahttp(port, "POST", "/v1/events/ack", ack, signed(alice, ack))
             assert unpack(r) == {"cmd": "ACKED", "count": 0}
             s, r, _ = await ahttp(port, "POST", "/v1/events/ack", ack, signed(bob, ack))
             assert unpack(r) == {"cmd": "ACKED", "count": 1}
-            s, r, _ = await ahttp(port, "GET", "/v1/events?since=0", b"", signed(bob, b""))
+            s, r, _ = await ahttp(port, "GET", q, b"", signed_get(bob, q))
             assert unpack(r) == {"cmd": "EVENTS", "events": []}
             # FETCH budget shared with the WebSocket: 30 / 60 s, 2 used above by bob
             w = await Ws.login(port, bob)
             for _ in range(28):
                 assert (await w.call({"cmd": "FETCH", "since": 0}))["cmd"] == "EVENTS"
-            s, r, hdr = await ahttp(port, "GET", "/v1/events?since=0", b"", signed(bob, b""))
+            s, r, hdr = await ahttp(port, "GET", q, b"", signed_get(bob, q))
             assert s == 429 and unpack(r)["reason"].startswith("rate limited")
             assert hdr.get("retry-after") == "60"
             # OpenAPI documents the HTTP surface with MessagePack bodies.

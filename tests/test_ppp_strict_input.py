@@ -18,7 +18,7 @@ from nacl.signing import SigningKey
 from engine.ppp import protocol as P
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 
-from ppp_wire import Ws, ahttp, pack, signed
+from ppp_wire import Ws, ahttp, pack, signed, signed_get
 from test_ppp_shell import Clock, landing_rows, node, note, pk
 
 
@@ -159,6 +159,7 @@ def test_polling_fetch_takes_since_and_cursor_as_decimal_digits_only(settings):
                       "since=18446744073709551616", "since=0&cursor=1.5", "since=%C2%B2"):
                 s, r, _ = await ahttp(port, "GET", f"/v1/events?{q}", b"", signed(sk, b""))
                 assert s == 400 and msgpack.unpackb(r)["cmd"] == "STORE_FAIL", q
-            s, r, _ = await ahttp(port, "GET", "/v1/events?since=5", b"", signed(sk, b""))
+            q = "/v1/events?since=5"
+            s, r, _ = await ahttp(port, "GET", q, b"", signed_get(sk, q))
             assert s == 200 and msgpack.unpackb(r) == {"cmd": "EVENTS", "events": []}
     asyncio.run(go())

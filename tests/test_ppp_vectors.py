@@ -248,7 +248,7 @@ def test_discovery():
 
 def test_blinded_mailbox():
     doc = load("blinded_mailbox.json")
-    bob_pk, bob_x, _ = _x(doc["recipient_seed"])
+    bob_pk, bob_x, bob_sk = _x(doc["recipient_seed"])
     alice_pk, _, alice_sk = _x(doc["sender_seed"])
     alice_x_pk = b.crypto_sign_ed25519_pk_to_curve25519(alice_pk)
     shared = b.crypto_scalarmult(bob_x, alice_x_pk)
@@ -258,12 +258,24 @@ def test_blinded_mailbox():
     assert shared.hex() == doc["shared"]
     ids = set()
     for v in doc["vectors"]:
-        seed = hashlib.blake2b(b"ppp-blinded-mailbox-v1" + bob_pk + struct.pack(">Q", v["epoch"]),
-                               digest_size=32, key=shared).digest()
-        assert seed.hex() == v["mailbox_seed"]
-        pk, _ = b.crypto_sign_seed_keypair(seed)
-        assert pk.hex() == v["mailbox_id"]
-        assert hashlib.blake2b(pk + b"ppp-note-delivery-v1", digest_size=12,
+        wide = hashlib.blake2b(b"ppp-blinded-mailbox-v2" + bob_pk + struct.pack(">Q", v["epoch"]),
+                               digest_size=64, key=shared).digest()
+        h = b.crypto_core_ed25519_scalar_reduce(wide)
+        assert h.hex() == v["blinding_scalar"]
+        # what Alice computes from Bob's public key alone
+        mailbox = b.crypto_scalarmult_ed25519_noclamp(h, bob_pk)
+        assert mailbox.hex() == v["mailbox_id"]
+        # what only Bob can: the blinded scalar's public point is the same id ...
+        a = bytearray(hashlib.sha512(bob_sk[:32]).digest()[:32])
+        a[0] &= 248
+        a[31] = (a[31] & 127) | 64
+        blinded_sk = b.crypto_core_ed25519_scalar_mul(h, b.crypto_core_ed25519_scalar_reduce(
+            bytes(a) + bytes(32)))
+        assert b.crypto_scalarmult_ed25519_base_noclamp(blinded_sk) == mailbox
+        # ... and his AUTH signature verifies as plain Ed25519 under it
+        sig = H(v["auth_sig"])
+        assert b.crypto_sign_open(sig + H(v["challenge"]), mailbox) == H(v["challenge"])
+        assert hashlib.blake2b(mailbox + b"ppp-note-delivery-v1", digest_size=12,
                                key=shared).hexdigest() == v["delivery_token"]
-        ids.add(pk)
+        ids.add(mailbox)
     assert len(ids) == 2

@@ -787,6 +787,15 @@ def http_signed_message(body: bytes, timestamp: str) -> bytes:
     return body + timestamp.encode("ascii")
 
 
+def http_get_signed_body(target: bytes) -> bytes:
+    """What a polling GET signs in place of its (empty) body: `GET <request-target>` (path
+    and query exactly as sent). §5.2 signs body || timestamp, which for a GET is the
+    timestamp alone: one captured signature would then read any other GET (another carry
+    group's events, another cursor) for the whole window. Covering the target binds it to
+    the one request the client made."""
+    return b"GET " + target
+
+
 def http_auth(authorization: str | None, timestamp: str | None, body: bytes, now: float,
               window: float) -> bytes | None:
     """The pubkey of a valid `Authorization: PPP-Ed25519 <pubkey_hex>:<sig_hex>` over

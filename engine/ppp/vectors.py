@@ -270,15 +270,23 @@ def blinded_vectors(people) -> dict:
     from . import blinded
     alice, bob = people["alice"], people["bob"]
     shared = x25519(bob.x25519_sk, alice.x25519_pk)
+    challenge = bytes(range(32))
     vs = []
     for epoch in (20_419, 20_420):
+        h = blinded._blinding(shared, bob.pubkey, epoch)
         box = blinded.my_mailbox(bob, alice.pubkey, epoch)
-        vs.append({"epoch": epoch, "mailbox_seed": _h(box.seed), "mailbox_id": _h(box.pubkey),
+        assert box.pubkey == blinded.their_mailbox_id(alice, bob.pubkey, epoch)
+        vs.append({"epoch": epoch, "blinding_scalar": _h(blinded._bytes(h)),
+                   "mailbox_id": _h(box.pubkey), "challenge": _h(challenge),
+                   "auth_sig": _h(box.sign(challenge)),
                    "delivery_token": _h(blinded.mailbox_delivery_token(bob, alice.pubkey,
                                                                        box.pubkey))})
     return _file("shared = X25519(bob_x25519_sk, alice_x25519_pk) (= Alice's side); "
-                 "mailbox_seed = BLAKE2b(32, in = 'ppp-blinded-mailbox-v1' || recipient_pk || "
-                 "u64be(epoch), key = shared); mailbox_id = Ed25519 public key of the seed; "
+                 "h = BLAKE2b(64, in = 'ppp-blinded-mailbox-v2' || recipient_pk || "
+                 "u64be(epoch), key = shared) mod L (little-endian); mailbox_id = h * "
+                 "recipient_pk (ed25519 point, no clamping); the recipient signs as the "
+                 "mailbox with the scalar h * a mod L (a = its clamped ed25519 scalar), "
+                 "an ordinary ed25519 signature under mailbox_id (auth_sig: over challenge); "
                  "delivery_token as delivery_token.json with recipient_pk = mailbox_id. "
                  "epoch = floor(unix_time / 86400).", "metadata section, blinded mailboxes "
                  "(this relay's design: the spec's formula is computable by the relay)", vs,
