@@ -1,0 +1,224 @@
+"""The cursor-sync iroh endpoint on loopback, driven as a stock 0k-sync client drives it: an
+iroh client on the same bindings (tests/sync_iroh_client.py), frames built byte by byte from
+the interop notes (tests/sync_client.py) and the answers compared with the notes' golden
+vectors; the real ingress node, real Delta tables, the stream's real sink (tests/sync_stream.py).
+
+HELLO / WELCOME, PUSH / PUSH_ACK, NOTIFY on a uni stream, PULL, the device id from iroh's TLS,
+refusals as empty FINs, the close codes (1 rate limited, 2 too many sessions, 3 hello
+timeout), the frame cap, one group across both transports, and the endpoint id across a
+restart. iroh's relays and discovery are off (loopback only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import stat
+import struct
+
+import iroh
+
+from ingress.service import IngressNode
+from sync_client import (Device, SyncClient, byte_arr, frame, group_id, hello, msg, pull, push,
+                         uint)
+from sync_iroh_client import IrohSyncClient, bind
+from sync_stream import SinkDriver
+
+GROUP = group_id(b"test")
+BLOB = bytes(range(16))
+
+
+@contextlib.asynccontextmanager
+async def relay(settings, stream: bool = True):
+    settings.heya.enabled = False
+    settings.ppp.enabled = False
+    node = IngressNode(settings, fsync=False)
+    await node.start()
+    driver = SinkDriver(settings)
+    if stream:
+        driver.start()
+    try:
+        yield node.sync.iroh, node
+    finally:
+        await driver.stop()
+        await node.close()
+
+
+async def dial(ep, endpoint=None) -> IrohSyncClient:
+    return await IrohSyncClient.connect(ep.id, ep.addresses, endpoint)
+
+
+def h(text: str) -> bytes:
+    return bytes.fromhex(text.replace(" ", ""))
+
+
+# interop §1.3 golden vectors
+HELLO_TEST = h("95 a5 48656c6c6f 01 a8 4d792050686f6e65 dc 00 20 cc88 2b cc82 ccff cc8d 66 cccd"
+               " cc95 36 09 ccbe 43 ccf7 cc8d 76 56 cc84 ccbf 5d ccb7 ccb0 5f 44 ccf9 66 31 ccd6"
+               " 32 00 57 cc86 cce8 00")
+WELCOME_EMPTY = h("0000000c 94 a7 57656c636f6d65 01 00 00")
+PUSH_VEC = h("94 a4 50757368 c410 000102030405060708090a0b0c0d0e0f 94 01 02 cc80 ccff 00")
+PUSH_ACK_1 = h("93 a7 5075736841636b c410 000102030405060708090a0b0c0d0e0f 01")
+
+
+def test_vectors_are_the_notes(settings):
+    """The builders of the test client produce the notes' bytes (so the tests below speak
+    the interop notes' wire, not the relay's encoder)."""
+    assert hello(1, "My Phone", GROUP, 0) == HELLO_TEST
+    assert push(BLOB, bytes([1, 2, 0x80, 0xFF]), 0) == PUSH_VEC
+
+
+def test_stock_session_hello_push_notify_pull(settings):
+    settings.sync.open_groups = True          # 0k-sync semantics: no Join (stock clients)
+    asyncio.run(_stock_session(settings))
+
+
+async def _stock_session(settings):
+    async with relay(settings) as (ep, node):
+        a, b = await dial(ep), await dial(ep)
+        try:
+            assert a.id != b.id
+            # HELLO -> WELCOME{1, 0, 0}, byte for byte
+            assert await a.send_raw(frame(HELLO_TEST)) == WELCOME_EMPTY
+            assert await b.request(hello(1, "tablet", GROUP)) == ["Welcome", 1, 0, 0]
+            # PUSH -> PUSH_ACK{blob, 1} after the inbox commit; NOTIFY{1, 1} to B only
+            assert await a.send_raw(frame(PUSH_VEC)) == frame(PUSH_ACK_1)
+            assert await b.next_uni_raw() == frame(h("93 a6 4e6f74696679 01 01"))
+            # PULL after 0 -> PullResponse [[blob, 1, payload, ts]], has_more false, max 1
+            out = await b.send_raw(frame(pull(0, 100)))
+            body = out[4:]
+            assert struct.unpack(">I", out[:4])[0] == len(body)
+            assert body.startswith(h("94 ac 50756c6c526573706f6e7365 91 94 c410") + BLOB
+                                   + h("01 94 01 02 cc80 ccff ce"))
+            assert body.endswith(h("c2 01"))
+            # the sender is the connection's iroh id, never a message field: B's own
+            # push is not NOTIFYed back to B but to A
+            assert (await b.request(push(bytes(16), b"\x07", 0)))[:3] == \
+                ["PushAck", bytes(16), 2]
+            assert await a.next_uni_raw() == frame(h("93 a6 4e6f74696679 02 01"))
+            # a new connection of A's key sees both pending-free; WELCOME max_cursor 2
+            c = await dial(ep, a.endpoint)
+            assert await c.request(hello(1, "again", GROUP, 2)) == ["Welcome", 1, 2, 0]
+        finally:
+            await a.close()
+            await b.close()
+
+
+def test_refusals_are_empty_fins(settings):
+    settings.sync.open_groups = True
+    asyncio.run(_refusals(settings))
+
+
+async def _refusals(settings):
+    cap = settings.sync.max_message_size
+    async with relay(settings, stream=False) as (ep, node):
+        c = await dial(ep)
+        try:
+            # interop §2.7: anything before HELLO, a bad HELLO version, bad msgpack, an
+            # unknown tag, a wrong element count: empty FIN, the connection stays open
+            assert await c.send_raw(frame(pull(0, 100))) == b""
+            assert await c.send_raw(frame(hello(0, "x", GROUP))) == b""
+            assert await c.send_raw(frame(b"\xc1")) == b""
+            assert await c.send_raw(frame(msg("Nope", uint(1)))) == b""
+            assert await c.send_raw(frame(msg("Hello", uint(1), byte_arr(GROUP)))) == b""
+            # ST-001: a prefix over the cap is refused before its body (none sent here)
+            assert await c.send_raw(struct.pack(">I", cap + 1)) == b""
+            # a frame with no FIN-terminated body: stream ended inside the frame
+            assert await c.send_raw(struct.pack(">I", 10) + b"\x93") == b""
+            assert await c.request(hello(1, "ok", GROUP)) == ["Welcome", 1, 0, 0]
+            # a second HELLO is unexpected; ContentRef from a version-1 session too
+            assert await c.send_raw(frame(hello(1, "ok", GROUP))) == b""
+            # the frame cap itself: len == MAX is read (and refused as a message only)
+            big = push(BLOB, b"\x01" * (cap - 40), 0)
+            big += b"\x00" * (cap - len(big))
+            assert len(big) == cap
+            assert await c.send_raw(frame(big)) == b""
+        finally:
+            await c.close()
+        assert node.sync.rejected["malformed"] >= 5
+
+
+def test_close_codes(settings):
+    settings.sync.open_groups = True
+    settings.sync.connections_per_minute = 2
+    settings.sync.hello_timeout_seconds = 0.5
+    asyncio.run(_close_codes(settings))
+
+
+async def _close_codes(settings):
+    async with relay(settings, stream=False) as (ep, node):
+        key = iroh.SecretKey.generate().to_bytes()
+        dev = await bind(key)
+        try:
+            first = await dial(ep, dev)
+            # F-006: no HELLO within the timeout -> closed, code 3
+            assert "3" in await first.closed(5)
+            second = await dial(ep, dev)
+            assert await second.request(hello(1, "x", GROUP)) == ["Welcome", 1, 0, 0]
+            # third connection of the same device id within the minute: code 1
+            third = await dial(ep, dev)
+            reason = await third.closed(5)
+            assert "1" in reason and "rate limited" in reason
+            # F-007: the session cap reached -> code 2 for the next device
+            settings.sync.max_concurrent_sessions = len(node.sync.conns) + len(ep.conns)
+            other = await dial(ep)
+            reason = await other.closed(5)
+            assert "2" in reason and "too many sessions" in reason
+            await other.close()
+        finally:
+            await dev.close()
+        assert node.sync.rejected["hello_timeout"] == 1
+        assert node.sync.rejected["rate_limited"] == 1
+
+
+def test_one_group_across_both_transports(settings):
+    """A device on the aioquic listener (Auth challenge) and one on the iroh endpoint share
+    the group, its cursors and NOTIFYs: one request core behind both."""
+    settings.sync.open_groups = True
+    asyncio.run(_both(settings))
+
+
+async def _both(settings):
+    async with relay(settings) as (ep, node):
+        quic = await SyncClient.connect(node.sync.bound_port)
+        dev = Device()
+        assert await quic.authenticate(dev) == ["Done", "AuthProof"]
+        assert await quic.request(hello(1, "laptop", GROUP)) == ["Welcome", 1, 0, 0]
+        i = await dial(ep)
+        try:
+            assert await i.request(hello(1, "phone", GROUP)) == ["Welcome", 1, 0, 0]
+            assert await i.request(push(BLOB, b"hi", 0)) == ["PushAck", BLOB, 1]
+            assert await quic.next_uni() == ["Notify", 1, 1]
+            assert (await quic.request(push(bytes(16), b"yo", 0))) == ["PushAck", bytes(16), 2]
+            assert await i.next_uni_raw() == frame(h("93 a6 4e6f74696679 02 01"))
+            got = await i.request(pull(0, 0))
+            assert [e[1] for e in got[1]] == [1, 2] and got[3] == 2
+        finally:
+            await i.close()
+            await quic.close()
+
+
+def test_endpoint_id_survives_restart(settings):
+    settings.sync.open_groups = True
+    asyncio.run(_restart(settings))
+
+
+async def _restart(settings):
+    async with relay(settings) as (ep, node):
+        first = ep.id
+        c = await dial(ep)
+        assert await c.request(hello(1, "x", GROUP)) == ["Welcome", 1, 0, 0]
+        assert await c.request(push(BLOB, b"kept", 0)) == ["PushAck", BLOB, 1]
+        await c.close()
+    path = os.path.join(settings.data_dir, "keys", "sync_iroh.key")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    async with relay(settings) as (ep, node):
+        assert ep.id == first
+        c = await dial(ep)
+        try:
+            assert await c.request(hello(1, "x", GROUP)) == ["Welcome", 1, 1, 1]
+            got = await c.request(pull(0, 100))
+            assert got[1][0][:2] == [BLOB, 1] and bytes(got[1][0][2]) == b"kept"
+        finally:
+            await c.close()
