@@ -274,10 +274,12 @@ class IrohConnection(SyncRequests):
             self.hello_timer.cancel()
         self.conn.set_max_concurrent_bi_streams(self.conf.max_streams_per_connection)
 
-    def _respond(self, bi: iroh.BiStream, msg: m.Message | None, *, fin: bool = True) -> None:
+    def _respond(self, bi: iroh.BiStream, msg: m.Message | bytes | None, *,
+                 fin: bool = True) -> None:
         if self.closed:
             return
-        data = frame(m.encode(msg), self.conf.max_message_size) if msg is not None else b""
+        data = frame(msg if isinstance(msg, bytes) else m.encode(msg),
+                     self.conf.max_message_size) if msg is not None else b""
         self._spawn(self._write(bi.send(), data, fin))
 
     @staticmethod
@@ -290,14 +292,14 @@ class IrohConnection(SyncRequests):
         except Exception:
             pass                       # the stream or connection is gone
 
-    def send_uni(self, msg: m.Message) -> None:
+    def send_uni(self, msg: m.Message | bytes) -> None:
         if self.closed:
             return
         if self.uni_in_flight >= UNI_IN_FLIGHT:
             self.server.rejected["uni_blocked"] += 1
             return
         self.uni_in_flight += 1
-        self._spawn(self._send_uni(frame(m.encode(msg))))
+        self._spawn(self._send_uni(frame(msg if isinstance(msg, bytes) else m.encode(msg))))
 
     async def _send_uni(self, data: bytes) -> None:
         try:

@@ -83,7 +83,7 @@ from runtime.push_desk import PushDesk, desk_dir
 from runtime.teardown import TEARDOWN
 
 from .push_backends import SyncDesk
-from .sync_requests import SyncRequests, unix_now
+from .sync_requests import ContentWaiting, SyncRequests, unix_now
 
 log = logging.getLogger("relay.ingress.sync")
 logging.getLogger("quic").setLevel(logging.WARNING)   # aioquic logs connection ids per event
@@ -468,6 +468,7 @@ class SyncServer(Listener):
         self.validating = False    # every new connection must pass a Retry now
         self._server: AdmittingServer | None = None
         self.iroh = None           # the iroh endpoint for stock 0k-sync clients (sync_iroh.py)
+        self.content_waiting = ContentWaiting(conf.default_ttl_seconds)
         self._stop = asyncio.Event()
         self._tail_task: asyncio.Task | None = None
         self._sweep: asyncio.TimerHandle | None = None
@@ -576,6 +577,11 @@ class SyncServer(Listener):
     # --- shared state the connections use ------------------------------------------------------
     def group_sessions(self, group: bytes) -> list["SyncConnection"]:
         return [s for s in self.inbox.sessions_of(group) if isinstance(s, SyncRequests)]
+
+    @property
+    def relay_id(self) -> str:
+        """WELCOME.relay_id of the spec form: the iroh endpoint id, else the node id."""
+        return self.iroh.id if self.iroh is not None else self.settings.ingress.node_id
 
     def online(self, group: bytes, device: bytes) -> bool:
         return any(c.device_id == device for c in self.group_sessions(group))
@@ -882,7 +888,8 @@ class SyncConnection(SyncRequests, QuicConnectionProtocol):
             super().close(error_code=code, reason_phrase=reason)
             self._on_closed()
 
-    def _respond(self, sid: int, msg: m.Message | None, *, fin: bool = True) -> None:
+    def _respond(self, sid: int, msg: m.Message | bytes | None, *,
+                 fin: bool = True) -> None:
         """One frame (and FIN), or None: the empty FIN every 0k-sync refusal is."""
         if self.closed or sid in self.answered:
             return
@@ -895,14 +902,15 @@ class SyncConnection(SyncRequests, QuicConnectionProtocol):
             st = self.streams.pop(sid, None)
             if st is not None:
                 st.timer.cancel()
-        data = frame(m.encode(msg), self.conf.max_message_size) if msg is not None else b""
+        data = frame(msg if isinstance(msg, bytes) else m.encode(msg),
+                     self.conf.max_message_size) if msg is not None else b""
         try:
             self._quic.send_stream_data(sid, data, end_stream=fin)
         except Exception:   # the stream is gone (peer reset it)
             return
         self._transmit_soon()   # with the other replies of this turn (one inbox commit's)
 
-    def send_uni(self, msg: m.Message) -> None:
+    def send_uni(self, msg: m.Message | bytes) -> None:
         if self.closed:
             return
         sid = self._quic.get_next_available_stream_id(is_unidirectional=True)
@@ -912,7 +920,7 @@ class SyncConnection(SyncRequests, QuicConnectionProtocol):
             # connection's life. NOTIFY is a hint; PULL still returns everything.
             self.server.rejected["uni_blocked"] += 1
             return
-        self._quic.send_stream_data(sid, frame(m.encode(msg)), end_stream=True)
+        self._quic.send_stream_data(sid, frame(msg if isinstance(msg, bytes) else m.encode(msg)), end_stream=True)
         self._transmit_soon()
 
     def _hello_accepted(self) -> None:

@@ -29,6 +29,7 @@ from delta_tables.schema import C
 from egress.sync_inbox import encode_meta
 from engine.admission import Stage
 from engine.sync import PROTOCOL, identity, limits
+from engine.sync import envelope as spec
 from engine.sync import messages as m
 from engine.sync.session import (CLOSE_DEVICE_REVOKED, CLOSE_TOO_MANY_SESSIONS, CONTROL_LIMITED,
                                  RATE_LIMITED, Code, Refused, Session)
@@ -58,6 +59,8 @@ class SyncRequests:
     server: "object"
     session: Session
     ticket = None
+    spec_request = False      # the request being handled came as the spec's Envelope
+    notified = 0              # spec-form sessions: the last cursor told by NOTIFY
 
     @property
     def device_id(self) -> bytes | None:
@@ -69,7 +72,7 @@ class SyncRequests:
             self._respond(sid, None)
             return
         try:
-            msg = m.decode(body)
+            msg, self.spec_request = decode_request(body)
         except m.DecodeError:
             self.server.rejected["malformed"] += 1
             self._respond(sid, None)
@@ -104,13 +107,33 @@ class SyncRequests:
             log.info("sync request refused", extra={"event": "sync_refused",
                                                     "code": exc.code, "reason": exc.message,
                                                     "request": tag, "suppressed": dropped})
+        if self.spec_request or self.session.spec:
+            self._respond(sid, spec.error(exc.code, exc.message, **self._env()))
+            return
         wants = request is not None and self.session.wants_error(request)
         self._respond(sid, m.Error(exc.code, exc.message) if wants else None)
 
+    def _env(self) -> dict:
+        """The relay's Envelope fields for this session (engine/sync/envelope.py)."""
+        group = self.session.group_id
+        return {"group_id": group or spec.ZERO32, "timestamp": unix_now()}
+
 
     def notify(self, latest_cursor: int, count: int) -> None:
-        """SyncInbox's fan-out: new blobs of the group from other devices."""
-        self.send_uni(m.Notify(latest_cursor, count))
+        """SyncInbox's fan-out: new blobs of the group from other devices. A spec-form
+        session gets the spec's NOTIFY, one per blob (its id, sender, time and size)."""
+        if not self.session.spec:
+            self.send_uni(m.Notify(latest_cursor, count))
+            return
+        group, now = self.session.group_id, datetime.now(timezone.utc)
+        for blob in self.server.inbox.visible(group, max(self.notified,
+                                                         latest_cursor - count), latest_cursor,
+                                              now):
+            if blob.sender != self.device_id:
+                self.send_uni(spec.notify(spec.SpecBlob(blob.blob_id, blob.cursor, blob.sender,
+                                                        blob.size, blob.timestamp),
+                                          **self._env()))
+        self.notified = max(self.notified, latest_cursor)
 
 
     async def _on_join(self, sid: int, msg: m.Join) -> None:
@@ -149,16 +172,22 @@ class SyncRequests:
             self.close(CLOSE_TOO_MANY_SESSIONS, "too many sessions")
             return
         name = limits.truncate_utf8(msg.device_name, self.conf.max_device_name_bytes)
-        self.session.activate(msg, name)
+        self.session.activate(msg, name, spec=self.spec_request)
         self._hello_accepted()
         srv.inbox.register(group, self)
         self.registered = True
         srv.last_seen[(group, dev)] = unix_now()
         now = datetime.now(timezone.utc)
         after = max(msg.last_cursor, ctl.state.acked_cursor(group, dev))
-        self._respond(sid, m.Welcome(msg.version, srv.inbox.top(group),
-                                     min(srv.inbox.pending_count(group, dev, after, now),
-                                         m.U32)))
+        top = srv.inbox.top(group)
+        pending = min(srv.inbox.pending_count(group, dev, after, now), m.U32)
+        if self.session.spec:          # 002 §5.3 Welcome: relay_id too
+            self.notified = top
+            self._respond(sid, spec.welcome(msg.version, srv.relay_id, top, pending,
+                                            **self._env()))
+        else:
+            self._respond(sid, m.Welcome(msg.version, top, pending))
+        self._deliver_content(group)
         if (dropped := srv.quiet.allow(("session_open", msg.version))) is not None:
             log.info("sync session open", extra={"event": "sync_session_open",
                                                  "version": msg.version, "suppressed": dropped})
@@ -175,7 +204,8 @@ class SyncRequests:
         known = srv.inbox.cursor_of(eid)
         if known is not None:             # a re-push: its original cursor
             srv.accepted += 1
-            self._respond(sid, m.PushAck(msg.blob_id, known))
+            blob = srv.inbox.blob(group, msg.blob_id)
+            self._ack(sid, msg.blob_id, known, blob.timestamp if blob else unix_now())
             return
         if srv.inbox.stored(group) + srv.inflight.get(group, 0) + size > conf.max_group_storage:
             raise Refused(Code.QUOTA_EXCEEDED, "group storage quota exceeded")
@@ -216,7 +246,13 @@ class SyncRequests:
             else:
                 srv.inflight.pop(group, None)
         srv.accepted += 1
-        self._respond(sid, m.PushAck(msg.blob_id, cursor))
+        self._ack(sid, msg.blob_id, cursor, ts)
+
+    def _ack(self, sid, blob_id: bytes, cursor: int, ts: int) -> None:
+        if self.session.spec:          # 002 §5.3 PushAck: the relay's timestamp too
+            self._respond(sid, spec.push_ack(blob_id, cursor, ts, **self._env()))
+        else:
+            self._respond(sid, m.PushAck(blob_id, cursor))
 
     async def _on_pull(self, sid: int, msg: m.Pull) -> None:
         srv, conf = self.server, self.conf
@@ -240,7 +276,7 @@ class SyncRequests:
             picked.append(blob)
         payloads = await srv.inbox.payloads(picked)
         entries = [m.PullBlob(b.blob_id, b.cursor, p, b.timestamp)
-                   for b, p in zip(picked, payloads)]
+                   for b, p in zip(picked, payloads)] if not self.session.spec else []
         if picked:
             max_cursor = picked[-1].cursor
             more = more or any(True for _ in srv.inbox.visible(group, max_cursor, top, now))
@@ -253,7 +289,12 @@ class SyncRequests:
         if 0 < after <= top:
             srv.control.record_ack(group, dev, after)  # pulling after N: holds 1..N
         srv.last_seen[(group, dev)] = unix_now()
-        self._respond(sid, m.PullResponse(entries, more, max_cursor))
+        if self.session.spec:          # 002 §5.3 BlobEntry: sender_id too
+            self._respond(sid, spec.pull_response(
+                [(b.blob_id, b.cursor, b.sender, p, b.timestamp)
+                 for b, p in zip(picked, payloads)], more, max_cursor, **self._env()))
+        else:
+            self._respond(sid, m.PullResponse(entries, more, max_cursor))
 
     async def _on_bye(self, sid: int, msg: m.Bye) -> None:
         # 0k-sync: no response, Closing; unlike 0k-sync the device leaves the NOTIFY set.
@@ -346,11 +387,73 @@ class SyncRequests:
                 msg.content_size > limits.MAX_CONTENT_SIZE
                 or msg.encrypted_size != msg.content_size + limits.CONTENT_TAG_SIZE):
             raise Refused(Code.CONTENT_TOO_LARGE, "content size invalid or over the limit")
-        for conn in self.server.group_sessions(self.session.group_id):
+        srv, group = self.server, self.session.group_id
+        online = set()
+        for conn in srv.group_sessions(group):
             if conn is not self and conn.device_id != self.device_id:
-                conn.send_uni(msg)
+                conn.send_content(msg)
+                online.add(conn.device_id)
+        # 002 §5.2: CONTENT_REF is for the group's devices, online or not: the members not
+        # online now get it after their next WELCOME (`_deliver_content`)
+        offline = set(srv.control.state.members.get(group, ())) - online - {self.device_id}
+        if offline:
+            srv.content_waiting.hold(group, msg, offline, time.monotonic())
         self._respond(sid, m.Done(msg.TAG))
 
+    def send_content(self, msg: m.ContentRef | m.ContentAck) -> None:
+        if self.session.spec:
+            self.send_uni(spec.envelope(spec.EXTENSION_TYPES[type(msg)], msg._fields_out(),
+                                        sender_id=spec.ZERO32, **self._env()))
+        else:
+            self.send_uni(msg)
+
+    def _deliver_content(self, group: bytes) -> None:
+        """CONTENT_REF / CONTENT_ACK held for this device while it was offline."""
+        for msg in self.server.content_waiting.take(group, self.device_id, time.monotonic()):
+            self.send_content(msg)
+
+
+
+def decode_request(body: bytes) -> tuple[m.Message, bool]:
+    """A request body -> (message, came as the spec's Envelope)."""
+    import msgpack
+    try:
+        obj = msgpack.unpackb(body, raw=False, use_list=True, strict_map_key=False)
+    except Exception as exc:
+        raise m.DecodeError(f"invalid msgpack: {type(exc).__name__}") from None
+    if spec.is_envelope(obj):
+        return spec.decode_request(obj).msg, True
+    return m.decode_unpacked(obj), False
+
+
+class ContentWaiting:
+    """CONTENT_REF / CONTENT_ACK messages for group members that were offline when they came,
+    handed over at their next WELCOME. Bounded: `per_group` messages a group (the oldest
+    goes), each kept `ttl` seconds. In memory: a relay restart forgets them (the content
+    itself never passes the relay; a sender re-announces what was not acknowledged)."""
+
+    def __init__(self, ttl: float, per_group: int = 256):
+        self.ttl, self.per_group = ttl, per_group
+        self._held: dict[bytes, list[tuple[float, m.Message, set[bytes]]]] = {}
+
+    def hold(self, group: bytes, msg: m.Message, devices: set[bytes], now: float) -> None:
+        held = self._held.setdefault(group, [])
+        held.append((now + self.ttl, msg, set(devices)))
+        del held[:-self.per_group]
+
+    def take(self, group: bytes, device: bytes, now: float) -> list[m.Message]:
+        held = self._held.get(group)
+        if not held:
+            return []
+        out = []
+        for _, msg, devices in held:
+            if device in devices:
+                devices.discard(device)
+                out.append(msg)
+        held[:] = [h for h in held if h[0] > now and h[2]]
+        if not held:
+            del self._held[group]
+        return out
 
 
 def _reason(code: int) -> str:

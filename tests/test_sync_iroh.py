@@ -16,12 +16,15 @@ import contextlib
 import os
 import stat
 import struct
+import time
 
 import iroh
+import pytest
 
 from ingress.service import IngressNode
-from sync_client import (Device, SyncClient, byte_arr, frame, group_id, hello, msg, pull, push,
-                         uint)
+from ingress.sync_iroh import endpoint_id
+from sync_client import (Device, SyncClient, arr, byte_arr, content_ref, frame, group_id, hello,
+                         msg, parse, pull, push, s, uint)
 from sync_iroh_client import IrohSyncClient, bind
 from sync_stream import SinkDriver
 
@@ -214,7 +217,8 @@ async def _restart(settings):
     path = os.path.join(settings.data_dir, "keys", "sync_iroh.key")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     async with relay(settings) as (ep, node):
-        assert ep.id == first
+        assert ep.id == first == endpoint_id(settings)            # what `relay keys` prints
+        assert node.listening()["sync_iroh"] == f"{first}@{ep.addresses[0]}"
         c = await dial(ep)
         try:
             assert await c.request(hello(1, "x", GROUP)) == ["Welcome", 1, 1, 1]
@@ -222,3 +226,104 @@ async def _restart(settings):
             assert got[1][0][:2] == [BLOB, 1] and bytes(got[1][0][2]) == b"kept"
         finally:
             await c.close()
+
+
+# --- the seed spec's form: Envelope{version, msg_type, ...} with the spec's structs ----------
+
+def envelope(msg_type: int, payload: bytes, version: int = 1) -> bytes:
+    """002 §5.1 by hand: [version, msg_type, sender_id, group_id, cursor, timestamp, nonce,
+    payload], byte arrays as arrays of uints (rmp_serde), payload the spec struct's bytes."""
+    return (arr(8) + uint(version) + uint(msg_type) + byte_arr(bytes(32)) + byte_arr(bytes(32))
+            + uint(0) + uint(0) + byte_arr(bytes(24)) + byte_arr(payload))
+
+
+def spec_hello(name: str, group: bytes, last: int = 0) -> bytes:
+    return envelope(0x01, arr(4) + uint(1) + s(name) + byte_arr(group) + uint(last))
+
+
+def spec_push(blob_id: bytes, payload: bytes, ttl: int = 0) -> bytes:
+    return envelope(0x10, arr(3) + byte_arr(blob_id) + byte_arr(payload) + uint(ttl))
+
+
+def spec_pull(after: int, limit: int) -> bytes:
+    return envelope(0x20, arr(2) + uint(after) + uint(limit))
+
+
+def opened(out: list) -> tuple[int, list]:
+    """A relay Envelope -> (msg_type, the spec struct's fields)."""
+    assert len(out) == 8 and out[0] == 1
+    return out[1], parse(bytes(out[7]))
+
+
+def test_spec_envelope_form(settings):
+    settings.sync.open_groups = True
+    asyncio.run(_spec_form(settings))
+
+
+async def _spec_form(settings):
+    async with relay(settings) as (ep, node):
+        a, b = await dial(ep), await dial(ep)
+        try:
+            # ERROR for a version-1 session in the spec's form: PULL before HELLO -> 1003
+            t, f = opened(await a.request(spec_pull(0, 10)))
+            assert (t, f) == (0xFF, [1003, "Pull before HELLO"])
+            # WELCOME{version, relay_id, max_cursor, pending_count}: relay_id = endpoint id
+            t, f = opened(await a.request(spec_hello("spec-a", GROUP)))
+            assert (t, f) == (0x02, [1, ep.id, 0, 0])
+            assert opened(await b.request(spec_hello("spec-b", GROUP)))[1][2] == 0
+            # PUSH_ACK{blob_id, cursor, timestamp}: the relay's clock
+            before = int(time.time())
+            t, f = opened(await a.request(spec_push(BLOB, b"\x01\x02\x03")))
+            assert t == 0x11 and bytes(f[0]) == BLOB and f[1] == 1
+            assert before - 1 <= f[2] <= int(time.time()) + 1
+            # NOTIFY{blob_id, cursor, sender_id, timestamp, size} to B
+            out = await b.next_uni_raw()
+            t, f = opened(parse(out[4:]))
+            assert t == 0x31 and bytes(f[0]) == BLOB and f[1] == 1 and bytes(f[2]) == a.id
+            assert f[4] == 3
+            # PULL_RESPONSE{[BlobEntry{blob_id, cursor, sender_id, payload, timestamp}], ...}
+            t, f = opened(await b.request(spec_pull(0, 10)))
+            assert t == 0x21 and f[1:] == [False, 1]
+            entry = f[0][0]
+            assert (bytes(entry[0]), entry[1], bytes(entry[2]), bytes(entry[3])) == \
+                (BLOB, 1, a.id, b"\x01\x02\x03")
+            # a tagged (0k-sync) device in the same group still gets 0k-sync's shapes
+            c = await dial(ep)
+            assert await c.request(hello(1, "stock", GROUP)) == ["Welcome", 1, 1, 1]
+            got = await c.request(pull(0, 10))
+            assert got[0] == "PullResponse" and len(got[1][0]) == 4     # no sender_id
+            await c.close()
+        finally:
+            await a.close()
+            await b.close()
+
+
+def test_content_ref_reaches_offline_devices(settings):
+    settings.sync.open_groups = True
+    asyncio.run(_content_offline(settings))
+
+
+async def _content_offline(settings):
+    ref = content_ref(bytes(range(32)), bytes(24), 1000, 1016)
+    async with relay(settings, stream=False) as (ep, node):
+        later = await bind()
+        a, b = await dial(ep), await dial(ep, later)
+        try:
+            assert (await a.request(hello(2, "a", GROUP)))[0] == "Welcome"
+            assert (await b.request(hello(2, "b", GROUP)))[0] == "Welcome"
+            await b.close()                                  # B goes offline (a member)
+            await asyncio.sleep(0.2)
+            assert await a.request(ref) == ["Done", "ContentRef"]
+            b = await dial(ep, later)                        # B comes back: WELCOME, then it
+            assert (await b.request(hello(2, "b", GROUP)))[0] == "Welcome"
+            got = await b.next_uni_raw(10)
+            assert parse(got[4:])[0] == "ContentRef" and got[4:] == ref
+            # handed over once
+            c = await dial(ep, later)
+            assert (await c.request(hello(2, "b", GROUP)))[0] == "Welcome"
+            with pytest.raises(asyncio.TimeoutError):
+                await c.next_uni_raw(1)
+            await c.close()
+        finally:
+            await a.close()
+            await later.close()

@@ -254,7 +254,7 @@ PORT_ENV = {"RELAY_TRUESEAL_PUSH_PORT": "0", "RELAY_TRUESEAL_RECEIVE_PORT": "0",
 def settings_for(args, data_dir: Path) -> config.Settings:
     s = config.load(getattr(args, "conf", None), data_dir=str(data_dir))
     for section, key in (("trueseal", "push_port"), ("trueseal", "receive_port"),
-                         ("heya", "port"), ("ppp", "port"), ("sync", "port"),
+                         ("heya", "port"), ("ppp", "port"), ("sync", "port"), ("sync", "iroh_port"),
                          ("metrics", "ingress_port"),
                          ("metrics", "egress_port"), ("metrics", "stream_port"),
                          ("metrics", "compact_port")):

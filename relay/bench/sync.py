@@ -154,6 +154,50 @@ async def _devices(port: int, group: bytes, n: int) -> list[_Client]:
     return [first, *await asyncio.gather(*(device(i, k) for i, k in enumerate(keys) if i))]
 
 
+class _IrohClient:
+    """The same load over iroh, as a stock 0k-sync client speaks it (`IrohTransport`): its own
+    endpoint (key = device id), one bidirectional stream per request, frame + FIN out, the
+    answer read to FIN. Relays and discovery off: the relay's direct address."""
+
+    def __init__(self, endpoint, conn):
+        self.endpoint, self.conn = endpoint, conn
+
+    @classmethod
+    async def connect(cls, where: str) -> "_IrohClient":
+        import iroh
+        node, _, addr = where.partition("@")
+        ep = await iroh.Endpoint.bind(iroh.EndpointOptions(
+            preset=iroh.preset_minimal(), bind_addr="127.0.0.1:0",
+            relay_mode=iroh.RelayMode.disabled()))
+        conn = await ep.connect(iroh.EndpointAddr(iroh.EndpointId.from_string(node), None,
+                                                  [addr]), b"/0k-sync/1")
+        return cls(ep, conn)
+
+    async def request(self, body: bytes) -> bytes:
+        from engine.sync.framing import frame
+        bi = await self.conn.open_bi()
+        send = bi.send()
+        await send.write_all(frame(body))
+        await send.finish()
+        return (await asyncio.wait_for(bi.recv().read_to_end(4 << 20), 60))[4:]
+
+    async def close(self) -> None:
+        self.conn.close(0, b"closing")
+        await self.endpoint.close()
+
+
+async def _iroh_devices(where: str, group: bytes, n: int) -> list[_IrohClient]:
+    """`n` stock devices (HELLO version 1, no Join: the section runs with open groups)."""
+    from engine.sync import messages as m
+
+    async def device(i: int) -> _IrohClient:
+        c = await _IrohClient.connect(where)
+        welcome = m.decode(await c.request(m.encode(m.Hello(1, f"bench-{i}", group, 0))))
+        assert isinstance(welcome, m.Welcome), welcome
+        return c
+    return list(await asyncio.gather(*(device(i) for i in range(n))))
+
+
 async def _close(clients) -> None:
     """Close every client at once: aioquic's close waits ~1 s for its CONNECTION_CLOSE."""
     await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
@@ -161,9 +205,10 @@ async def _close(clients) -> None:
 
 # --- spawned client processes ------------------------------------------------------------------
 
-def push_worker(queue, go, port: int, seed: int, devices: int, window: int, warmup: float,
+def push_worker(queue, go, port, seed: int, devices: int, window: int, warmup: float,
                 seconds: float, body_size: int) -> None:
-    """Throughput load: `devices` devices of one group, `window` PUSHes in flight each."""
+    """Throughput load: `devices` devices of one group, `window` PUSHes in flight each.
+    `port`: the aioquic listener's port, or "<endpoint id>@<host:port>" for iroh."""
     try:
         asyncio.run(_push_worker(queue, go, port, seed, devices, window, warmup, seconds,
                                  body_size))
@@ -175,9 +220,12 @@ async def _push_worker(queue, go, port, seed, devices, window, warmup, seconds,
                        body_size) -> None:
     from engine.sync import messages as m
     group = hashlib.sha256(b"bench-throughput-%d" % seed).digest()
-    clients = await _devices(port, group, devices)
-    for c in clients:
-        c.proto.keep_notes = False    # NOTIFYs of the group's other devices: not needed here
+    if isinstance(port, str):
+        clients = await _iroh_devices(port, group, devices)
+    else:
+        clients = await _devices(port, group, devices)
+        for c in clients:
+            c.proto.keep_notes = False  # NOTIFYs of the group's other devices: not needed here
     body = np.random.default_rng(seed).bytes(body_size)
     queue.put({"ready": True})
     await asyncio.to_thread(go.wait)
@@ -187,7 +235,7 @@ async def _push_worker(queue, go, port, seed, devices, window, warmup, seconds,
     lat: list[float] = []
     errors = 0
 
-    async def one_device_slot(c: _Client) -> None:
+    async def one_device_slot(c) -> None:
         nonlocal errors
         while time.perf_counter() < end:
             n = next(counter)
@@ -269,9 +317,9 @@ async def _notify_worker(queue, port, rate, seconds, body_size) -> None:
 # --- the two figures ---------------------------------------------------------------------------
 
 def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = WINDOW,
-               procs: int = CLIENT_PROCS) -> dict:
+               procs: int = CLIENT_PROCS, transport: str = "quic") -> dict:
     with child_ingress_and_stream(spark, settings) as (listening, query, sink, relay):
-        port = port_of(listening, "sync")
+        port = port_of(listening, "sync") if transport == "quic" else listening["sync_iroh"]
         ctx = mp.get_context("spawn")
         queue, go = ctx.Queue(), ctx.Event()
         per = max(1, devices // procs)
@@ -312,11 +360,15 @@ def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = W
         "stream_duration_ms_p50": durations,
         "trigger_interval_ms": settings.stream.trigger_interval_ms,
         "cpu_cores": cpu,
+        "transport": transport,
         "method": ("relay ingress as a child process (fsync on, sync rate limits lifted via "
                    "its conf file), the inbox stream in the bench process (processingTime "
                    f"trigger), {procs} spawned client process(es), {per * procs} devices x "
-                   f"{window} PUSHes in flight on own QUIC streams; PUSH_ACKs (after landing "
-                   "and inbox commit) counted by the clients in the measured window"),
+                   f"{window} PUSHes in flight on own QUIC streams "
+                   + ("(aioquic, Auth + Join + HELLO v2)" if transport == "quic" else
+                      "(iroh endpoints, stock HELLO v1, open groups)")
+                   + "; PUSH_ACKs (after landing and inbox commit) counted by the clients in "
+                   "the measured window"),
     }
 
 
@@ -346,6 +398,7 @@ def _section_settings(settings, sub: str):
     s = copy.deepcopy(settings)
     s.data_dir = str(Path(settings.data_dir) / sub)
     s.sync.port = 0
+    s.sync.iroh_port = 0
     s.heya.enabled = False
     s.ppp.enabled = False
     s.sync.messages_per_minute = 10 ** 9      # the bench measures the relay, not its limits
@@ -361,7 +414,13 @@ def run(settings, quick: bool, spark=None) -> dict:
     if spark is None:
         return out
     out["throughput"] = throughput(spark, _section_settings(settings, "pushes"), p)
+    iroh_settings = _section_settings(settings, "pushes-iroh")
+    iroh_settings.sync.open_groups = True     # stock 0k-sync clients send no Join
+    out["throughput_iroh"] = throughput(spark, iroh_settings, p, transport="iroh")
     out["latency"] = latency(spark, _section_settings(settings, "latency"), p)
     out["sync_pushes_per_s"] = out["throughput"]["pushes_per_s"]
     out["sync_push_to_notify_ms"] = out["latency"]
+    out["sync_iroh_pushes_per_s"] = out["throughput_iroh"]["pushes_per_s"]
+    out["sync_iroh_push_ack_ms"] = out["throughput_iroh"]["push_to_ack_ms"]
+    out["sync_push_ack_ms"] = out["throughput"]["push_to_ack_ms"]
     return out
