@@ -404,6 +404,12 @@ def _section_settings(settings, sub: str):
     s.sync.messages_per_minute = 10 ** 9      # the bench measures the relay, not its limits
     s.sync.global_requests_per_second = 10 ** 9
     s.sync.connections_per_minute = 10 ** 6
+    # every bench device connects from 127.0.0.1 at once: the per-address budgets (hostile
+    # clients) would admit 32 of them at a time and 20 handshakes a second
+    for key in ("max_unauth_sessions_per_address", "max_handshakes_per_address",
+                "retry_above_handshakes_per_address", "max_sessions_per_address",
+                "handshakes_per_address_per_second"):
+        setattr(s.sync, key, 10 ** 4)
     return s
 
 
