@@ -206,18 +206,20 @@ async def _close(clients) -> None:
 # --- spawned client processes ------------------------------------------------------------------
 
 def push_worker(queue, go, port, seed: int, devices: int, window: int, warmup: float,
-                seconds: float, body_size: int) -> None:
-    """Throughput load: `devices` devices of one group, `window` PUSHes in flight each.
-    `port`: the aioquic listener's port, or "<endpoint id>@<host:port>" for iroh."""
+                seconds: float, body_size: int, pull: bool = False) -> None:
+    """Throughput load: `devices` devices of one group, `window` PUSHes in flight each
+    (`pull`: PULLs of the empty group instead, which need no stream: the transport's and the
+    request path's cost alone). `port`: the aioquic listener's port, or
+    "<endpoint id>@<host:port>" for iroh."""
     try:
         asyncio.run(_push_worker(queue, go, port, seed, devices, window, warmup, seconds,
-                                 body_size))
+                                 body_size, pull))
     except Exception as exc:
         queue.put({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
 
 
 async def _push_worker(queue, go, port, seed, devices, window, warmup, seconds,
-                       body_size) -> None:
+                       body_size, pull=False) -> None:
     from engine.sync import messages as m
     group = hashlib.sha256(b"bench-throughput-%d" % seed).digest()
     if isinstance(port, str):
@@ -240,14 +242,15 @@ async def _push_worker(queue, go, port, seed, devices, window, warmup, seconds,
         while time.perf_counter() < end:
             n = next(counter)
             t = time.perf_counter()
+            req = m.Pull(0, 100) if pull else m.Push(n.to_bytes(16, "big"), body, 0)
             try:
-                out = m.decode(await c.request(m.encode(m.Push(n.to_bytes(16, "big"), body, 0))))
+                out = m.decode(await c.request(m.encode(req)))
             except Exception:
                 errors += 1
                 await asyncio.sleep(0.05)
                 continue
             done = time.perf_counter()
-            if not isinstance(out, m.PushAck):
+            if not isinstance(out, m.PullResponse if pull else m.PushAck):
                 errors += 1
             elif start <= done < end:
                 lat.append(done - t)
@@ -372,6 +375,53 @@ def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = W
     }
 
 
+def requests_throughput(settings, p: dict, transport: str, devices: int = DEVICES,
+                        window: int = WINDOW, procs: int = CLIENT_PROCS) -> dict:
+    """PULL requests of an empty group answered per second: the transport and the request
+    path without the stream (no Spark), the relay as a child process."""
+    from .harness import start_role, stop_process, write_conf, children
+    from delta_tables.layout import Layout
+    data_dir = Path(settings.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    conf = write_conf(settings, data_dir.with_name(data_dir.name + ".toml"))
+    Layout.of(settings).ensure_shared_tables()
+    relay, listening = start_role("ingress", None, data_dir, data_dir, conf=conf)
+    try:
+        port = port_of(listening, "sync") if transport == "quic" else listening["sync_iroh"]
+        ctx = mp.get_context("spawn")
+        queue, go = ctx.Queue(), ctx.Event()
+        per = max(1, devices // procs)
+        workers = [spawn(push_worker, queue, go, port, i + 1, per, window, p["warmup"],
+                         p["seconds"], BODY_SIZE, True) for i in range(procs)]
+        collect(queue, workers, procs, 180)
+        meter = CpuMeter(relay_process=relay.pid)
+        go.set()
+        time.sleep(p["warmup"])
+        meter.start()
+        time.sleep(p["seconds"])
+        cpu = meter.stop()
+        results = collect(queue, workers, procs, p["seconds"] + 120)
+        for w in workers:
+            w.join(timeout=10)
+    finally:
+        stop_process(relay, 40)
+        if relay in children:
+            children.remove(relay)
+    answered = sum(r["acked"] for r in results)
+    cpu["clients"] = rounded(sum(r["cpu_s"] for r in results) / p["seconds"], 2)
+    if answered and cpu.get("relay_process") is not None:
+        cpu["relay_ms_per_request"] = rounded(cpu["relay_process"] * p["seconds"] / answered
+                                              * 1000, 3)
+    return {"requests_per_s": rounded(answered / p["seconds"]), "transport": transport,
+            "errors": sum(r["errors"] for r in results),
+            "request_ms": p50_p99([x for r in results for x in r["latency_ms"]]),
+            "in_flight": per * procs * window, "cpu_cores": cpu,
+            "method": (f"relay ingress as a child process, no stream; {procs} spawned client "
+                       f"processes, {per * procs} devices x {window} PULLs of an empty group "
+                       "in flight, each on its own bidirectional stream; PULL_RESPONSEs "
+                       "counted in the measured window")}
+
+
 def latency(spark, settings, p: dict) -> dict:
     with child_ingress_and_stream(spark, settings) as (listening, query, sink, relay):
         ctx = mp.get_context("spawn")
@@ -417,6 +467,13 @@ def run(settings, quick: bool, spark=None) -> dict:
     """Both figures (the stream is in the path of every PUSH_ACK: needs `spark`)."""
     p = QUICK if quick else FULL
     out: dict = {}
+    # the transports' own ceiling (no stream in the path), aioquic and iroh in turn
+    for transport in ("quic", "iroh"):
+        s = _section_settings(settings, f"requests-{transport}")
+        s.sync.open_groups = True
+        out[f"requests_{transport}"] = requests_throughput(s, p, transport)
+    out["sync_requests_per_s"] = {t: out[f"requests_{t}"]["requests_per_s"]
+                                  for t in ("quic", "iroh")}
     if spark is None:
         return out
     out["throughput"] = throughput(spark, _section_settings(settings, "pushes"), p)
