@@ -327,3 +327,77 @@ async def _content_offline(settings):
         finally:
             await a.close()
             await later.close()
+
+
+# --- hostile clients, small: idle connections, handshake floods --------------------------------
+
+def test_idle_connections_are_closed_and_forgotten(settings):
+    settings.sync.hello_timeout_seconds = 0.5
+    asyncio.run(_idle(settings))
+
+
+async def _idle(settings):
+    async with relay(settings, stream=False) as (ep, node):
+        clients = [await dial(ep) for _ in range(20)]
+        reasons = await asyncio.gather(*(c.closed(10) for c in clients))
+        assert all("3" in r and "hello timeout" in r for r in reasons)
+        await asyncio.sleep(0.2)
+        assert not ep.conns and not ep._pending            # nothing held for them
+        assert node.sync.rejected["hello_timeout"] == 20
+        await asyncio.gather(*(c.close() for c in clients))
+
+
+def test_handshake_flood_refused_or_validated(settings):
+    asyncio.run(_flood(settings))
+
+
+async def _flood(settings):
+    async with relay(settings, stream=False) as (ep, node):
+        # handshake budget spent: every new connection is refused before any TLS work
+        settings.sync.max_handshakes = 0
+        outcomes = await asyncio.gather(*(asyncio.wait_for(dial(ep), 5) for _ in range(10)),
+                                        return_exceptions=True)
+        assert all(isinstance(o, Exception) for o in outcomes)
+        assert node.sync.rejected["handshake_full"] >= 10
+        assert not ep.conns
+        # under load (here: always) a new address must first echo a stateless Retry; a
+        # real client does, and gets in
+        settings.sync.max_handshakes = 500
+        settings.sync.retry_above_handshakes = 0
+        c = await dial(ep)
+        try:
+            assert node.sync.retries >= 1
+            assert await c.request(hello(1, "x", GROUP)) == ["Welcome", 1, 0, 0]
+        finally:
+            await c.close()
+
+
+def test_stock_client_in_a_group_with_membership(settings):
+    """Membership on (the default): a stock client's first HELLO creates the group; a stock
+    client with another key (sync-cli makes one per command) is refused with the empty FIN;
+    the creator's key keeps working; a device that sends Join gets in."""
+    asyncio.run(_membership(settings))
+
+
+async def _membership(settings):
+    async with relay(settings, stream=False) as (ep, node):
+        creator_key = iroh.SecretKey.generate()
+        creator = await bind(creator_key.to_bytes())
+        a = await dial(ep, creator)
+        b = await dial(ep)
+        try:
+            assert await a.request(hello(1, "first", GROUP)) == ["Welcome", 1, 0, 0]
+            assert await b.send_raw(frame(hello(1, "second run", GROUP))) == b""
+            again = await dial(ep, creator)
+            assert await again.request(hello(1, "first", GROUP)) == ["Welcome", 1, 0, 0]
+            # Join: an admission signed by the creator's key for the joiner's endpoint id
+            exp = 2 ** 40
+            sig = creator_key.sign(b"0k-sync-admit-v1" + GROUP + b.id
+                                   + struct.pack(">Q", exp)).to_bytes()
+            join = msg("Join", byte_arr(GROUP), byte_arr(a.id), uint(exp), byte_arr(sig))
+            assert await b.request(join) == ["Done", "Join"]
+            assert await b.request(hello(2, "joined", GROUP)) == ["Welcome", 2, 0, 0]
+        finally:
+            await a.close()
+            await b.close()
+            await creator.close()
