@@ -41,12 +41,11 @@ import iroh
 from engine.sync import ALPN
 from engine.sync import messages as m
 from engine.sync.framing import frame
-from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_RATE_LIMITED, CLOSE_TOO_MANY_SESSIONS,
-                                 Session, State)
+from engine.sync.session import CLOSE_RATE_LIMITED, CLOSE_TOO_MANY_SESSIONS, Session
 from runtime import keys
 from runtime.config import Settings
 
-from .sync_requests import SyncRequests, unix_now
+from .sync_requests import SyncRequests, drain, unix_now
 
 log = logging.getLogger("relay.ingress.sync")
 
@@ -116,13 +115,7 @@ class IrohEndpoint:
             "discovery": conf.iroh_discovery})
 
     async def close(self) -> None:
-        for conn in list(self.conns):
-            conn.draining = True
-        pending = [t for c in self.conns for t in c.tasks]
-        if pending:
-            await asyncio.wait(pending, timeout=self.conf.push_ack_timeout_seconds)
-        for conn in list(self.conns):
-            conn.close(0, "relay shutting down")
+        await drain(self.conns, self.conf.push_ack_timeout_seconds)
         if self._accept_task is not None:
             self._accept_task.cancel()
         for task in list(self._pending):
@@ -233,28 +226,6 @@ class IrohConnection(SyncRequests):
         if body is None:
             self.server.rejected["malformed"] += 1
         self.requests.put_nowait((bi, body))
-
-    async def _work(self) -> None:
-        try:
-            while not self.closed:
-                bi, body = await self.requests.get()
-                await self._handle(bi, body)
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            if (dropped := self.server.quiet.allow("task_failed")) is not None:
-                log.exception("sync connection failed", extra={"event": "sync_task_failed",
-                                                               "suppressed": dropped})
-            self.close(0, "internal error")
-
-    def _hello_timeout(self) -> None:
-        if self.session.state is not State.ACTIVE and not self.closed:
-            srv = self.server
-            srv.rejected["hello_timeout"] += 1
-            if (dropped := srv.quiet.allow("hello_timeout")) is not None:
-                log.info("hello timeout", extra={"event": "sync_hello_timeout",
-                                                 "suppressed": dropped})
-            self.close(CLOSE_AUTH_FAILED, "hello timeout")
 
     def _on_closed(self) -> None:
         if self.closed and self not in self.endpoint.conns:

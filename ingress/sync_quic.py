@@ -83,7 +83,7 @@ from runtime.push_desk import PushDesk, desk_dir
 from runtime.teardown import TEARDOWN
 
 from .push_backends import SyncDesk
-from .sync_requests import ContentWaiting, SyncRequests, unix_now
+from .sync_requests import ContentWaiting, SyncRequests, drain, unix_now
 
 log = logging.getLogger("relay.ingress.sync")
 logging.getLogger("quic").setLevel(logging.WARNING)   # aioquic logs connection ids per event
@@ -547,13 +547,7 @@ class SyncServer(Listener):
             self.push_desk = None
         if self.iroh is not None:
             await self.iroh.close()
-        for conn in list(self.conns):
-            conn.draining = True
-        pending = [t for c in self.conns for t in c.tasks]
-        if pending:
-            await asyncio.wait(pending, timeout=self.conf.push_ack_timeout_seconds)
-        for conn in list(self.conns):
-            conn.close(0, "relay shutting down")
+        await drain(self.conns, self.conf.push_ack_timeout_seconds)
         if self._server is not None:
             self._server.close()
         self._stop.set()
@@ -786,15 +780,6 @@ class SyncConnection(SyncRequests, QuicConnectionProtocol):
                                                  self._hello_timeout)
         self.worker = asyncio.ensure_future(self._work())
 
-    def _hello_timeout(self) -> None:
-        if self.session.state is not State.ACTIVE and not self.closed:
-            srv = self.server
-            srv.rejected["hello_timeout"] += 1
-            if (dropped := srv.quiet.allow("hello_timeout")) is not None:
-                log.info("hello timeout", extra={"event": "sync_hello_timeout",
-                                                 "suppressed": dropped})
-            self.close(CLOSE_AUTH_FAILED, "hello timeout")
-
     def _on_data(self, sid: int, data: bytes, fin: bool) -> None:
         if self.closed or sid % 4 != 0 or sid in self.answered:
             return          # only client-initiated bidirectional streams carry requests
@@ -927,20 +912,6 @@ class SyncConnection(SyncRequests, QuicConnectionProtocol):
         if self.hello_timer is not None:
             self.hello_timer.cancel()
         self._quic.accepted_hello(self.server.stream_window, self.conf.max_streams_per_connection)
-
-    # --- the request loop --------------------------------------------------------------------
-    async def _work(self) -> None:
-        try:
-            while not self.closed:
-                sid, body = await self.requests.get()
-                await self._handle(sid, body)
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            if (dropped := self.server.quiet.allow("task_failed")) is not None:
-                log.exception("sync connection failed", extra={"event": "sync_task_failed",
-                                                               "suppressed": dropped})
-            self.close(0, "internal error")
 
     # --- handlers ----------------------------------------------------------------------------
     async def _on_auth(self, sid: int, msg: m.Auth) -> None:

@@ -31,8 +31,9 @@ from engine.admission import Stage
 from engine.sync import PROTOCOL, identity, limits
 from engine.sync import envelope as spec
 from engine.sync import messages as m
-from engine.sync.session import (CLOSE_DEVICE_REVOKED, CLOSE_TOO_MANY_SESSIONS, CONTROL_LIMITED,
-                                 RATE_LIMITED, Code, Refused, Session)
+from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_DEVICE_REVOKED,
+                                 CLOSE_TOO_MANY_SESSIONS, CONTROL_LIMITED, RATE_LIMITED, Code,
+                                 Refused, Session, State)
 
 log = logging.getLogger("relay.ingress.sync")
 
@@ -67,6 +68,31 @@ class SyncRequests:
         return self.session.device_id
 
     # --- the request path ----------------------------------------------------------------------
+    async def _work(self) -> None:
+        """Requests in order of arrival (0k-sync handles a connection's streams in turn); a
+        PUSH completes on its own task (`_store`). `requests` holds (stream, body | None)."""
+        try:
+            while not self.closed:
+                sid, body = await self.requests.get()
+                await self._handle(sid, body)
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            if (dropped := self.server.quiet.allow("task_failed")) is not None:
+                log.exception("sync connection failed", extra={"event": "sync_task_failed",
+                                                               "suppressed": dropped})
+            self.close(0, "internal error")
+
+    def _hello_timeout(self) -> None:
+        """F-006: no accepted HELLO in time: closed, code 3."""
+        if self.session.state is not State.ACTIVE and not self.closed:
+            srv = self.server
+            srv.rejected["hello_timeout"] += 1
+            if (dropped := srv.quiet.allow("hello_timeout")) is not None:
+                log.info("hello timeout", extra={"event": "sync_hello_timeout",
+                                                 "suppressed": dropped})
+            self.close(CLOSE_AUTH_FAILED, "hello timeout")
+
     async def _handle(self, sid: int, body: bytes | None) -> None:
         if body is None:                  # oversize / truncated / timed out: empty FIN
             self._respond(sid, None)
@@ -412,6 +438,18 @@ class SyncRequests:
         for msg in self.server.content_waiting.take(group, self.device_id, time.monotonic()):
             self.send_content(msg)
 
+
+
+async def drain(conns, timeout: float) -> None:
+    """Shutting down: refuse new requests (RELAY_SHUTTING_DOWN), let the PUSHes being stored
+    finish and be answered (at most `timeout`), then close every connection (code 0)."""
+    for conn in list(conns):
+        conn.draining = True
+    pending = [t for c in conns for t in c.tasks]
+    if pending:
+        await asyncio.wait(pending, timeout=timeout)
+    for conn in list(conns):
+        conn.close(0, "relay shutting down")
 
 
 def decode_request(body: bytes) -> tuple[m.Message, bool]:

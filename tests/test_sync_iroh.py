@@ -21,12 +21,11 @@ import time
 import iroh
 import pytest
 
-from ingress.service import IngressNode
 from ingress.sync_iroh import endpoint_id
 from sync_client import (Device, SyncClient, arr, byte_arr, content_ref, frame, group_id, hello,
                          msg, parse, pull, push, s, uint)
 from sync_iroh_client import IrohSyncClient, bind
-from sync_stream import SinkDriver
+from test_sync_shell import relay as quic_relay
 
 GROUP = group_id(b"test")
 BLOB = bytes(range(16))
@@ -34,18 +33,9 @@ BLOB = bytes(range(16))
 
 @contextlib.asynccontextmanager
 async def relay(settings, stream: bool = True):
-    settings.heya.enabled = False
-    settings.ppp.enabled = False
-    node = IngressNode(settings, fsync=False)
-    await node.start()
-    driver = SinkDriver(settings)
-    if stream:
-        driver.start()
-    try:
+    """test_sync_shell's relay (ingress node, sink driver); yields the iroh endpoint too."""
+    async with quic_relay(settings, stream) as (_port, node, _driver):
         yield node.sync.iroh, node
-    finally:
-        await driver.stop()
-        await node.close()
 
 
 async def dial(ep, endpoint=None) -> IrohSyncClient:
