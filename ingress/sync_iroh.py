@@ -111,8 +111,7 @@ class IrohEndpoint:
         self._accept_task = asyncio.create_task(self._accept_loop(), name="sync-iroh-accept")
         log.info("iroh endpoint started", extra={
             "event": "listener_started", "listener": "sync-iroh", "port": self.bound_port,
-            "endpoint_id": self.id, "addresses": self.addresses,
-            "discovery": conf.iroh_discovery})
+            "endpoint_id": self.id, "discovery": conf.iroh_discovery})
 
     async def close(self) -> None:
         await drain(self.conns, self.conf.push_ack_timeout_seconds)

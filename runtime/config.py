@@ -585,6 +585,7 @@ ENV_OVERRIDES = {
     "RELAY_PPP_PORT": "ppp.port",
     "PPP_TRUSTED_PROXIES": "ppp.trusted_proxies",   # spec 004 §5.x names this variable
     "RELAY_SYNC_PORT": "sync.port",
+    "RELAY_SYNC_IROH_PORT": "sync.iroh_port",
     "RELAY_METRICS_BIND": "metrics.bind",
     "RELAY_METRICS_PORT_INGRESS": "metrics.ingress_port",
     "RELAY_METRICS_PORT_INGRESS_HEYA": "metrics.ingress_heya_port",
