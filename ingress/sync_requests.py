@@ -378,7 +378,7 @@ class SyncRequests:
                                                    "suppressed": dropped})
         self._respond(sid, m.Done(m.RevokeDevice.TAG))
         for conn in srv.group_sessions(group):
-            conn.send_uni(m.DeviceRevoked(msg.device_id))
+            conn.send_event(m.DeviceRevoked(msg.device_id))
             if conn.device_id == msg.device_id:
                 conn.revoked()
 
@@ -417,7 +417,7 @@ class SyncRequests:
         online = set()
         for conn in srv.group_sessions(group):
             if conn is not self and conn.device_id != self.device_id:
-                conn.send_content(msg)
+                conn.send_event(msg)
                 online.add(conn.device_id)
         # 002 §5.2: CONTENT_REF is for the group's devices, online or not: the members not
         # online now get it after their next WELCOME (`_deliver_content`)
@@ -426,7 +426,8 @@ class SyncRequests:
             srv.content_waiting.hold(group, msg, offline, time.monotonic())
         self._respond(sid, m.Done(msg.TAG))
 
-    def send_content(self, msg: m.ContentRef | m.ContentAck) -> None:
+    def send_event(self, msg: m.ContentRef | m.ContentAck | m.DeviceRevoked) -> None:
+        """A relay-opened message, as an Envelope to a spec-form session."""
         if self.session.spec:
             self.send_uni(spec.envelope(spec.EXTENSION_TYPES[type(msg)], msg._fields_out(),
                                         sender_id=spec.ZERO32, **self._env()))
@@ -436,7 +437,7 @@ class SyncRequests:
     def _deliver_content(self, group: bytes) -> None:
         """CONTENT_REF / CONTENT_ACK held for this device while it was offline."""
         for msg in self.server.content_waiting.take(group, self.device_id, time.monotonic()):
-            self.send_content(msg)
+            self.send_event(msg)
 
 
 

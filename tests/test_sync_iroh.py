@@ -283,6 +283,13 @@ async def _spec_form(settings):
             got = await c.request(pull(0, 10))
             assert got[0] == "PullResponse" and len(got[1][0]) == 4     # no sender_id
             await c.close()
+            # REVOKE_DEVICE (0x50, payload [device_id]) -> Done; B hears DEVICE_REVOKED (0x51)
+            # as an Envelope, then is closed with code 4
+            assert await a.request(envelope(0x50, arr(1) + byte_arr(b.id))) == \
+                ["Done", "RevokeDevice"]
+            t, f = opened(parse((await b.next_uni_raw())[4:]))
+            assert (t, bytes(f[0])) == (0x51, b.id)
+            assert "4" in await b.closed(5)
         finally:
             await a.close()
             await b.close()
