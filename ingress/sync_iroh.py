@@ -25,7 +25,11 @@ Hostile clients: new connections past `max_handshakes` in handshake are refused;
 `retry_above_handshakes` an unvalidated address must first echo a QUIC Retry; a handshake not
 done within `handshake_timeout_seconds` is dropped. Before HELLO a connection may have
 `max_streams_before_hello` request streams open, after it `max_streams_per_connection`; each
-request must arrive whole within `stream_read_timeout_seconds` (empty FIN otherwise).
+request must arrive whole within `stream_read_timeout_seconds` (empty FIN otherwise). Not
+bounded here: the bindings (iroh 1.2.0) expose no transport config, so each stream's receive
+window is quinn's default (1.25 MB, granted at the handshake and never taken back): before
+HELLO one connection can make the relay buffer up to `max_streams_before_hello` x 1.25 MB for
+`stream_read_timeout_seconds` (the aioquic listener: 16 KiB a stream).
 """
 
 from __future__ import annotations
