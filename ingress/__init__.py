@@ -13,5 +13,6 @@ COMPOSITION = (
     "ingress.ppp_service",   # PPP commands: STORE -> landing; FETCH / ACK from egress.ppp_inbox
     "ingress.ppp_rooms",     # PPP rooms: STORE_ROOM -> landing; FETCH_ROOM from egress.ppp_rooms
     "ingress.ppp_carry",     # PPP carry groups: control rows; FETCH_CARRY from egress.ppp_inbox
-    "ingress.sync_quic",     # cursor-sync: PUSH -> landing; PULL / NOTIFY from egress.sync_inbox
+    "ingress.sync_quic",     # cursor-sync over aioquic: the listener and its shared state
+    "ingress.sync_requests",  # cursor-sync requests: PUSH -> landing; PULL / NOTIFY from egress.sync_inbox
 )

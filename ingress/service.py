@@ -72,7 +72,11 @@ class IngressNode:
         return [srv for _, srv in self._named()]
 
     def listening(self) -> dict[str, str]:
-        return {name: f"{self.settings.bind}:{srv.bound_port}" for name, srv in self._named()}
+        out = {name: f"{self.settings.bind}:{srv.bound_port}" for name, srv in self._named()}
+        if self.sync is not None and self.sync.iroh is not None:
+            # what a 0k-sync client dials: endpoint id @ direct address (ingress/sync_iroh.py)
+            out["sync_iroh"] = f"{self.sync.iroh.id}@{self.settings.bind}:{self.sync.iroh.bound_port}"
+        return out
 
     async def close(self) -> None:
         """Stop accepting; pushes already being stored finish (and are acked) first."""

@@ -39,13 +39,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-import math
 import os
 import re
 import secrets
 import time
 import weakref
-from datetime import datetime, timedelta, timezone
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -63,19 +61,18 @@ from aioquic.quic.packet import (QuicFrameType, QuicPacketType, encode_quic_retr
 
 from delta_tables.group_commit import DeltaAppendTarget, GroupCommitAppender
 from delta_tables.layout import Layout
-from delta_tables.schema import ACKS, C
+from delta_tables.schema import ACKS
 from delta_tables.sync_control import SyncControl
 from egress.inbox_tail import InboxTail
-from egress.sync_inbox import SyncInbox, decode_meta, encode_meta
+from egress.sync_inbox import SyncInbox, decode_meta
 from engine.admission import Cap, Limits, Stage, Ticket, address_key
 from engine.fair_queue import FairQueue
 from engine.work_budget import WorkBudget
-from engine.sync import ALPN, PROTOCOL, identity, limits
+from engine.sync import ALPN, PROTOCOL, identity
 from engine.sync import messages as m
 from engine.sync.framing import FrameError, FrameReader, frame
-from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_DEVICE_REVOKED, CLOSE_RATE_LIMITED,
-                                 CLOSE_TOO_MANY_SESSIONS, CONTROL_LIMITED, RATE_LIMITED, Code, Refused, Session,
-                                 State)
+from engine.sync.session import (CLOSE_AUTH_FAILED, CLOSE_RATE_LIMITED, CLOSE_TOO_MANY_SESSIONS,
+                                 Session, State)
 from engine.sync.token_bucket import KeyedBuckets, TokenBucket
 from runtime.config import Settings
 from runtime import logs, tls, udp_endpoint
@@ -86,25 +83,11 @@ from runtime.push_desk import PushDesk, desk_dir
 from runtime.teardown import TEARDOWN
 
 from .push_backends import SyncDesk
+from .sync_requests import ContentWaiting, SyncRequests, drain, unix_now
 
 log = logging.getLogger("relay.ingress.sync")
 if not logs.libraries_loud():   # aioquic logs connection ids per event
     logging.getLogger("quic").setLevel(logging.WARNING)
-
-# Room a PULL_RESPONSE needs around one blob beyond the PUSH that carried it (tag, cursor,
-# timestamp, has_more, max_cursor): a PUSH closer than this to the frame cap could never be
-# pulled, so it is refused as too large (0k-sync accepts it and cannot deliver it).
-PULL_HEADROOM = 64
-
-
-def event_id(group: bytes, blob_id: bytes) -> bytes:
-    """The dedup key: a re-push of a blob id into its group is the same event."""
-    return hashlib.blake2b(group + blob_id, digest_size=32, person=b"0ksync.evt.v1").digest()
-
-
-def unix_now() -> int:
-    return int(time.time())
-
 
 # --- certificate ----------------------------------------------------------------------------
 
@@ -487,6 +470,8 @@ class SyncServer(Listener):
         self.retries = 0           # Retry packets sent (address validation under load)
         self.validating = False    # every new connection must pass a Retry now
         self._server: AdmittingServer | None = None
+        self.iroh = None           # the iroh endpoint for stock 0k-sync clients (sync_iroh.py)
+        self.content_waiting = ContentWaiting(conf.default_ttl_seconds)
         self._stop = asyncio.Event()
         self._tail_task: asyncio.Task | None = None
         self._sweep: asyncio.TimerHandle | None = None
@@ -523,6 +508,10 @@ class SyncServer(Listener):
             receive_buffer=conf.receive_buffer_bytes)
         log.info("listener started", extra={"event": "listener_started",
                                             "listener": self.name, "port": self.bound_port})
+        if conf.iroh_enabled:
+            from .sync_iroh import IrohEndpoint
+            self.iroh = IrohEndpoint(self, self.settings)
+            await self.iroh.start()
 
     def _protocol(self, *args, **kwargs) -> "SyncConnection":
         return SyncConnection(self, *args, **kwargs)
@@ -559,13 +548,9 @@ class SyncServer(Listener):
         if self.push_desk is not None:
             self.push_desk.close()
             self.push_desk = None
-        for conn in list(self.conns):
-            conn.draining = True
-        pending = [t for c in self.conns for t in c.tasks]
-        if pending:
-            await asyncio.wait(pending, timeout=self.conf.push_ack_timeout_seconds)
-        for conn in list(self.conns):
-            conn.close(0, "relay shutting down")
+        if self.iroh is not None:
+            await self.iroh.close()
+        await drain(self.conns, self.conf.push_ack_timeout_seconds)
         if self._server is not None:
             self._server.close()
         self._stop.set()
@@ -588,7 +573,12 @@ class SyncServer(Listener):
 
     # --- shared state the connections use ------------------------------------------------------
     def group_sessions(self, group: bytes) -> list["SyncConnection"]:
-        return [s for s in self.inbox.sessions_of(group) if isinstance(s, SyncConnection)]
+        return [s for s in self.inbox.sessions_of(group) if isinstance(s, SyncRequests)]
+
+    @property
+    def relay_id(self) -> str:
+        """WELCOME.relay_id of the spec form: the iroh endpoint id, else the node id."""
+        return self.iroh.id if self.iroh is not None else self.settings.ingress.node_id
 
     def online(self, group: bytes, device: bytes) -> bool:
         return any(c.device_id == device for c in self.group_sessions(group))
@@ -613,7 +603,7 @@ class _Stream:
             self.later.append(body)
 
 
-class SyncConnection(QuicConnectionProtocol):
+class SyncConnection(SyncRequests, QuicConnectionProtocol):
     def __init__(self, server: SyncServer, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.server = server
@@ -636,11 +626,6 @@ class SyncConnection(QuicConnectionProtocol):
         self.started = self.heard = 0.0
         self.cids: set[bytes] = set()
         self.aborted = False
-
-    # --- identity helpers --------------------------------------------------------------------
-    @property
-    def device_id(self) -> bytes | None:
-        return self.session.device_id
 
     def __repr__(self) -> str:
         return f"SyncConnection({self.session!r})"
@@ -798,15 +783,6 @@ class SyncConnection(QuicConnectionProtocol):
                                                  self._hello_timeout)
         self.worker = asyncio.ensure_future(self._work())
 
-    def _hello_timeout(self) -> None:
-        if self.session.state is not State.ACTIVE and not self.closed:
-            srv = self.server
-            srv.rejected["hello_timeout"] += 1
-            if (dropped := srv.quiet.allow("hello_timeout")) is not None:
-                log.info("hello timeout", extra={"event": "sync_hello_timeout",
-                                                 "suppressed": dropped})
-            self.close(CLOSE_AUTH_FAILED, "hello timeout")
-
     def _on_data(self, sid: int, data: bytes, fin: bool) -> None:
         if self.closed or sid % 4 != 0 or sid in self.answered:
             return          # only client-initiated bidirectional streams carry requests
@@ -900,7 +876,8 @@ class SyncConnection(QuicConnectionProtocol):
             super().close(error_code=code, reason_phrase=reason)
             self._on_closed()
 
-    def _respond(self, sid: int, msg: m.Message | None, *, fin: bool = True) -> None:
+    def _respond(self, sid: int, msg: m.Message | bytes | None, *,
+                 fin: bool = True) -> None:
         """One frame (and FIN), or None: the empty FIN every 0k-sync refusal is."""
         if self.closed or sid in self.answered:
             return
@@ -913,25 +890,15 @@ class SyncConnection(QuicConnectionProtocol):
             st = self.streams.pop(sid, None)
             if st is not None:
                 st.timer.cancel()
-        data = frame(m.encode(msg), self.conf.max_message_size) if msg is not None else b""
+        data = frame(msg if isinstance(msg, bytes) else m.encode(msg),
+                     self.conf.max_message_size) if msg is not None else b""
         try:
             self._quic.send_stream_data(sid, data, end_stream=fin)
         except Exception:   # the stream is gone (peer reset it)
             return
         self._transmit_soon()   # with the other replies of this turn (one inbox commit's)
 
-    def _refuse(self, sid: int, request: m.Message | None, exc: Refused) -> None:
-        srv = self.server
-        srv.rejected[_reason(exc.code)] += 1
-        tag = request.TAG if request else None
-        if (dropped := srv.quiet.allow(("refused", exc.code, tag))) is not None:
-            log.info("sync request refused", extra={"event": "sync_refused",
-                                                    "code": exc.code, "reason": exc.message,
-                                                    "request": tag, "suppressed": dropped})
-        wants = request is not None and self.session.wants_error(request)
-        self._respond(sid, m.Error(exc.code, exc.message) if wants else None)
-
-    def send_uni(self, msg: m.Message) -> None:
+    def send_uni(self, msg: m.Message | bytes) -> None:
         if self.closed:
             return
         sid = self._quic.get_next_available_stream_id(is_unidirectional=True)
@@ -941,57 +908,13 @@ class SyncConnection(QuicConnectionProtocol):
             # connection's life. NOTIFY is a hint; PULL still returns everything.
             self.server.rejected["uni_blocked"] += 1
             return
-        self._quic.send_stream_data(sid, frame(m.encode(msg)), end_stream=True)
+        self._quic.send_stream_data(sid, frame(msg if isinstance(msg, bytes) else m.encode(msg)), end_stream=True)
         self._transmit_soon()
 
-    def notify(self, latest_cursor: int, count: int) -> None:
-        """SyncInbox's fan-out: new blobs of the group from other devices."""
-        self.send_uni(m.Notify(latest_cursor, count))
-
-    # --- the request loop --------------------------------------------------------------------
-    async def _work(self) -> None:
-        try:
-            while not self.closed:
-                sid, body = await self.requests.get()
-                await self._handle(sid, body)
-        except asyncio.CancelledError:
-            pass
-        except Exception:
-            if (dropped := self.server.quiet.allow("task_failed")) is not None:
-                log.exception("sync connection failed", extra={"event": "sync_task_failed",
-                                                               "suppressed": dropped})
-            self.close(0, "internal error")
-
-    async def _handle(self, sid: int, body: bytes | None) -> None:
-        if body is None:                  # oversize / truncated / timed out: empty FIN
-            self._respond(sid, None)
-            return
-        try:
-            msg = m.decode(body)
-        except m.DecodeError:
-            self.server.rejected["malformed"] += 1
-            self._respond(sid, None)
-            return
-        try:
-            if self.draining:
-                raise Refused(Code.RELAY_SHUTTING_DOWN, "relay shutting down")
-            handler = self.session.route(msg)
-            if isinstance(msg, RATE_LIMITED):
-                self._rate_limit()
-            elif isinstance(msg, CONTROL_LIMITED) and not self.server.control_limit.take(
-                    self.device_id, time.monotonic()):
-                raise Refused(Code.RATE_LIMITED, "rate limited")
-            await getattr(self, f"_on_{handler}")(sid, msg)
-        except Refused as exc:
-            self._refuse(sid, msg, exc)
-
-    def _rate_limit(self) -> None:
-        now = time.monotonic()
-        # 0k-sync order: the global limiter, then the device's.
-        if not self.server.global_limit.take(now):
-            raise Refused(Code.RATE_LIMITED, "relay busy")
-        if not self.server.device_limit.take(self.device_id, now):
-            raise Refused(Code.RATE_LIMITED, "rate limited")
+    def _hello_accepted(self) -> None:
+        if self.hello_timer is not None:
+            self.hello_timer.cancel()
+        self._quic.accepted_hello(self.server.stream_window, self.conf.max_streams_per_connection)
 
     # --- handlers ----------------------------------------------------------------------------
     async def _on_auth(self, sid: int, msg: m.Auth) -> None:
@@ -1017,254 +940,6 @@ class SyncConnection(QuicConnectionProtocol):
             return
         self.session.authenticated(proof.device_id)
         self._respond(sid, m.Done(m.AuthProof.TAG))
-
-    async def _on_join(self, sid: int, msg: m.Join) -> None:
-        ctl, dev = self.server.control, self.device_id
-        if ctl.state.is_revoked(msg.group_id, dev):
-            raise Refused(Code.DEVICE_REVOKED, "device revoked from this group")
-        if not identity.admission_ok(msg.group_id, dev, msg.admitter, msg.expires_at,
-                                     msg.signature, time.time()):
-            raise Refused(Code.BAD_ADMISSION, "admission invalid or expired")
-        outcome = await ctl.admit(msg.group_id, dev, msg.admitter)
-        if outcome == "refused":
-            raise Refused(Code.BAD_ADMISSION, "admitter is not a member")
-        if (dropped := self.server.quiet.allow(("member", outcome))) is not None:
-            log.info("sync device joined", extra={"event": "sync_member_changed", "op": outcome,
-                                                  "suppressed": dropped})
-        self._respond(sid, m.Done(m.Join.TAG))
-
-    async def _on_hello(self, sid: int, msg: m.Hello) -> None:
-        srv, ctl, dev = self.server, self.server.control, self.device_id
-        self.session.check_hello(msg)
-        group = msg.group_id
-        if ctl.state.is_revoked(group, dev):
-            raise Refused(Code.DEVICE_REVOKED, "device revoked from this group")
-        if not ctl.state.is_member(group, dev):
-            if ctl.state.exists(group) and not self.conf.open_groups:
-                raise Refused(Code.NOT_A_MEMBER, "not a member of this group")
-            outcome = await ctl.admit(group, dev, None, open_group=self.conf.open_groups)
-            if outcome == "refused":
-                raise Refused(Code.NOT_A_MEMBER, "not a member of this group")
-            if (dropped := srv.quiet.allow(("member", outcome))) is not None:
-                log.info("sync group member added", extra={"event": "sync_member_changed",
-                                                           "op": outcome, "suppressed": dropped})
-        # AUTH: never evicted; its total (max_concurrent_sessions) or the address's cap
-        # (max_sessions_per_address) full, the connection is closed with code 2.
-        if not srv.advance(self.ticket, Stage.AUTH):
-            self.close(CLOSE_TOO_MANY_SESSIONS, "too many sessions")
-            return
-        name = limits.truncate_utf8(msg.device_name, self.conf.max_device_name_bytes)
-        self.session.activate(msg, name)
-        if self.hello_timer is not None:
-            self.hello_timer.cancel()
-        self._quic.accepted_hello(srv.stream_window, self.conf.max_streams_per_connection)
-        srv.inbox.register(group, self)
-        self.registered = True
-        srv.last_seen[(group, dev)] = unix_now()
-        now = datetime.now(timezone.utc)
-        after = max(msg.last_cursor, ctl.state.acked_cursor(group, dev))
-        self._respond(sid, m.Welcome(msg.version, srv.inbox.top(group),
-                                     min(srv.inbox.pending_count(group, dev, after, now),
-                                         m.U32)))
-        if (dropped := srv.quiet.allow(("session_open", msg.version))) is not None:
-            log.info("sync session open", extra={"event": "sync_session_open",
-                                                 "version": msg.version, "suppressed": dropped})
-
-    async def _on_push(self, sid: int, msg: m.Push) -> None:
-        srv, conf = self.server, self.conf
-        group, dev = self.session.group_id, self.device_id
-        size = len(msg.payload)
-        if size > conf.max_blob_size or len(m.encode(msg)) > conf.max_message_size \
-                - PULL_HEADROOM:
-            raise Refused(Code.BLOB_TOO_LARGE, "blob too large")
-        eid = event_id(group, msg.blob_id)
-        srv.inbox.expire(datetime.now(timezone.utc))     # expired blobs leave the quota
-        known = srv.inbox.cursor_of(eid)
-        if known is not None:             # a re-push: its original cursor
-            srv.accepted += 1
-            self._respond(sid, m.PushAck(msg.blob_id, known))
-            return
-        if srv.inbox.stored(group) + srv.inflight.get(group, 0) + size > conf.max_group_storage:
-            raise Refused(Code.QUOTA_EXCEEDED, "group storage quota exceeded")
-        srv.inflight[group] = srv.inflight.get(group, 0) + size
-        task = asyncio.ensure_future(self._store(sid, msg, group, dev, eid, size))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def _store(self, sid: int, msg: m.Push, group: bytes, dev: bytes, eid: bytes,
-                     size: int) -> None:
-        srv, conf = self.server, self.conf
-        received = datetime.now(timezone.utc)
-        ts = int(received.timestamp())
-        # Never shorter than the wait for the inbox commit: a row that expired before the
-        # stream took it would be rejected, and its PUSH would hang until the timeout.
-        ttl = limits.effective_ttl(msg.ttl, conf.default_ttl_seconds, conf.max_ttl_seconds,
-                                   math.ceil(conf.push_ack_timeout_seconds))
-        waiter = srv.inbox.wait(eid)
-        try:
-            await srv.appender.append({
-                C.EVENT_ID: eid, C.PROTOCOL: PROTOCOL, C.MAILBOX: group,
-                C.ENVELOPE: msg.payload, C.META: encode_meta(msg.blob_id, dev, ts),
-                C.RECEIVED_AT: received, C.EXPIRES_AT: received + timedelta(seconds=ttl)})
-            cursor = await asyncio.wait_for(asyncio.shield(waiter),
-                                            conf.push_ack_timeout_seconds)
-        except Exception as exc:
-            srv.inbox.forget_waiter(eid, waiter)
-            error = type(exc).__name__
-            if (dropped := srv.quiet.allow(("store_failed", error))) is not None:
-                log.warning("sync push not stored", extra={"event": "sync_store_failed",
-                                                           "error": error, "suppressed": dropped})
-            self._refuse(sid, msg, Refused(Code.INTERNAL, "not stored"))
-            return
-        finally:
-            left = srv.inflight.get(group, 0) - size
-            if left > 0:
-                srv.inflight[group] = left
-            else:
-                srv.inflight.pop(group, None)
-        srv.accepted += 1
-        self._respond(sid, m.PushAck(msg.blob_id, cursor))
-
-    async def _on_pull(self, sid: int, msg: m.Pull) -> None:
-        srv, conf = self.server, self.conf
-        group, dev = self.session.group_id, self.device_id
-        limit = limits.clamp_pull_limit(msg.limit, conf.max_pull_limit, conf.default_pull_limit)
-        top = srv.inbox.top(group)
-        after = msg.after_cursor
-        window = min(top, after + conf.cursor_gap_cap)   # F-019: one pull spans <= the cap
-        now = datetime.now(timezone.utc)
-        picked, room = [], conf.max_message_size - PULL_HEADROOM
-        more = False
-        for blob in srv.inbox.visible(group, after, window, now):
-            if len(picked) == limit:
-                more = True
-                break
-            cost = blob.size * 2 + 40            # upper bound of its encoded entry
-            if picked and cost > room:
-                more = True
-                break
-            room -= cost
-            picked.append(blob)
-        payloads = await srv.inbox.payloads(picked)
-        entries = [m.PullBlob(b.blob_id, b.cursor, p, b.timestamp)
-                   for b, p in zip(picked, payloads)]
-        if picked:
-            max_cursor = picked[-1].cursor
-            more = more or any(True for _ in srv.inbox.visible(group, max_cursor, top, now))
-        elif window > after:
-            # Nothing visible up to the window's end (deleted / expired): move the client on.
-            max_cursor = window
-            more = window < top
-        else:
-            max_cursor = after                       # 0k-sync: after_cursor when none
-        if 0 < after <= top:
-            srv.control.record_ack(group, dev, after)  # pulling after N: holds 1..N
-        srv.last_seen[(group, dev)] = unix_now()
-        self._respond(sid, m.PullResponse(entries, more, max_cursor))
-
-    async def _on_bye(self, sid: int, msg: m.Bye) -> None:
-        # 0k-sync: no response, Closing; unlike 0k-sync the device leaves the NOTIFY set.
-        self.session.close()
-        if self.registered:
-            self.server.inbox.unregister(self.session.group_id, self)
-            self.registered = False
-        self._respond(sid, None)
-
-    async def _on_presence(self, sid: int, msg: m.Presence) -> None:
-        srv, group = self.server, self.session.group_id
-        srv.last_seen[(group, self.device_id)] = unix_now()
-        names = {c.device_id: c.session.device_name for c in srv.group_sessions(group)}
-        names[self.device_id] = self.session.device_name   # the asking session's own name
-        entries = []
-        for dev in sorted(srv.control.state.members.get(group, ())):
-            online = dev in names and (dev != self.device_id or msg.online)
-            entries.append(m.PresenceEntry(dev, names.get(dev, ""), online,
-                                           srv.last_seen.get((group, dev), 0)))
-        self._respond(sid, m.PresenceList(entries))
-
-    async def _on_ack(self, sid: int, msg: m.Ack) -> None:
-        group = self.session.group_id
-        self.server.control.record_ack(group, self.device_id,
-                                       min(msg.cursor, self.server.inbox.top(group)))
-        self._respond(sid, m.Done(m.Ack.TAG))
-
-    async def _on_delete(self, sid: int, msg: m.Delete) -> None:
-        srv, group = self.server, self.session.group_id
-        blob = srv.inbox.blob(group, msg.blob_id)
-        if blob is None:
-            raise Refused(Code.NOT_FOUND, "no such blob")
-        st = srv.control.state
-        waiting = [d for d in st.members.get(group, ())
-                   if d != blob.sender and st.acked_cursor(group, d) < blob.cursor]
-        if waiting:
-            raise Refused(Code.NOT_ACKNOWLEDGED, f"{len(waiting)} device(s) have not "
-                          "acknowledged it")
-        await srv.acks.append({
-            C.PROTOCOL: PROTOCOL, C.MAILBOX: group, C.EVENT_ID: blob.event_id,
-            C.SEQ: blob.seq, C.CURSOR: blob.cursor, C.DEVICE: self.device_id,
-            C.ACKED_AT: datetime.now(timezone.utc)})
-        srv.inbox.remove(group, blob.cursor)
-        if (dropped := srv.quiet.allow("blob_deleted")) is not None:
-            log.info("sync blob deleted", extra={"event": "sync_blob_deleted",
-                                                 "suppressed": dropped})
-        self._respond(sid, m.Done(m.Delete.TAG))
-
-    async def _on_revoke(self, sid: int, msg: m.RevokeDevice) -> None:
-        srv, group = self.server, self.session.group_id
-        if not await srv.control.revoke(group, msg.device_id, self.device_id):
-            raise Refused(Code.NOT_FOUND, "not a member")
-        if (dropped := srv.quiet.allow(("member", "revoke"))) is not None:
-            log.info("sync device revoked", extra={"event": "sync_member_changed", "op": "revoke",
-                                                   "suppressed": dropped})
-        self._respond(sid, m.Done(m.RevokeDevice.TAG))
-        for conn in srv.group_sessions(group):
-            conn.send_uni(m.DeviceRevoked(msg.device_id))
-            if conn.device_id == msg.device_id:
-                conn.revoked()
-
-    def revoked(self) -> None:
-        """Told DEVICE_REVOKED (just queued): stop serving, close once that had a moment."""
-        self.session.close()
-        if self.registered:
-            self.server.inbox.unregister(self.session.group_id, self)
-            self.registered = False
-        self._loop.call_later(0.2, self.close, CLOSE_DEVICE_REVOKED, "device revoked")
-
-    async def _on_register_push(self, sid: int, msg: m.RegisterPush) -> None:
-        await self._push_registration(sid, msg, True)
-
-    async def _on_unregister_push(self, sid: int, msg: m.UnregisterPush) -> None:
-        await self._push_registration(sid, msg, False)
-
-    async def _push_registration(self, sid: int, msg, register: bool) -> None:
-        token = msg.token.encode("utf-8")
-        if not (1 <= len(msg.platform) <= 32 and msg.platform.isascii()
-                and msg.platform.isprintable() and " " not in msg.platform
-                and 1 <= len(token) <= self.conf.max_push_token_bytes):
-            raise Refused(Code.INVALID_MESSAGE, "bad platform or token")
-        await self.server.control.push_registration(self.session.group_id, self.device_id,
-                                                    msg.platform, token, register)
-        self._respond(sid, m.Done(msg.TAG))
-
-    async def _on_content(self, sid: int, msg: m.ContentRef | m.ContentAck) -> None:
-        """Relayed live to the group's other online devices; the content itself travels
-        device to device (iroh-blobs), never through the relay."""
-        if isinstance(msg, m.ContentRef) and (
-                msg.content_size > limits.MAX_CONTENT_SIZE
-                or msg.encrypted_size != msg.content_size + limits.CONTENT_TAG_SIZE):
-            raise Refused(Code.CONTENT_TOO_LARGE, "content size invalid or over the limit")
-        for conn in self.server.group_sessions(self.session.group_id):
-            if conn is not self and conn.device_id != self.device_id:
-                conn.send_uni(msg)
-        self._respond(sid, m.Done(msg.TAG))
-
-
-def _reason(code: int) -> str:
-    return {Code.RATE_LIMITED: "rate_limited", Code.QUOTA_EXCEEDED: "quota",
-            Code.BLOB_TOO_LARGE: "oversize", Code.NOT_A_MEMBER: "not_member",
-            Code.DEVICE_REVOKED: "revoked", Code.BAD_ADMISSION: "bad_admission",
-            Code.INTERNAL: "store_failed"}.get(code, "refused")
-
 
 def server_cert_sha256(settings: Settings) -> str:
     """For `relay keys`: what a direct client pins."""

@@ -255,6 +255,12 @@ def cmd_keys(args) -> None:
         # What a direct cursor-sync client pins (README "cursor-sync").
         from ingress.sync_quic import server_cert_sha256
         print(f"sync-cert-sha256 {server_cert_sha256(settings)}")
+        if settings.sync.iroh_enabled:
+            # What a stock 0k-sync client dials (docs/protocols/cursor-sync-iroh.md): the
+            # endpoint id (kept in <data>/keys/sync_iroh.key) and the direct address.
+            from ingress.sync_iroh import endpoint_id
+            print(f"sync-iroh-endpoint-id {endpoint_id(settings)}")
+            print(f"sync-iroh-address {settings.bind}:{settings.sync.iroh_port}")
 
 
 def cmd_heya_inbox_token(args) -> None:

@@ -355,6 +355,15 @@ class SyncConf:
     key_file: str = ""
     # 0k-sync semantics: anyone who knows a group id joins it. Off: a member must admit you.
     open_groups: bool = False
+    # The iroh endpoint for stock 0k-sync clients (ingress/sync_iroh.py): same wire and
+    # state, the device id from iroh's raw-key TLS. Its secret key: `iroh_key_file`, or
+    # <data_dir>/keys/sync_iroh.key created on first start (the endpoint id survives restarts).
+    iroh_enabled: bool = True
+    iroh_port: int = 4434                    # UDP
+    iroh_key_file: str = ""
+    # iroh's public relay servers and DNS discovery (n0 preset): clients behind NATs may then
+    # dial by endpoint id alone. Off: direct addresses only (loopback, LAN, a public IP).
+    iroh_discovery: bool = False
     max_message_size: int = 1048576          # ST-001: frame cap, checked before decoding
     # Hostile clients (issue 19; stages: HANDSHAKE = QUIC handshake under way, UNAUTH = before
     # HELLO is accepted, AUTH = after). A QUIC handshake is one round trip (two with a Retry)
@@ -607,6 +616,7 @@ ENV_OVERRIDES = {
     "RELAY_PPP_TLS_CERT_FILE": "ppp.tls_cert_file",
     "RELAY_PPP_TLS_KEY_FILE": "ppp.tls_key_file",
     "RELAY_SYNC_PORT": "sync.port",
+    "RELAY_SYNC_IROH_PORT": "sync.iroh_port",
     "RELAY_METRICS_BIND": "metrics.bind",
     "RELAY_METRICS_PORT_INGRESS": "metrics.ingress_port",
     "RELAY_METRICS_PORT_INGRESS_HEYA": "metrics.ingress_heya_port",

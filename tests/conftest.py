@@ -46,6 +46,7 @@ def settings(tmp_path, s3_endpoint):
     s.heya.port = 0
     s.ppp.port = 0
     s.sync.port = 0
+    s.sync.iroh_port = 0
     return s
 
 

@@ -315,7 +315,7 @@ class RoleProc:
 # Every port a role may listen on gets a free one, so that concurrent runs (and a relay on the
 # default ports) never collide.
 PORT_VARS = ("RELAY_TRUESEAL_PUSH_PORT", "RELAY_TRUESEAL_RECEIVE_PORT", "RELAY_PPP_PORT",
-             "RELAY_SYNC_PORT", "RELAY_HEYA_PORT", "RELAY_METRICS_PORT_INGRESS",
+             "RELAY_SYNC_PORT", "RELAY_SYNC_IROH_PORT", "RELAY_HEYA_PORT", "RELAY_METRICS_PORT_INGRESS",
              "RELAY_METRICS_PORT_EGRESS", "RELAY_METRICS_PORT_STREAM",
              "RELAY_METRICS_PORT_COMPACT", "RELAY_METRICS_PORT_PUSH")
 

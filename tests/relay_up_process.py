@@ -22,7 +22,7 @@ ROLES = INGRESS_ROLES + ("stream", "egress", "push", "compact")
 # the variable that sets a role's metrics port (ingress-trueseal uses ingress's: trueseal push)
 METRICS_PORT_VAR = {r: "RELAY_METRICS_PORT_" + ("INGRESS" if r == "ingress-trueseal" else
                                                 r.upper().replace("-", "_")) for r in ROLES}
-LISTENERS = ("TRUESEAL_PUSH", "TRUESEAL_RECEIVE", "HEYA", "PPP", "SYNC")
+LISTENERS = ("TRUESEAL_PUSH", "TRUESEAL_RECEIVE", "HEYA", "PPP", "SYNC", "SYNC_IROH")
 
 
 def _ephemeral_range() -> range:

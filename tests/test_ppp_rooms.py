@@ -115,7 +115,8 @@ def rooms_run(spark, tmp_path_factory):
     from runtime import config
     s = config.load(None, env={}, data_dir=str(tmp_path_factory.mktemp("rooms") / "data"))
     for sect, attr in (("trueseal", "push_port"), ("trueseal", "receive_port"),
-                       ("heya", "port"), ("ppp", "port"), ("sync", "port")):
+                       ("heya", "port"), ("ppp", "port"), ("sync", "port"),
+                       ("sync", "iroh_port")):
         setattr(getattr(s, sect), attr, 0)
     s.stream.trigger_interval_ms = 100
     s.heya.enabled = False

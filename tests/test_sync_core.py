@@ -253,3 +253,59 @@ def test_identity_signatures():
     assert not identity.admission_ok(g, joiner, dev, 100, adm, now_unix=101)   # expired
     assert not identity.admission_ok(g, b"\x03" * 32, dev, 100, adm, now_unix=0)  # other device
     assert not identity.admission_ok(b"\x09" * 32, joiner, dev, 100, adm, now_unix=0)
+
+
+# --- the seed spec's Envelope form (engine/sync/envelope.py) ----------------------------------
+
+def _env_bytes(msg_type: int, payload: bytes, version: int = 1) -> bytes:
+    from sync_client import arr, byte_arr, uint
+    return (arr(8) + uint(version) + uint(msg_type) + byte_arr(bytes(32)) + byte_arr(bytes(32))
+            + uint(0) + uint(0) + byte_arr(bytes(24)) + byte_arr(payload))
+
+
+def test_envelope_requests_decode_to_the_tagged_messages():
+    import msgpack
+
+    from engine.sync import envelope as spec
+    from sync_client import arr, bin16, byte_arr, s, uint
+
+    def dec(data: bytes):
+        return spec.decode_request(msgpack.unpackb(data, raw=False))
+
+    g = bytes(range(32))
+    r = dec(_env_bytes(0x01, arr(4) + uint(1) + s("n") + byte_arr(g) + uint(7)))
+    assert r.msg_type == 0x01 and r.msg == m.Hello(1, "n", g, 7)
+    blob = bytes(range(16))
+    # a spec blob id is [u8; 16] (array of uints); bin16 is accepted too
+    for bid in (byte_arr(blob), bin16(blob)):
+        r = dec(_env_bytes(0x10, arr(3) + bid + byte_arr(b"\x01\xff") + uint(0)))
+        assert r.msg == m.Push(blob, b"\x01\xff", 0)
+    assert dec(_env_bytes(0x20, arr(2) + uint(5) + uint(0))).msg == m.Pull(5, 0)
+    bad = [
+        _env_bytes(0x99, arr(2) + uint(5) + uint(0)),                 # unknown msg_type
+        _env_bytes(0x20, arr(3) + uint(5) + uint(0) + uint(1)),       # payload shape
+        _env_bytes(0x20, b"\xc1"),                                    # payload not msgpack
+        _env_bytes(0x20, arr(2) + uint(5) + uint(0), version=300),    # version not a u8
+    ]
+    for data in bad:
+        with pytest.raises(m.DecodeError):
+            dec(data)
+    # an 8-element array with an integer first is the Envelope; tagged forms are unchanged
+    assert spec.is_envelope(msgpack.unpackb(_env_bytes(0x20, b"\x90")))
+    assert not spec.is_envelope(["Pull", 1, 2])
+
+
+def test_envelope_replies_carry_the_spec_fields():
+    import msgpack
+
+    from engine.sync import envelope as spec
+    out = msgpack.unpackb(spec.push_ack(bytes(16), 9, 1700000000, group_id=bytes(range(32)),
+                                        timestamp=5))
+    assert out[:2] == [1, 0x11] and bytes(out[3]) == bytes(range(32)) and out[4:6] == [9, 5]
+    assert msgpack.unpackb(bytes(out[7])) == [[0] * 16, 9, 1700000000]
+    out = msgpack.unpackb(spec.welcome(1, "relay", 3, 2))
+    assert msgpack.unpackb(bytes(out[7])) == [1, "relay", 3, 2]
+    note = spec.notify(spec.SpecBlob(b"\x01" * 16, 4, b"\x02" * 32, 600, 77))
+    out = msgpack.unpackb(note)
+    assert out[1] == 0x31 and bytes(out[2]) == b"\x02" * 32 and out[4] == 4
+    assert msgpack.unpackb(bytes(out[7])) == [[1] * 16, 4, [2] * 32, 77, 600]

@@ -61,6 +61,7 @@ def traffic(spark, tmp_path_factory):
     settings.trueseal.push_port = settings.trueseal.receive_port = 0
     settings.heya.port = 0
     settings.sync.port = 0
+    settings.sync.iroh_port = 0
     settings.ppp.port = 0
     settings.trueseal.max_envelope = MAX_ENVELOPE
     out = Traffic()

@@ -400,6 +400,11 @@ def decode(data: bytes) -> Message:
         obj = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=False)
     except Exception as exc:   # truncated, invalid UTF-8, trailing bytes, ...
         raise DecodeError(f"invalid msgpack: {type(exc).__name__}") from None
+    return decode_unpacked(obj)
+
+
+def decode_unpacked(obj: Any) -> Message:
+    """`decode` of an already unpacked message (the spec's Envelope is told apart first)."""
     if isinstance(obj, dict):
         if "type" not in obj:
             raise DecodeError("missing field `type`")

@@ -9,7 +9,8 @@ as 0k-sync does (`session.rs:147-174`: NotAuthenticated before HELLO, Unexpected
 Refusals: 0k-sync has no error message, every refusal is the response stream finished with
 zero bytes (interop §2.7), and 0k-sync clients depend on that. This relay answers
 `Error{code, message}` instead only where the client asked for it: a session whose HELLO said
-version 2, and any request that is itself an extension message (0k-sync never sends those).
+version 2, any request that is itself an extension message (0k-sync never sends those), and
+every request in the seed spec's Envelope form, whatever its version (engine/sync/envelope.py).
 """
 
 from __future__ import annotations
@@ -95,6 +96,9 @@ class Session:
     version: int = 1
     device_name: str = ""
     last_cursor: int = 0
+    # The HELLO came as the seed spec's Envelope (engine/sync/envelope.py): replies take the
+    # spec's form, refusals are ERROR whatever the version, CONTENT_REF is the spec's message.
+    spec: bool = False
 
     def __repr__(self) -> str:   # ids identify people's devices and groups: not shown
         return f"Session(state={self.state.value}, version={self.version})"
@@ -107,14 +111,19 @@ class Session:
     def route(self, msg: m.Message) -> str:
         """The handler for `msg` in this state, or `Refused`."""
         handler = TABLE[self.state].get(type(msg))
-        if handler is None or (isinstance(msg, V2_ONLY) and self.version < ERROR_VERSION):
+        if handler is None or (isinstance(msg, V2_ONLY) and self.version < ERROR_VERSION
+                               and not self.spec):
             if self.state in (State.AWAIT_AUTH, State.AWAIT_HELLO):
                 raise Refused(Code.NOT_AUTHENTICATED, f"{msg.TAG} before HELLO")
             raise Refused(Code.UNEXPECTED_MESSAGE, f"{msg.TAG} not expected now")
         return handler
 
-    def wants_error(self, request: m.Message | None) -> bool:
-        """ERROR for this refusal, or the 0k-sync empty FIN."""
+    def wants_error(self, request: m.Message | None, spec: bool = False) -> bool:
+        """ERROR for this refusal, or the 0k-sync empty FIN. `spec`: the request came as an
+        Envelope (002 §5.3 defines ERROR for every session; only 0k-sync's tagged form,
+        whose clients depend on it, keeps the empty FIN)."""
+        if spec or self.spec:
+            return True
         if isinstance(request, m.Hello):
             return request.version >= ERROR_VERSION   # the HELLO that asks for it
         return self.version >= ERROR_VERSION or isinstance(request, m.EXTENSIONS)
@@ -129,8 +138,9 @@ class Session:
         if hello.version not in SUPPORTED_VERSIONS:
             raise Refused(Code.UNSUPPORTED_VERSION, "unsupported version")
 
-    def activate(self, hello: m.Hello, device_name: str) -> None:
+    def activate(self, hello: m.Hello, device_name: str, spec: bool = False) -> None:
         assert self.state is State.AWAIT_HELLO
+        self.spec = spec
         self.group_id = hello.group_id
         self.version = hello.version
         self.device_name = device_name

@@ -246,6 +246,7 @@ def collect(queue, procs, n: int, timeout: float, key: str = "ok") -> list[dict]
 
 PORT_ENV = {"RELAY_TRUESEAL_PUSH_PORT": "0", "RELAY_TRUESEAL_RECEIVE_PORT": "0",
              "RELAY_HEYA_PORT": "0", "RELAY_SYNC_PORT": "0", "RELAY_PPP_PORT": "0",
+             "RELAY_SYNC_IROH_PORT": "0",
              "RELAY_METRICS_PORT_INGRESS": "0",
              "RELAY_METRICS_PORT_EGRESS": "0", "RELAY_METRICS_PORT_STREAM": "0",
              "RELAY_METRICS_PORT_COMPACT": "0", "RELAY_METRICS_PORT_PUSH": "0"}
@@ -254,7 +255,7 @@ PORT_ENV = {"RELAY_TRUESEAL_PUSH_PORT": "0", "RELAY_TRUESEAL_RECEIVE_PORT": "0",
 def settings_for(args, data_dir: Path) -> config.Settings:
     s = config.load(getattr(args, "conf", None), data_dir=str(data_dir))
     for section, key in (("trueseal", "push_port"), ("trueseal", "receive_port"),
-                         ("heya", "port"), ("ppp", "port"), ("sync", "port"),
+                         ("heya", "port"), ("ppp", "port"), ("sync", "port"), ("sync", "iroh_port"),
                          ("metrics", "ingress_port"),
                          ("metrics", "egress_port"), ("metrics", "stream_port"),
                          ("metrics", "compact_port")):

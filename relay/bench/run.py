@@ -72,6 +72,8 @@ TARGETS = {
     "ppp_acked_stores_per_s": (("ppp_acked_stores_per_s",), 15_000, "min"),
     "ppp_store_to_notify_p50_ms": (("ppp_store_to_notify_ms", "p50"), 200, "max"),
     "sync_pushes_per_s": (("sync_pushes_per_s",), 5_000, "min"),
+    "sync_iroh_pushes_per_s": (("sync_iroh_pushes_per_s",), 5_000, "min"),
+    "sync_iroh_push_ack_p50_ms": (("sync_iroh_push_ack_ms", "p50"), 200, "max"),
 }
 
 
@@ -111,6 +113,9 @@ def headline(res: dict) -> None:
         "ppp_room_store_to_notify_ms")
     res["sync_pushes_per_s"] = (res.get("sync") or {}).get("sync_pushes_per_s")
     res["sync_push_to_notify_ms"] = (res.get("sync") or {}).get("sync_push_to_notify_ms")
+    for key in ("sync_iroh_pushes_per_s", "sync_iroh_push_ack_ms", "sync_push_ack_ms",
+                "sync_requests_per_s"):
+        res[key] = (res.get("sync") or {}).get(key)
     res["push_wakeups_per_s"] = (res.get("push") or {}).get("push_wakeups_per_s")
     res["inbox_commit_to_push_ms"] = (res.get("push") or {}).get("inbox_commit_to_push_ms")
     res["delta_append_ceiling_rows_per_s"] = ceiling
@@ -205,6 +210,10 @@ def _summary(res: dict) -> str:
     lines.append(f"  sync pushes/s           : {res.get('sync_pushes_per_s')} "
                  f"(each PUSH_ACK waits for its inbox commit); push->NOTIFY ms "
                  f"p50 {sn.get('p50')}, p99 {sn.get('p99')}")
+    lines.append(f"  sync over iroh pushes/s : {res.get('sync_iroh_pushes_per_s')} (stock 0k-sync "
+                 f"clients); PUSH_ACK ms p50 {(res.get('sync_iroh_push_ack_ms') or {}).get('p50')} "
+                 f"(aioquic {(res.get('sync_push_ack_ms') or {}).get('p50')}); PULLs/s without "
+                 f"the stream {res.get('sync_requests_per_s')}")
     ip = res.get("inbox_commit_to_push_ms") or {}
     lines.append(f"  push wake-ups/s         : {res.get('push_wakeups_per_s')} (a backlog of "
                  f"{g('push', 'push_backlog', 'devices')} offline devices, APNs over HTTP/2 on "

@@ -150,7 +150,8 @@ def one_round(args, root: Path) -> dict:
     # As an operator's: only the listeners move to ephemeral ports (metrics stay served).
     settings = config.load(getattr(args, "conf", None), data_dir=str(root / "data"))
     for section, key in (("trueseal", "push_port"), ("trueseal", "receive_port"),
-                         ("heya", "port"), ("ppp", "port"), ("sync", "port")):
+                         ("heya", "port"), ("ppp", "port"), ("sync", "port"),
+                         ("sync", "iroh_port")):
         setattr(getattr(settings, section), key, 0)
     conf = write_conf(settings, root / "relay.toml")
     cold = _up(settings, conf, root, idle=True)

@@ -154,6 +154,50 @@ async def _devices(port: int, group: bytes, n: int) -> list[_Client]:
     return [first, *await asyncio.gather(*(device(i, k) for i, k in enumerate(keys) if i))]
 
 
+class _IrohClient:
+    """The same load over iroh, as a stock 0k-sync client speaks it (`IrohTransport`): its own
+    endpoint (key = device id), one bidirectional stream per request, frame + FIN out, the
+    answer read to FIN. Relays and discovery off: the relay's direct address."""
+
+    def __init__(self, endpoint, conn):
+        self.endpoint, self.conn = endpoint, conn
+
+    @classmethod
+    async def connect(cls, where: str) -> "_IrohClient":
+        import iroh
+        node, _, addr = where.partition("@")
+        ep = await iroh.Endpoint.bind(iroh.EndpointOptions(
+            preset=iroh.preset_minimal(), bind_addr="127.0.0.1:0",
+            relay_mode=iroh.RelayMode.disabled()))
+        conn = await ep.connect(iroh.EndpointAddr(iroh.EndpointId.from_string(node), None,
+                                                  [addr]), b"/0k-sync/1")
+        return cls(ep, conn)
+
+    async def request(self, body: bytes) -> bytes:
+        from engine.sync.framing import frame
+        bi = await self.conn.open_bi()
+        send = bi.send()
+        await send.write_all(frame(body))
+        await send.finish()
+        return (await asyncio.wait_for(bi.recv().read_to_end(4 << 20), 60))[4:]
+
+    async def close(self) -> None:
+        self.conn.close(0, b"closing")
+        await self.endpoint.close()
+
+
+async def _iroh_devices(where: str, group: bytes, n: int) -> list[_IrohClient]:
+    """`n` stock devices (HELLO version 1, no Join: the section runs with open groups)."""
+    from engine.sync import messages as m
+
+    async def device(i: int) -> _IrohClient:
+        c = await _IrohClient.connect(where)
+        welcome = m.decode(await c.request(m.encode(m.Hello(1, f"bench-{i}", group, 0))))
+        assert isinstance(welcome, m.Welcome), welcome
+        return c
+    return list(await asyncio.gather(*(device(i) for i in range(n))))
+
+
 async def _close(clients) -> None:
     """Close every client at once: aioquic's close waits ~1 s for its CONNECTION_CLOSE."""
     await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
@@ -161,23 +205,29 @@ async def _close(clients) -> None:
 
 # --- spawned client processes ------------------------------------------------------------------
 
-def push_worker(queue, go, port: int, seed: int, devices: int, window: int, warmup: float,
-                seconds: float, body_size: int) -> None:
-    """Throughput load: `devices` devices of one group, `window` PUSHes in flight each."""
+def push_worker(queue, go, port, seed: int, devices: int, window: int, warmup: float,
+                seconds: float, body_size: int, pull: bool = False) -> None:
+    """Throughput load: `devices` devices of one group, `window` PUSHes in flight each
+    (`pull`: PULLs of the empty group instead, which need no stream: the transport's and the
+    request path's cost alone). `port`: the aioquic listener's port, or
+    "<endpoint id>@<host:port>" for iroh."""
     try:
         asyncio.run(_push_worker(queue, go, port, seed, devices, window, warmup, seconds,
-                                 body_size))
+                                 body_size, pull))
     except Exception as exc:
         queue.put({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
 
 
 async def _push_worker(queue, go, port, seed, devices, window, warmup, seconds,
-                       body_size) -> None:
+                       body_size, pull=False) -> None:
     from engine.sync import messages as m
     group = hashlib.sha256(b"bench-throughput-%d" % seed).digest()
-    clients = await _devices(port, group, devices)
-    for c in clients:
-        c.proto.keep_notes = False    # NOTIFYs of the group's other devices: not needed here
+    if isinstance(port, str):
+        clients = await _iroh_devices(port, group, devices)
+    else:
+        clients = await _devices(port, group, devices)
+        for c in clients:
+            c.proto.keep_notes = False  # NOTIFYs of the group's other devices: not needed here
     body = np.random.default_rng(seed).bytes(body_size)
     queue.put({"ready": True})
     await asyncio.to_thread(go.wait)
@@ -187,19 +237,20 @@ async def _push_worker(queue, go, port, seed, devices, window, warmup, seconds,
     lat: list[float] = []
     errors = 0
 
-    async def one_device_slot(c: _Client) -> None:
+    async def one_device_slot(c) -> None:
         nonlocal errors
         while time.perf_counter() < end:
             n = next(counter)
             t = time.perf_counter()
+            req = m.Pull(0, 100) if pull else m.Push(n.to_bytes(16, "big"), body, 0)
             try:
-                out = m.decode(await c.request(m.encode(m.Push(n.to_bytes(16, "big"), body, 0))))
+                out = m.decode(await c.request(m.encode(req)))
             except Exception:
                 errors += 1
                 await asyncio.sleep(0.05)
                 continue
             done = time.perf_counter()
-            if not isinstance(out, m.PushAck):
+            if not isinstance(out, m.PullResponse if pull else m.PushAck):
                 errors += 1
             elif start <= done < end:
                 lat.append(done - t)
@@ -269,9 +320,9 @@ async def _notify_worker(queue, port, rate, seconds, body_size) -> None:
 # --- the two figures ---------------------------------------------------------------------------
 
 def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = WINDOW,
-               procs: int = CLIENT_PROCS) -> dict:
+               procs: int = CLIENT_PROCS, transport: str = "quic") -> dict:
     with child_ingress_and_stream(spark, settings) as (listening, query, sink, relay):
-        port = port_of(listening, "sync")
+        port = port_of(listening, "sync") if transport == "quic" else listening["sync_iroh"]
         ctx = mp.get_context("spawn")
         queue, go = ctx.Queue(), ctx.Event()
         per = max(1, devices // procs)
@@ -312,12 +363,63 @@ def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = W
         "stream_duration_ms_p50": durations,
         "trigger_interval_ms": settings.stream.trigger_interval_ms,
         "cpu_cores": cpu,
+        "transport": transport,
         "method": ("relay ingress as a child process (fsync on, sync rate limits lifted via "
                    "its conf file), the inbox stream in the bench process (processingTime "
                    f"trigger), {procs} spawned client process(es), {per * procs} devices x "
-                   f"{window} PUSHes in flight on own QUIC streams; PUSH_ACKs (after landing "
-                   "and inbox commit) counted by the clients in the measured window"),
+                   f"{window} PUSHes in flight on own QUIC streams "
+                   + ("(aioquic, Auth + Join + HELLO v2)" if transport == "quic" else
+                      "(iroh endpoints, stock HELLO v1, open groups)")
+                   + "; PUSH_ACKs (after landing and inbox commit) counted by the clients in "
+                   "the measured window"),
     }
+
+
+def requests_throughput(settings, p: dict, transport: str, devices: int = DEVICES,
+                        window: int = WINDOW, procs: int = CLIENT_PROCS) -> dict:
+    """PULL requests of an empty group answered per second: the transport and the request
+    path without the stream (no Spark), the relay as a child process."""
+    from .harness import start_role, stop_process, write_conf, children
+    from delta_tables.layout import Layout
+    data_dir = Path(settings.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    conf = write_conf(settings, data_dir.with_name(data_dir.name + ".toml"))
+    Layout.of(settings).ensure_shared_tables()
+    relay, listening = start_role("ingress", None, data_dir, data_dir, conf=conf)
+    try:
+        port = port_of(listening, "sync") if transport == "quic" else listening["sync_iroh"]
+        ctx = mp.get_context("spawn")
+        queue, go = ctx.Queue(), ctx.Event()
+        per = max(1, devices // procs)
+        workers = [spawn(push_worker, queue, go, port, i + 1, per, window, p["warmup"],
+                         p["seconds"], BODY_SIZE, True) for i in range(procs)]
+        collect(queue, workers, procs, 180)
+        meter = CpuMeter(relay_process=relay.pid)
+        go.set()
+        time.sleep(p["warmup"])
+        meter.start()
+        time.sleep(p["seconds"])
+        cpu = meter.stop()
+        results = collect(queue, workers, procs, p["seconds"] + 120)
+        for w in workers:
+            w.join(timeout=10)
+    finally:
+        stop_process(relay, 40)
+        if relay in children:
+            children.remove(relay)
+    answered = sum(r["acked"] for r in results)
+    cpu["clients"] = rounded(sum(r["cpu_s"] for r in results) / p["seconds"], 2)
+    if answered and cpu.get("relay_process") is not None:
+        cpu["relay_ms_per_request"] = rounded(cpu["relay_process"] * p["seconds"] / answered
+                                              * 1000, 3)
+    return {"requests_per_s": rounded(answered / p["seconds"]), "transport": transport,
+            "errors": sum(r["errors"] for r in results),
+            "request_ms": p50_p99([x for r in results for x in r["latency_ms"]]),
+            "in_flight": per * procs * window, "cpu_cores": cpu,
+            "method": (f"relay ingress as a child process, no stream; {procs} spawned client "
+                       f"processes, {per * procs} devices x {window} PULLs of an empty group "
+                       "in flight, each on its own bidirectional stream; PULL_RESPONSEs "
+                       "counted in the measured window")}
 
 
 def latency(spark, settings, p: dict) -> dict:
@@ -346,11 +448,18 @@ def _section_settings(settings, sub: str):
     s = copy.deepcopy(settings)
     s.data_dir = str(Path(settings.data_dir) / sub)
     s.sync.port = 0
+    s.sync.iroh_port = 0
     s.heya.enabled = False
     s.ppp.enabled = False
     s.sync.messages_per_minute = 10 ** 9      # the bench measures the relay, not its limits
     s.sync.global_requests_per_second = 10 ** 9
     s.sync.connections_per_minute = 10 ** 6
+    # every bench device connects from 127.0.0.1 at once: the per-address budgets (hostile
+    # clients) would admit 32 of them at a time and 20 handshakes a second
+    for key in ("max_unauth_sessions_per_address", "max_handshakes_per_address",
+                "retry_above_handshakes_per_address", "max_sessions_per_address",
+                "handshakes_per_address_per_second"):
+        setattr(s.sync, key, 10 ** 4)
     return s
 
 
@@ -358,10 +467,23 @@ def run(settings, quick: bool, spark=None) -> dict:
     """Both figures (the stream is in the path of every PUSH_ACK: needs `spark`)."""
     p = QUICK if quick else FULL
     out: dict = {}
+    # the transports' own ceiling (no stream in the path), aioquic and iroh in turn
+    for transport in ("quic", "iroh"):
+        s = _section_settings(settings, f"requests-{transport}")
+        s.sync.open_groups = True
+        out[f"requests_{transport}"] = requests_throughput(s, p, transport)
+    out["sync_requests_per_s"] = {t: out[f"requests_{t}"]["requests_per_s"]
+                                  for t in ("quic", "iroh")}
     if spark is None:
         return out
     out["throughput"] = throughput(spark, _section_settings(settings, "pushes"), p)
+    iroh_settings = _section_settings(settings, "pushes-iroh")
+    iroh_settings.sync.open_groups = True     # stock 0k-sync clients send no Join
+    out["throughput_iroh"] = throughput(spark, iroh_settings, p, transport="iroh")
     out["latency"] = latency(spark, _section_settings(settings, "latency"), p)
     out["sync_pushes_per_s"] = out["throughput"]["pushes_per_s"]
     out["sync_push_to_notify_ms"] = out["latency"]
+    out["sync_iroh_pushes_per_s"] = out["throughput_iroh"]["pushes_per_s"]
+    out["sync_iroh_push_ack_ms"] = out["throughput_iroh"]["push_to_ack_ms"]
+    out["sync_push_ack_ms"] = out["throughput"]["push_to_ack_ms"]
     return out
