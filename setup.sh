@@ -12,6 +12,13 @@ if ! command -v java >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null
 fi
 
+if ! command -v mvn >/dev/null 2>&1; then
+  echo "setup: installing Maven from Debian (it fetches the Delta and S3 jars once)" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq maven >/dev/null
+fi
+
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
@@ -30,4 +37,8 @@ fi
 # Spark's Python processes import the installed pyspark instead of compiling its zipped copy
 # at each start (jobs/spark_python_path.py: a .pth file in the virtualenv).
 .venv/bin/python -m jobs.spark_python_path 2>/dev/null
+# The JVM parts pyspark does not ship (delta-spark, delta-storage, hadoop-aws and the AWS SDK
+# modules S3A uses), from Maven Central once, into ~/.cache/spark-relay/jars (RELAY_JARS_DIR):
+# every SparkSession names them in spark.jars, so nothing is fetched at run time.
+.venv/bin/python -m jobs.jars >/dev/null
 echo "setup: ready (.venv/bin/relay)" >&2

@@ -98,6 +98,27 @@ def driver_java_options(app_name: str, jvm_options: str = "") -> str:
     return " ".join(opts + jvm_options.split())
 
 
+def delta_conf() -> dict[str, str]:
+    """Delta Lake through delta-spark, from the jars `setup.sh` cached (jobs/jars.py): the SQL
+    extension (DESCRIBE HISTORY, VACUUM, OPTIMIZE, time travel) and the catalog that makes
+    `delta` tables first-class; S3 through hadoop-aws (`s3a://`), which the AWS SDK jars beside
+    it serve. And the state store any stateful operator of ours uses: RocksDB, off the JVM heap,
+    with changelog checkpointing (each batch uploads what changed, not a snapshot)."""
+    from . import jars
+    return {
+        "spark.jars": ",".join(jars.spark_jars()),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # delta-rs writes the landing tables and reads what Spark writes: Spark must not raise
+        # a table's protocol past what delta-rs 1.6 reads and writes (DESIGN.md: reader 1 /
+        # writer 2; no deletion vectors, no timestamp-without-zone columns)
+        "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
+        "spark.sql.streaming.stateStore.providerClass":
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    }
+
+
 def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | None = None,
               secret: str | None = None, jvm_options: str = ""):
     """`secret`: a standalone cluster's shared secret (jobs/spark_cluster.py). It reaches the
@@ -139,6 +160,8 @@ def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | N
                # no "[Stage 0:>  (0 + 2) / 2]" progress bar on stderr: lines are records
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable))
+    for k, v in delta_conf().items():
+        builder = builder.config(k, v)
     if secret is not None:
         builder = builder.config("spark.authenticate", "true")
     for k, v in (extra or {}).items():

@@ -1,9 +1,12 @@
 """The relay's Delta tables as Spark temp views for analysis, with mailbox keys hashed.
 
-Spark reaches Delta through delta-rs here (DESIGN.md): each table is read with
-`DeltaTable(path).to_pyarrow_table()` and handed to Spark as Arrow. On the way in, the columns
-that identify a person's device or carry ciphertext are replaced, so no view, and nothing a
-notebook prints or plots from one, can show a key or an envelope:
+The Delta tables (inbox, acks, rejects, padding_audit, push_log) are read by delta-spark
+(`spark.read.format("delta")`, delta_tables/spark_delta.py), so a view is a lazy scan of the
+table, not a copy in driver memory, and the same session can run `DESCRIBE HISTORY` or a time
+travel query on them. The landing generations (read version by version, to tag each row with
+its version) and the PPP rooms (folded from the control log) are built in Arrow. On the way in,
+the columns that identify a person's device or carry ciphertext are replaced, so no view, and
+nothing a notebook prints or plots from one, can show a key or an envelope:
 
     mailbox   -> mailbox_hash   first 12 hex digits of SHA-256(mailbox): stable for joins and
                                 top-N lists, not the key
@@ -36,14 +39,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from delta_tables import spark_delta
 from delta_tables.landing_lag import latest_version
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, INBOX, LANDING, PADDING_AUDIT, REJECTS, C, TableDef
 from delta_tables.schema_push import PUSH_LOG
-
-HASH_HEX = 12
-_HASHED = {C.MAILBOX: "mailbox_hash", C.EVENT_ID: "event_hash", C.DEVICE: "device_hash"}
-_SIZED = {C.ENVELOPE: "envelope_size", C.META: "meta_size"}
+from delta_tables.spark_delta import HASH_HEX, HASHED, SIZED   # one definition, both paths
 
 
 def short_hash(value: bytes | None) -> str | None:
@@ -60,11 +61,11 @@ def _hash_column(col: pa.ChunkedArray) -> pa.Array:
 def private_view(table: pa.Table) -> pa.Table:
     """`table` with keys hashed and envelopes reduced to their size (module docstring)."""
     out = table
-    for name, new in _HASHED.items():
+    for name, new in HASHED.items():
         if name in out.column_names:
             i = out.column_names.index(name)
             out = out.set_column(i, new, _hash_column(out.column(name)))
-    for name, new in _SIZED.items():
+    for name, new in SIZED.items():
         if name in out.column_names:
             i = out.column_names.index(name)
             out = out.set_column(i, new, pc.cast(pc.binary_length(out.column(name)), pa.int64()))
@@ -76,6 +77,14 @@ def read_table(layout: Layout, tdef: TableDef) -> pa.Table:
     if not (path / "_delta_log").exists():
         return private_view(tdef.arrow_schema().empty_table())
     return private_view(DeltaTable(str(path)).to_pyarrow_table())
+
+
+def delta_frame(spark, layout: Layout, tdef: TableDef):
+    """`tdef` read by delta-spark with keys hashed and envelopes sized (an empty frame of the
+    same columns before the table's first commit)."""
+    if spark_delta.exists(layout, tdef):
+        return spark_delta.private(spark_delta.read(spark, layout, tdef))
+    return spark.createDataFrame(private_view(tdef.arrow_schema().empty_table()))
 
 
 def read_landing(layout: Layout) -> pa.Table:
@@ -143,14 +152,16 @@ ROOM_TRAFFIC = """
 def register_views(spark, data_dir: str | Path, landing: bool = True) -> dict[str, int]:
     """Create (or replace) the temp views; returns rows per view."""
     layout = Layout(data_dir)
-    tables = {t.name: read_table(layout, t) for t in (INBOX, ACKS, REJECTS, PADDING_AUDIT)}
+    frames = {t.name: delta_frame(spark, layout, t)
+              for t in (INBOX, ACKS, REJECTS, PADDING_AUDIT, PUSH_LOG)}
+    tables = {"rooms": read_rooms(layout)}
     if landing:
         tables["landing"] = read_landing(layout)
-    tables["rooms"] = read_rooms(layout)
-    tables["push_log"] = read_table(layout, PUSH_LOG)
-    for name, table in tables.items():
-        spark.createDataFrame(table).createOrReplaceTempView(name)
-    counts = {name: t.num_rows for name, t in tables.items()}
+    frames.update({name: spark.createDataFrame(t) for name, t in tables.items()})
+    counts = {}
+    for name, frame in frames.items():
+        frame.createOrReplaceTempView(name)
+        counts[name] = tables[name].num_rows if name in tables else frame.count()
     spark.sql(f"CREATE OR REPLACE TEMP VIEW room_traffic AS {ROOM_TRAFFIC}")
     counts["room_traffic"] = spark.table("room_traffic").count()
     return counts
