@@ -293,7 +293,7 @@ class PppConf:
     # Contact discovery (§9): the pepper rotates on this schedule; a client re-publishes its
     # hashes under each new pepper (engine/ppp/discovery.py).
     discovery_pepper_rotation_hours: float = 168.0
-    # --- hostile clients (issue 19) ---
+    # --- hostile clients ---
     # The request head must be complete this long after accept (and after the previous
     # response): the websockets client, browsers and http.client send the whole head in one
     # write right after connect; a head sent a byte at a time (5 s apart) held a slot for ever.
@@ -365,7 +365,7 @@ class SyncConf:
     # dial by endpoint id alone. Off: direct addresses only (loopback, LAN, a public IP).
     iroh_discovery: bool = False
     max_message_size: int = 1048576          # ST-001: frame cap, checked before decoding
-    # Hostile clients (issue 19; stages: HANDSHAKE = QUIC handshake under way, UNAUTH = before
+    # Hostile clients (stages: HANDSHAKE = QUIC handshake under way, UNAUTH = before
     # HELLO is accepted, AUTH = after). A QUIC handshake is one round trip (two with a Retry)
     # and lost flights are resent with back-off from ~1 s (aioquic, quinn): done this long
     # after the first Initial, or dropped without a word (0k-sync's client gives up at 30 s).
@@ -542,7 +542,7 @@ class Settings:
     # tables_dir says otherwise) the Delta tables.
     data_dir: str = "./data"
     # Where the Delta tables are: empty = <data_dir>/tables on this machine, or s3://bucket/prefix
-    # shared by ingress, stream, egress and compaction on many hosts (issue 18). data_dir stays
+    # shared by ingress, stream, egress and compaction on many hosts. data_dir stays
     # local to each host: keys, node tokens, sockets, the stream's Spark checkpoint.
     tables_dir: str = ""
     # The address every protocol listener binds (0.0.0.0: all of this host's IPv4 addresses).
