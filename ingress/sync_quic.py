@@ -18,7 +18,10 @@ logs an id, a key, a group id, a payload, an address or a connection id.
 
 Hostile clients (issue 19). Every connection holds a slot of the listener's `Admission`
 (engine/admission.py) from its first Initial: HANDSHAKE until the QUIC handshake is done,
-UNAUTH until its HELLO is accepted (the identity challenge included), AUTH after. Before any
+UNAUTH until its HELLO is accepted (the identity challenge included), AUTH after (the device
+id its identity: `max_sessions_per_device`; past the handshake an address or device at its
+cap loses its session idle longest, no request or NOTIFY, and not mid-delivery, to the
+newcomer). Before any
 state is kept for a new connection, `AdmittingServer` decides: while the relay is under load
 (`retry_above_handshakes` connections in handshake, or `retry_above_handshakes_per_address`
 of its address) the client must first echo a stateless Retry token, so a spoofed-source flood
@@ -164,7 +167,8 @@ def sync_limits(conf) -> Limits:
         total=conf.max_handshakes + conf.max_unauth_sessions + conf.max_concurrent_sessions,
         handshake=Cap(conf.max_handshakes, conf.max_handshakes_per_address),
         unauth=Cap(conf.max_unauth_sessions, conf.max_unauth_sessions_per_address),
-        auth=Cap(conf.max_concurrent_sessions, conf.max_sessions_per_address))
+        auth=Cap(conf.max_concurrent_sessions, conf.max_sessions_per_address),
+        per_identity=conf.max_sessions_per_device)
 
 
 # Every finished handshake's staging buffers (BoundedStreams.handshake_done): always empty.
@@ -621,6 +625,7 @@ class SyncConnection(QuicConnectionProtocol):
         self.answered: set[int] = set()
         self.tasks: set[asyncio.Task] = set()
         self.worker: asyncio.Task | None = None
+        self.handling = False           # a request is being answered (_delivering)
         self.hello_timer: asyncio.TimerHandle | None = None
         self.closed = False
         self.draining = False
@@ -943,14 +948,25 @@ class SyncConnection(QuicConnectionProtocol):
 
     def notify(self, latest_cursor: int, count: int) -> None:
         """SyncInbox's fan-out: new blobs of the group from other devices."""
+        self.server.touch(self.ticket)
         self.send_uni(m.Notify(latest_cursor, count))
+
+    def _delivering(self) -> bool:
+        """Mid-delivery, not to be evicted: a request being answered or waiting its turn (a
+        PUSH's PUSH_ACK owed, a PULL's response)."""
+        return self.handling or not self.requests.empty()
 
     # --- the request loop --------------------------------------------------------------------
     async def _work(self) -> None:
         try:
             while not self.closed:
                 sid, body = await self.requests.get()
-                await self._handle(sid, body)
+                self.server.touch(self.ticket)   # a request; QUIC PINGs never come here
+                self.handling = True
+                try:
+                    await self._handle(sid, body)
+                finally:
+                    self.handling = False
         except asyncio.CancelledError:
             pass
         except Exception:
@@ -1045,9 +1061,13 @@ class SyncConnection(QuicConnectionProtocol):
             if (dropped := srv.quiet.allow(("member", outcome))) is not None:
                 log.info("sync group member added", extra={"event": "sync_member_changed",
                                                            "op": outcome, "suppressed": dropped})
-        # AUTH: never evicted; its total (max_concurrent_sessions) or the address's cap
-        # (max_sessions_per_address) full, the connection is closed with code 2.
-        if not srv.advance(self.ticket, Stage.AUTH):
+        # AUTH: the device id is the identity (max_sessions_per_device). Its address or its
+        # device at its cap, the session of theirs idle longest and not mid-delivery is
+        # closed (code 2) for this one; the total full (fair share only) or every such
+        # session mid-delivery, this connection is closed with code 2.
+        if self.ticket is not None:
+            self.ticket.delivering = self._delivering
+        if not srv.advance(self.ticket, Stage.AUTH, dev.hex()):
             self.close(CLOSE_TOO_MANY_SESSIONS, "too many sessions")
             return
         name = limits.truncate_utf8(msg.device_name, self.conf.max_device_name_bytes)
