@@ -217,6 +217,7 @@ class TcpAttack:
         self.tls: dict[object, Tls] = {}
         self.keys: dict[str, object] = {}
         self.identity = spec.get("identity", "per_address")
+        self.fresh: dict[int, ssl.SSLContext] = {}
         if self.listener == "trueseal_push":
             self.first = nk_message1(relay_pub)
         elif self.listener == "trueseal_receive":
@@ -230,6 +231,14 @@ class TcpAttack:
     def who(self, addr: str, index: int):
         """The identity a connection authenticates as (module docstring)."""
         return {"one": "one", "per_connection": index}.get(self.identity, addr)
+
+    def prepare(self, addr: str, index: int) -> None:
+        """Make a fresh identity's certificate before connecting: made after, under load,
+        it ate into the relay's handshake deadline (a Heya attacker starved of CPU sent no
+        ClientHello within 10 s)."""
+        if self.listener == "heya" and self.stage == "idle_auth" \
+                and self.identity == "per_connection":
+            self.fresh[index] = self.tls_context(index)
 
     def tls_context(self, who) -> ssl.SSLContext:
         """One self-signed client certificate per identity (any certificate is accepted,
@@ -294,7 +303,8 @@ class TcpAttack:
                 w(self.first)
                 await self.read_some(reader)             # the server's flight; never answered
                 return
-            tls = self.tls[writer] = Tls(self.tls_context(who), reader, writer, self.step)
+            ctx = self.fresh.pop(index, None) or self.tls_context(who)
+            tls = self.tls[writer] = Tls(ctx, reader, writer, self.step)
             await tls.handshake()
             await tls.read_until(b"DONE\n")
             if S == "idle_auth":
@@ -590,6 +600,8 @@ async def run(spec: dict) -> dict:
                     return
                 stats.opened()
                 return
+            if not quic:
+                attack.prepare(addr, i)
             try:
                 if quic:
                     proto = await attack.open_full(addr)
