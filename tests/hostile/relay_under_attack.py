@@ -523,8 +523,11 @@ def summary(data: dict) -> str:
             lat = ", ".join(f"{legit[p]['p50_s']}/{legit[p]['max_s']}"
                             + (f" ({legit[p]['failures']} failed)" if legit[p]["failures"]
                                else "") for p in PROTOCOLS)
+            source = s['addresses'].replace('_', ' ')
+            if s.get("identity") or s.get("count", CONNECTIONS) != CONNECTIONS:
+                source += f" ({s.get('identity') or 'anonymous'}, {s.get('count')})"
             rows.append(
-                f"| {listener} | {s['stage']} | {s['addresses'].replace('_', ' ')} "
+                f"| {listener} | {s['stage']} | {source} "
                 f"| {a['established']} / {a['attempted']} | {s['relay_sockets_peak']} "
                 f"| {s['memory_per_connection_kib']} | {s['rss_before_mib']} -> "
                 f"{s['rss_after_mib']} | {lat} | {s['log_lines_per_s']} | {verdict} |")
