@@ -22,12 +22,14 @@ Rules (first-come slots cannot be hoarded):
    At its cap of `UNAUTH` or `AUTH`, the least useful of the address's connections in that
    stage goes for the newcomer: the one idle longest in application terms (`touch` marks a
    message sent or received; keep-alives do not count; entering a stage counts), never one
-   mid-delivery (`owe` / `paid`: a Deliver not yet acked, a store not yet answered, a write
-   in progress). All of them mid-delivery: the newcomer is refused. So a carrier NAT's real
-   users are not locked out by a neighbour's idle sessions, however authenticated (any key
-   passes Noise XX, any self-signed certificate passes Heya): to keep a slot an address
-   must keep doing real, rate-limited work on it. A handshake lasts seconds at most (the
-   shells' deadlines) and costs CPU, so there the cap still refuses.
+   mid-delivery (`owe` / `paid` or the shell's `delivering`: a Deliver not yet acked, a
+   store not yet answered, a write in progress), for at most `MID_DELIVERY_SECONDS` after
+   its last message, so a client cannot keep its slot by never acking. All of them
+   mid-delivery: the newcomer is refused. So a carrier NAT's real users are not locked out
+   by a neighbour's idle sessions, however authenticated (any key passes Noise XX, any
+   self-signed certificate passes Heya): to keep a slot an address must keep doing real,
+   rate-limited work on it. A handshake lasts seconds at most (the shells' deadlines) and
+   costs CPU, so there the cap still refuses.
 1a. An identity (`advance(..., identity=)`: a certificate digest, a device key, a pubkey)
    holds at most `per_identity` sessions: at that, its least useful session goes, as in 1
    (a real client reconnecting replaces the session it lost; an attacker reusing one key
@@ -92,6 +94,10 @@ STAGE_FULL = "stage_full"     # rule 3 (or a stage with a total of 0)
 TOTAL_FULL = "total_full"     # rule 4
 GONE = "gone"                 # advance() of a ticket already evicted or released
 IDENTITY_CAP = "identity_cap" # rule 1a, every session of the identity mid-delivery
+# A session is mid-delivery (never evicted) only this long after its last application
+# message: past the shells' write timeouts (10-30 s) a delivery still unanswered is a client
+# holding its slot (a Deliver it never acks), not a delivery under way.
+MID_DELIVERY_SECONDS = 30.0
 ADMITTED = "admitted"         # decisions: a connection took a slot in a stage
 
 
@@ -241,20 +247,20 @@ class _StageBook:
         del held[ticket]
         held[ticket] = None
 
-    def idlest(self, address: str) -> Ticket | None:
+    def idlest(self, address: str, now: float) -> Ticket | None:
         """The address's connection idle longest and not mid-delivery."""
-        return _idlest(self.by_address.get(address, ()))
+        return _idlest(self.by_address.get(address, ()), now)
 
-    def victim(self) -> Ticket | None:
+    def victim(self, now: float) -> Ticket | None:
         """The connection idle longest (not mid-delivery) of the address holding the most."""
         if not self.top:
             return None
-        return self.idlest(next(iter(self.buckets[self.top])))
+        return self.idlest(next(iter(self.buckets[self.top])), now)
 
 
-def _idlest(tickets) -> Ticket | None:
+def _idlest(tickets, now: float) -> Ticket | None:
     for ticket in tickets:
-        if not ticket.busy():
+        if not ticket.busy() or now - ticket.active > MID_DELIVERY_SECONDS:
             return ticket
     return None
 
@@ -313,7 +319,7 @@ class Admission:
         evicted: list[Ticket] = []
         book, cap = self._books[Stage.HANDSHAKE], self.limits.handshake
         while self.total >= self.limits.total or book.count >= cap.total:
-            victim = book.victim()
+            victim = book.victim(now)
             full = TOTAL_FULL if self.total >= self.limits.total else STAGE_FULL
             if victim is None:
                 return self._refuse(Stage.HANDSHAKE, full, evicted)
@@ -341,20 +347,20 @@ class Admission:
         if identity is not None and per_identity:
             held = self._identities.get(identity, {})
             while len(held) >= per_identity:
-                victim = _idlest(held)
+                victim = _idlest(held, now)
                 if victim is None:
                     return self._refuse(stage, IDENTITY_CAP, evicted)
                 self._evict(victim, IDENTITY_CAP)
                 evicted.append(victim)
         book, cap = self._books[stage], self.limits.cap(stage)
         while book.holds(ticket.address) >= cap.per_address:     # rule 1
-            victim = book.idlest(ticket.address)
+            victim = book.idlest(ticket.address, now)
             if victim is None:
                 return self._refuse(stage, ADDRESS_CAP, evicted)
             self._evict(victim, ADDRESS_CAP)
             evicted.append(victim)
         while book.count >= cap.total:
-            victim = book.victim()
+            victim = book.victim(now)
             if victim is not None and not stage.evictable and (
                     book.holds(victim.address) < book.holds(ticket.address) + 2):
                 victim = None          # rule 3: no fair-share gain in swapping

@@ -4,8 +4,9 @@ import random
 
 import pytest
 
-from engine.admission import (ADDRESS_CAP, GONE, IDENTITY_CAP, STAGE_FULL, TOTAL_FULL,
-                              Admission, Cap, Limits, Stage, address_key)
+from engine.admission import (ADDRESS_CAP, GONE, IDENTITY_CAP, MID_DELIVERY_SECONDS,
+                              STAGE_FULL, TOTAL_FULL, Admission, Cap, Limits, Stage,
+                              address_key)
 
 H, U, A = Stage.HANDSHAKE, Stage.UNAUTH, Stage.AUTH
 
@@ -169,6 +170,17 @@ def test_a_session_mid_delivery_is_never_evicted_and_all_busy_refuses():
     assert adm.advance(t, A, 7).evicted == (s[0],)
     acked["yes"] = True
     assert adm.advance(adm.admit("nat", 8).ticket, A, 8).evicted == (newest,)
+
+
+def test_a_delivery_unanswered_past_the_grace_protects_nothing():
+    """A client that never acks its Deliver does not keep its slot for ever."""
+    adm = Admission(limits(auth=(100, 1)))
+    (s,) = _authenticated(adm, "nat", 1)
+    s.owe()
+    t = adm.admit("nat", 10).ticket
+    assert adm.advance(t, A, 10).refused == ADDRESS_CAP
+    late = MID_DELIVERY_SECONDS + 1
+    assert adm.advance(t, A, late).evicted == (s,)
 
 
 def test_one_identity_holds_at_most_its_budget_and_replaces_its_idlest():
