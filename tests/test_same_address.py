@@ -9,14 +9,14 @@ tests/hostile/test_hostile_same_address.py.)"""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 
 from nacl.signing import SigningKey
+from prometheus_client import CollectorRegistry, generate_latest
 
-from engine.admission import Stage
-from heya_client import Cert, HeyaClient, client_context
+from heya_client import Cert, HeyaClient
 from loopback import closed_by_server, wait_until
-from sync_client import Device, SyncClient, device_session, group_id
+from runtime.metrics import _Collect, _listener_families
+from sync_client import Device, device_session, group_id
 from test_heya_shell import node as heya_node
 from test_listener_budgets import close_all, trueseal
 from test_ppp_hostile import login
@@ -27,6 +27,13 @@ from test_trueseal_shells import (GatedAppender, R1, make_settings, push_relay,
 from trueseal_client import ACK, XX, keypair, push_frame
 
 TOO_MANY = (2, "too many sessions")
+
+
+def scrape(listener) -> str:
+    """What /metrics says of one listener (runtime/metrics.py's families, as exposed)."""
+    reg = CollectorRegistry()
+    reg.register(_Collect(lambda: _listener_families([listener])))
+    return generate_latest(reg).decode()
 
 
 def test_trueseal_push_never_evicts_a_session_whose_push_is_being_stored(tmp_path):
@@ -50,6 +57,11 @@ def test_trueseal_push_never_evicts_a_session_whose_push_is_being_stored(tmp_pat
             newcomer = await trueseal(port, "127.0.0.2")
             assert await closed_by_server(worked.reader, 2)
             assert srv.admission.decisions[("unauth", "evicted_address_cap")] == 1
+            scraped = scrape(srv)
+            assert ('relay_admission_decisions_total{listener="trueseal_push",protocol='
+                    '"trueseal",reason="evicted_address_cap",stage="unauth"} 1.0') in scraped
+            assert ('relay_admission_decisions_total{listener="trueseal_push",protocol='
+                    '"trueseal",reason="admitted",stage="unauth"} 3.0') in scraped
             appender.gates[0].set_result(None)
             assert await storing.recv_frame(timeout=5) == ACK
             newcomer.send(push_frame(R1, b"newcomer"))
