@@ -34,19 +34,19 @@ Rules (first-come slots cannot be hoarded):
    holds at most `per_identity` sessions: at that, its least useful session goes, as in 1
    (a real client reconnecting replaces the session it lost; an attacker reusing one key
    replaces its own). All mid-delivery: refused `IDENTITY_CAP`.
-2. `HANDSHAKE` or `UNAUTH` full: the least useful connection (rule 1) of that stage, of the
-   address that holds the most in it, is evicted to make room (among addresses holding equally many, the
-   one that has held that many longest). A real client crosses these stages in
-   milliseconds; an address holding them idle loses them first, the newcomer last.
+2. `HANDSHAKE` or `UNAUTH` full: the least useful connection (rule 1) of that stage, of
+   the address that holds the most in it, is evicted to make room (among addresses holding
+   equally many, the one that has held that many longest). A real client crosses these
+   stages in milliseconds; an address holding them idle loses them first, the newcomer last.
 3. `AUTH` is never displaced by an earlier stage, and only by fair share within itself:
-   full, a new authentication takes the least useful session of the biggest holder only if that
-   address holds at least two more than the newcomer's (so it still holds at least as many
-   after the swap); otherwise the newcomer is refused. Identities are cheap on every
+   full, a new authentication takes the least useful session of the biggest holder only if
+   that address holds at least two more than the newcomer's (so it still holds at least as
+   many after the swap); otherwise the newcomer is refused. Identities are cheap on every
    protocol here (any key passes Noise XX, PPP AUTH, HELLO), so "authenticated" cannot mean
    "kept no matter what": 253 addresses x a per-address cap would otherwise fill the stage
    for good. Equal holders never displace each other (no churn among a spread flood), and a
    lone device behind its own address always gets in. The cost: an address shared by many
-   real users (a carrier NAT) that holds the most loses its oldest session to a newcomer.
+   real users (a carrier NAT) that holds the most loses its idlest session to a newcomer.
 4. The overall total full: a `HANDSHAKE` connection is evicted as in 2; if there is none,
    the newcomer is refused (trueseal interop §1: closed at once). So keep
    `unauth.total + auth.total` below `total`: then established sessions can never fill the
@@ -65,7 +65,8 @@ API (all a shell needs):
                                                # until `release`)
     d = adm.advance(ticket, Stage.AUTH, now, identity=digest)   # rule 1a
     adm.touch(ticket, now)                     # an application message: not idle
-    ticket.owe(); ...; ticket.paid()           # mid-delivery: never evicted meanwhile
+    ticket.owe(); ...; ticket.paid()           # mid-delivery: not evicted meanwhile (or
+    ticket.delivering = session.busy          # the shell's own question)
     adm.release(ticket)                        # connection gone (idempotent; also after an
                                                # eviction)
     adm.count(Stage.HANDSHAKE), adm.count_of(addr, stage), adm.total  # for metrics
