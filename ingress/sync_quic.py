@@ -952,9 +952,9 @@ class SyncConnection(QuicConnectionProtocol):
         self.send_uni(m.Notify(latest_cursor, count))
 
     def _delivering(self) -> bool:
-        """Mid-delivery, not to be evicted: a request being answered or waiting its turn (a
-        PUSH's PUSH_ACK owed, a PULL's response)."""
-        return self.handling or not self.requests.empty()
+        """Mid-delivery, not to be evicted: a request being answered or waiting its turn, or
+        a PUSH being stored (its PUSH_ACK owed)."""
+        return self.handling or bool(self.tasks) or not self.requests.empty()
 
     # --- the request loop --------------------------------------------------------------------
     async def _work(self) -> None:

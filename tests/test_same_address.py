@@ -102,8 +102,8 @@ def _pub(priv: bytes) -> bytes:
     return crypto_scalarmult_base(priv)
 
 
-class _GatedHeyaStore:
-    """The Heya listener's appender, held until the test lets each append finish."""
+class _GatedStore:
+    """A listener's appender, held until the test lets each append finish."""
 
     def __init__(self, real):
         self.real, self.gates = real, []
@@ -127,7 +127,7 @@ def test_heya_never_evicts_a_session_whose_send_is_being_stored(settings, tmp_pa
             port, srv = n.heya.bound_port, n.heya
             alice = await mailbox(port, Cert(tmp_path, "alice"), inbox_token)
             t_hex = await auth(alice)
-            gated = n.heya.appender = _GatedHeyaStore(n.heya.appender)
+            gated = n.heya.appender = _GatedStore(n.heya.appender)
             sender = Cert(tmp_path, "sender")
             storing = await HeyaClient.connect(port, sender)
             body = b"stored slowly"
@@ -193,5 +193,74 @@ def test_sync_one_device_holds_its_budget(settings):
             assert srv.admission.sessions_of(dev.id.hex()) == 2
             for c in (first, second, third):
                 await c.close()
+
+    asyncio.run(go())
+
+
+def test_sync_never_evicts_a_session_whose_push_is_being_acked(settings):
+    """Two sessions per address. The idlest one's PUSH waits for its inbox commit (no stream
+    runs here: its PUSH_ACK stays owed), so the newcomer takes the other one's slot."""
+    from sync_client import pull, push
+    from test_sync_shell import admission, blob
+    settings.sync.max_sessions_per_address = 2
+    settings.sync.push_ack_timeout_seconds = 30.0
+
+    async def go():
+        async with sync_relay(settings, stream=False) as (port, node, _):
+            srv, g, owner = node.sync, group_id(b"busy"), Device()
+            storing, w = await device_session(port, owner, g, local_host="127.0.0.2")
+            assert w[0] == "Welcome"
+            pending = asyncio.ensure_future(storing.request(push(blob(1), b"waits", 0)))
+            await wait_until(lambda: storing_busy(srv))
+            other_dev = Device()
+            worked, w = await device_session(port, other_dev, g, local_host="127.0.0.2",
+                                             admission=admission(owner, g, other_dev))
+            assert w[0] == "Welcome"
+            await worked.request(pull(0, 10))           # worked is the more recent now
+            newcomer, w = await device_session(port, Device(), group_id(b"new"),
+                                               local_host="127.0.0.2")
+            assert w[0] == "Welcome"
+            assert await worked.closed(5) == TOO_MANY   # not `storing`, idle longer but busy
+            assert srv.admission.decisions[("auth", "evicted_address_cap")] == 1
+            assert not pending.done()
+            pending.cancel()
+            for c in (storing, worked, newcomer):
+                await c.close()
+
+    asyncio.run(go())
+
+
+def storing_busy(srv) -> bool:
+    return any(c.tasks for c in srv.conns)
+
+
+def test_ppp_never_evicts_a_session_whose_store_is_being_landed(settings):
+    """Two WebSockets per address. The idlest one's STORE is being landed (its STORED owed),
+    so the newcomer takes the other one's slot, and STORED still arrives."""
+    import os
+    from ppp_wire import giftwrap, pack, unpack
+    settings.ppp.max_auth_sessions_per_address = 2
+
+    async def go():
+        async with ppp_node(settings, Clock()) as n:
+            port, service = n.ppp.bound_port, n.ppp.service
+            gated = service.appender = _GatedStore(service.appender)
+            storing, r = await login(port, "127.0.0.2")
+            assert r == {"cmd": "AUTH_OK"}
+            ev, eid = giftwrap(os.urandom(32))
+            await storing.send(pack({"cmd": "STORE", "event": ev}))
+            await wait_until(lambda: len(gated.gates) == 1)
+            worked, r = await login(port, "127.0.0.2")
+            await worked.send(pack({"cmd": "FETCH", "since": 0}))
+            assert unpack(await asyncio.wait_for(worked.recv(), 5))["cmd"] == "EVENTS"
+            newcomer, r = await login(port, "127.0.0.2")
+            assert r == {"cmd": "AUTH_OK"}
+            await asyncio.wait_for(worked.wait_closed(), 5)   # not `storing`: it is busy
+            assert n.ppp.admission.decisions[("auth", "evicted_address_cap")] == 1
+            gated.gates[0].set_result(None)
+            reply = unpack(await asyncio.wait_for(storing.recv(), 5))
+            assert reply == {"cmd": "STORED", "event_id": eid}
+            for ws in (storing, newcomer):
+                await ws.close()
 
     asyncio.run(go())
