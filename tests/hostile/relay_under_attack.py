@@ -96,30 +96,30 @@ def _metrics(metrics_port: int) -> str | None:
         return None
 
 
+def _counts(metrics_port: int, metric: str, where: str, keys: tuple[str, ...]
+            ) -> dict[str, int]:
+    """One counter's series whose labels include `where`, keyed by the values of `keys`
+    (joined with "/")."""
+    out: dict[str, int] = {}
+    for line in (_metrics(metrics_port) or "").splitlines():
+        if line.startswith(metric + "{") and where in line:
+            labels, value = line.rsplit(" ", 1)
+            key = "/".join(labels.split(f'{k}="', 1)[1].split('"', 1)[0] for k in keys)
+            out[key] = int(float(value))
+    return out
+
+
 def refusals(metrics_port: int, protocol: str) -> dict[str, int]:
     """The listener's `relay_ingress_rejected_total` by reason (refusals, evictions,
     timeouts), so a scenario's figures say what the relay did to the attack."""
-    out: dict[str, int] = {}
-    for line in (_metrics(metrics_port) or "").splitlines():
-        if line.startswith("relay_ingress_rejected_total{") and \
-                f'protocol="{protocol}"' in line:
-            labels, value = line.rsplit(" ", 1)
-            reason = labels.split('reason="', 1)[1].split('"', 1)[0]
-            out[reason] = int(float(value))
-    return out
+    return _counts(metrics_port, "relay_ingress_rejected_total", f'protocol="{protocol}"',
+                   ("reason",))
 
 
 def decisions(metrics_port: int, listener: str) -> dict[str, int]:
     """The listener's `relay_admission_decisions_total` as "stage/reason" -> count."""
-    out: dict[str, int] = {}
-    for line in (_metrics(metrics_port) or "").splitlines():
-        if line.startswith("relay_admission_decisions_total{") and \
-                f'listener="{listener}"' in line:
-            labels, value = line.rsplit(" ", 1)
-            stage = labels.split('stage="', 1)[1].split('"', 1)[0]
-            reason = labels.split('reason="', 1)[1].split('"', 1)[0]
-            out[f"{stage}/{reason}"] = int(float(value))
-    return out
+    return _counts(metrics_port, "relay_admission_decisions_total",
+                   f'listener="{listener}"', ("stage", "reason"))
 
 
 def sessions_open(metrics_port: int, listener: str) -> int | None:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import pytest
 
-from relay_under_attack import LEGIT_ADDRESS, only_slower
+import scenarios
+from relay_under_attack import LEGIT_ADDRESS
 
 pytestmark = pytest.mark.hostile
 
@@ -47,22 +48,6 @@ def _params() -> list:
 
 @pytest.mark.parametrize("listener,identity,count", _params())
 def test_same_address(relay_under_attack, listener, identity, count):
-    kwargs = dict(count=count, identity=identity, served=SERVED, parallel=PARALLEL,
+    scenarios.run(relay_under_attack, listener, STAGE[listener], LEGIT_ADDRESS,
+                  count=count, identity=identity, served=SERVED, parallel=PARALLEL,
                   ping_seconds=HEYA_PING_SECONDS if listener == "heya" else None)
-    figures, broken = relay_under_attack.attack(listener, STAGE[listener], LEGIT_ADDRESS,
-                                                **kwargs)
-    if only_slower(broken):
-        print(f"\n{listener} {identity} {count}: attempt 1 missed ({'; '.join(broken)}); "
-              "attempt 2")
-        figures, broken = relay_under_attack.attack(listener, STAGE[listener], LEGIT_ADDRESS,
-                                                    attempt=2, **kwargs)
-    if "attacker" not in figures:
-        pytest.fail("; ".join(broken))
-    a = figures["attacker"]
-    print(f"\n{listener} {identity} {count} from the legitimate address: "
-          f"{a['established']} of {a['attempted']} at the stage ({a['open_at_hold_end']} open "
-          f"at the hold's end), relay held {figures['relay_sockets_peak']} at most, ramp "
-          f"{figures['ramp_s']} s; admission {figures['admission']}; legit "
-          + ", ".join(f"{p} {f['p50_s']}/{f['max_s']} s served {f.get('served')}"
-                      for p, f in figures["legit"].items()))
-    assert not broken, "; ".join(broken)
