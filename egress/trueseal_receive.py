@@ -26,8 +26,10 @@ Limits (README "Hostile clients"; settings in [trueseal]):
   `max_receive_sessions` and their per-address caps, `max_connections` in all. A full
   handshake stage evicts the oldest handshake of the address holding the most. Any key
   passes XX, so receive sessions yield by fair share: a full stage gives a new session the
-  oldest of an address holding at least two more than the newcomer's; past the caps
-  otherwise a new one is closed right after XX.
+  idlest of an address holding at least two more than the newcomer's. An address at its cap,
+  or a device key at `max_receive_sessions_per_key`, loses its session idle longest (no
+  Deliver, no DeliverAck: heartbeats do not count) holding no unacked Deliver; with none
+  such, a new one is closed right after XX.
 * Deadlines: `handshake_timeout_seconds` for XX; after it the heartbeat bounds silence
   (only whole frames count as an answer), and a Noise message must be whole
   `frame_timeout_seconds` + length / `min_frame_bytes_per_second` after its first byte, so
@@ -67,7 +69,8 @@ def receive_limits(conf) -> Limits:
     return Limits(conf.max_connections,
                   handshake=Cap(conf.max_handshakes, conf.max_handshakes_per_address),
                   unauth=Cap(0, 0),
-                  auth=Cap(conf.max_receive_sessions, conf.max_receive_sessions_per_address))
+                  auth=Cap(conf.max_receive_sessions, conf.max_receive_sessions_per_address),
+                  per_identity=conf.max_receive_sessions_per_key)
 
 
 class ReceiveServer(Listener):
@@ -196,15 +199,22 @@ class _ReceiveConnection:
     def _handle_events(self) -> None:
         for ev in self.core.events_received():
             if isinstance(ev, DeliverAckReceived):
+                self.server.touch(self.ticket)
                 task = asyncio.create_task(self._ack(ev.blob_id))
                 self.acks.add(task)
                 task.add_done_callback(self.acks.discard)
             elif isinstance(ev, HandshakeComplete):
-                if not self.server.advance(self.ticket, Stage.AUTH):
-                    self.core.close()   # receive sessions full, or this address's share
+                # The device key is the identity (max_receive_sessions_per_key): any key
+                # passes XX, so it buys no protection from eviction, only a budget.
+                if not self.server.advance(self.ticket, Stage.AUTH, ev.remote_static.hex()):
+                    self.core.close()   # every session of its address or key mid-delivery
                     continue
                 # Opened here, before any frame that followed msg 3 in the same read is handled.
                 self.session = self.server.hub.open_session(PROTOCOL, ev.remote_static)
+                if self.ticket is not None:
+                    # a Deliver not yet acked: never evicted meanwhile
+                    session = self.session
+                    self.ticket.delivering = lambda: session.holds_claims
                 log.debug("receive session open", extra={"event": "receive_session_open"})
             elif isinstance(ev, HeartbeatReceived):
                 pass   # the core already echoed it, or it answered ours
@@ -247,6 +257,7 @@ class _ReceiveConnection:
                     log.error("envelope cannot be delivered as one frame",
                               extra={"event": "deliver_skipped", "size": len(env.envelope)})
                     continue
+                self.server.touch(self.ticket)
                 await self._flush()
 
     async def _heartbeat_loop(self) -> None:

@@ -18,20 +18,35 @@ Limits: per stage a total and a per-address cap, and a total over all stages. "A
 
 Rules (first-come slots cannot be hoarded):
 
-1. An address at its per-address cap of a stage is refused that stage; others are not.
-2. `HANDSHAKE` or `UNAUTH` full: the oldest connection of that stage, of the address that
-   holds the most in it, is evicted to make room (among addresses holding equally many, the
-   one that has held that many longest). A real client crosses these stages in
-   milliseconds; an address holding them idle loses them first, the newcomer last.
+1. An address at its per-address cap of `HANDSHAKE` is refused that stage; others are not.
+   At its cap of `UNAUTH` or `AUTH`, the least useful of the address's connections in that
+   stage goes for the newcomer: the one idle longest in application terms (`touch` marks a
+   message sent or received; keep-alives do not count; entering a stage counts), never one
+   mid-delivery (`owe` / `paid` or the shell's `delivering`: a Deliver not yet acked, a
+   store not yet answered, a write in progress), for at most `MID_DELIVERY_SECONDS` after
+   its last message, so a client cannot keep its slot by never acking. All of them
+   mid-delivery: the newcomer is refused. So a carrier NAT's real users are not locked out
+   by a neighbour's idle sessions, however authenticated (any key passes Noise XX, any
+   self-signed certificate passes Heya): to keep a slot an address must keep doing real,
+   rate-limited work on it. A handshake lasts seconds at most (the shells' deadlines) and
+   costs CPU, so there the cap still refuses.
+1a. An identity (`advance(..., identity=)`: a certificate digest, a device key, a pubkey)
+   holds at most `per_identity` sessions: at that, its least useful session goes, as in 1
+   (a real client reconnecting replaces the session it lost; an attacker reusing one key
+   replaces its own). All mid-delivery: refused `IDENTITY_CAP`.
+2. `HANDSHAKE` or `UNAUTH` full: the least useful connection (rule 1) of that stage, of
+   the address that holds the most in it, is evicted to make room (among addresses holding
+   equally many, the one that has held that many longest). A real client crosses these
+   stages in milliseconds; an address holding them idle loses them first, the newcomer last.
 3. `AUTH` is never displaced by an earlier stage, and only by fair share within itself:
-   full, a new authentication takes the oldest session of the biggest holder only if that
-   address holds at least two more than the newcomer's (so it still holds at least as many
-   after the swap); otherwise the newcomer is refused. Identities are cheap on every
+   full, a new authentication takes the least useful session of the biggest holder only if
+   that address holds at least two more than the newcomer's (so it still holds at least as
+   many after the swap); otherwise the newcomer is refused. Identities are cheap on every
    protocol here (any key passes Noise XX, PPP AUTH, HELLO), so "authenticated" cannot mean
    "kept no matter what": 253 addresses x a per-address cap would otherwise fill the stage
    for good. Equal holders never displace each other (no churn among a spread flood), and a
    lone device behind its own address always gets in. The cost: an address shared by many
-   real users (a carrier NAT) that holds the most loses its oldest session to a newcomer.
+   real users (a carrier NAT) that holds the most loses its idlest session to a newcomer.
 4. The overall total full: a `HANDSHAKE` connection is evicted as in 2; if there is none,
    the newcomer is refused (trueseal interop §1: closed at once). So keep
    `unauth.total + auth.total` below `total`: then established sessions can never fill the
@@ -48,19 +63,28 @@ API (all a shell needs):
     d = adm.advance(ticket, Stage.UNAUTH, now) # handshake done: same Decision; if refused,
                                                # close the connection (it keeps its old slot
                                                # until `release`)
+    d = adm.advance(ticket, Stage.AUTH, now, identity=digest)   # rule 1a
+    adm.touch(ticket, now)                     # an application message: not idle
+    ticket.owe(); ...; ticket.paid()           # mid-delivery: not evicted meanwhile (or
+    ticket.delivering = session.busy          # the shell's own question)
     adm.release(ticket)                        # connection gone (idempotent; also after an
                                                # eviction)
     adm.count(Stage.HANDSHAKE), adm.count_of(addr, stage), adm.total  # for metrics
     adm.released, adm.peak, adm.reset_peak()   # waves of connections (runtime/memory_trim.py)
 
 `now` is the shell's clock (any monotonic float); it is kept as `ticket.since`, the time the
-ticket entered its stage, for the shell's deadlines and metrics. Eviction order does not
-depend on it (arrival order does). Every operation is O(1).
+ticket entered its stage, for the shell's deadlines and metrics, and `ticket.active`, its last
+application activity. Eviction order does not depend on the values (the order of arrivals and
+touches does). Every operation is O(1) but for skipping connections mid-delivery.
+
+Every decision is counted in `decisions[(stage, reason)]` (`admitted`, a refusal's reason,
+`evicted_<why>` under the victim's stage) for the metrics (runtime/metrics.py).
 """
 
 from __future__ import annotations
 
 import ipaddress
+from collections import Counter
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Callable
@@ -70,6 +94,12 @@ ADDRESS_CAP = "address_cap"   # rule 1
 STAGE_FULL = "stage_full"     # rule 3 (or a stage with a total of 0)
 TOTAL_FULL = "total_full"     # rule 4
 GONE = "gone"                 # advance() of a ticket already evicted or released
+IDENTITY_CAP = "identity_cap" # rule 1a, every session of the identity mid-delivery
+# A session is mid-delivery (never evicted) only this long after its last application
+# message: past the shells' write timeouts (10-30 s) a delivery still unanswered is a client
+# holding its slot (a Deliver it never acks), not a delivery under way.
+MID_DELIVERY_SECONDS = 30.0
+ADMITTED = "admitted"         # decisions: a connection took a slot in a stage
 
 
 class Stage(IntEnum):
@@ -97,6 +127,7 @@ class Limits:
     handshake: Cap
     unauth: Cap
     auth: Cap
+    per_identity: int = 0   # sessions one identity may hold (rule 1a); 0: no such budget
 
     def cap(self, stage: Stage) -> Cap:
         return (self.handshake, self.unauth, self.auth)[stage]
@@ -119,9 +150,12 @@ def address_key(host: str) -> str:
 
 class Ticket:
     """One connection's slot. `closer` is the shell's: how to close the connection should it
-    be evicted (`close()` calls it, once)."""
+    be evicted (`close()` calls it, once). `owing`: deliveries and writes under way (`owe`,
+    `paid`); `delivering`: the shell's own question, where it keeps the truth elsewhere (a
+    receive session's deliveries not acked yet). While `busy()`, it is never evicted."""
 
-    __slots__ = ("address", "stage", "since", "live", "closer")
+    __slots__ = ("address", "stage", "since", "live", "closer", "identity", "active",
+                 "owing", "delivering")
 
     def __init__(self, address: str, stage: Stage, since: float):
         self.address = address
@@ -129,6 +163,22 @@ class Ticket:
         self.since = since
         self.live = True      # holds a slot (False once evicted or released)
         self.closer: Callable[[], object] | None = None
+        self.identity: str | None = None
+        self.active = since   # last application activity (or stage entry)
+        self.owing = 0
+        self.delivering: Callable[[], bool] | None = None
+
+    def busy(self) -> bool:
+        return self.owing > 0 or (self.delivering is not None and self.delivering())
+
+    def owe(self) -> None:
+        """A delivery or write is under way (a Deliver sent and not acked, a store not yet
+        answered): not to be evicted until `paid`."""
+        self.owing += 1
+
+    def paid(self) -> None:
+        if self.owing:
+            self.owing -= 1
 
     def close(self) -> None:
         closer, self.closer = self.closer, None
@@ -192,12 +242,28 @@ class _StageBook:
             del self.by_address[ticket.address]
         self._rebucket(ticket.address, len(held) + 1, len(held))
 
-    def victim(self) -> Ticket | None:
-        """The oldest connection of the address holding the most."""
+    def touch(self, ticket: Ticket) -> None:
+        """Move `ticket` behind its address's others: the order is by last activity."""
+        held = self.by_address[ticket.address]
+        del held[ticket]
+        held[ticket] = None
+
+    def idlest(self, address: str, now: float) -> Ticket | None:
+        """The address's connection idle longest and not mid-delivery."""
+        return _idlest(self.by_address.get(address, ()), now)
+
+    def victim(self, now: float) -> Ticket | None:
+        """The connection idle longest (not mid-delivery) of the address holding the most."""
         if not self.top:
             return None
-        address = next(iter(self.buckets[self.top]))
-        return next(iter(self.by_address[address]))
+        return self.idlest(next(iter(self.buckets[self.top])), now)
+
+
+def _idlest(tickets, now: float) -> Ticket | None:
+    for ticket in tickets:
+        if not ticket.busy() or now - ticket.active > MID_DELIVERY_SECONDS:
+            return ticket
+    return None
 
 
 class Admission:
@@ -209,6 +275,10 @@ class Admission:
         self.refusals = 0      # and refused (rules 1, 3 and 4)
         self.released = 0      # slots given back (ended or evicted), ever
         self.peak = 0          # most held at once since `reset_peak` (a wave's height)
+        # (stage name, reason) -> count: every decision, for metrics (module docstring)
+        self.decisions: Counter[tuple[str, str]] = Counter()
+        # identity -> its sessions, idle longest first (rule 1a)
+        self._identities: dict[str, dict[Ticket, None]] = {}
 
     # --- questions --------------------------------------------------------------------------
     def count(self, stage: Stage) -> int:
@@ -224,6 +294,23 @@ class Admission:
     def counts(self) -> dict[Stage, int]:
         return {stage: book.count for stage, book in self._books.items()}
 
+    def sessions_of(self, identity: str) -> int:
+        held = self._identities.get(identity)
+        return len(held) if held else 0
+
+    # --- activity -----------------------------------------------------------------------------
+    def touch(self, ticket: Ticket, now: float) -> None:
+        """An application message was sent or received on `ticket`'s connection (not a
+        keep-alive): it goes behind the address's and the identity's others in eviction order."""
+        if not ticket.live:
+            return
+        ticket.active = now
+        self._books[ticket.stage].touch(ticket)
+        if ticket.identity is not None:
+            held = self._identities[ticket.identity]
+            del held[ticket]
+            held[ticket] = None
+
     # --- decisions ----------------------------------------------------------------------------
     def admit(self, address: str, now: float) -> Decision:
         """A connection was accepted from `address`: a ticket in HANDSHAKE, or a refusal."""
@@ -233,13 +320,13 @@ class Admission:
         evicted: list[Ticket] = []
         book, cap = self._books[Stage.HANDSHAKE], self.limits.handshake
         while self.total >= self.limits.total or book.count >= cap.total:
-            victim = book.victim()
+            victim = book.victim(now)
+            full = TOTAL_FULL if self.total >= self.limits.total else STAGE_FULL
             if victim is None:
-                self.refusals += 1
-                return Decision(None, TOTAL_FULL if self.total >= self.limits.total
-                                else STAGE_FULL, tuple(evicted))
-            self._evict(victim)
+                return self._refuse(Stage.HANDSHAKE, full, evicted)
+            self._evict(victim, full)
             evicted.append(victim)
+        self.decisions[("handshake", ADMITTED)] += 1
         ticket = Ticket(address, Stage.HANDSHAKE, now)
         book.add(ticket)
         self.total += 1
@@ -247,31 +334,48 @@ class Admission:
             self.peak = self.total
         return Decision(ticket, None, tuple(evicted))
 
-    def advance(self, ticket: Ticket, stage: Stage, now: float) -> Decision:
-        """`ticket` reached `stage` (a later one). Refused: it keeps its slot in the stage it
-        was in, and the shell is expected to close the connection and `release` it."""
+    def advance(self, ticket: Ticket, stage: Stage, now: float, *,
+                identity: str | None = None) -> Decision:
+        """`ticket` reached `stage` (a later one), as `identity` if it authenticated as one
+        (rule 1a). Refused: it keeps its slot in the stage it was in, and the shell is
+        expected to close the connection and `release` it."""
         if not ticket.live:
             return Decision(None, GONE)
         if stage <= ticket.stage:
             raise ValueError(f"cannot move from {ticket.stage.name} to {stage.name}")
-        refused = self._refused_by_address(ticket.address, stage)
-        if refused is not None:
-            return refused
         evicted: list[Ticket] = []
+        per_identity = self.limits.per_identity
+        if identity is not None and per_identity:
+            held = self._identities.get(identity, {})
+            while len(held) >= per_identity:
+                victim = _idlest(held, now)
+                if victim is None:
+                    return self._refuse(stage, IDENTITY_CAP, evicted)
+                self._evict(victim, IDENTITY_CAP)
+                evicted.append(victim)
         book, cap = self._books[stage], self.limits.cap(stage)
+        while book.holds(ticket.address) >= cap.per_address:     # rule 1
+            victim = book.idlest(ticket.address, now)
+            if victim is None:
+                return self._refuse(stage, ADDRESS_CAP, evicted)
+            self._evict(victim, ADDRESS_CAP)
+            evicted.append(victim)
         while book.count >= cap.total:
-            victim = book.victim()
+            victim = book.victim(now)
             if victim is not None and not stage.evictable and (
                     book.holds(victim.address) < book.holds(ticket.address) + 2):
                 victim = None          # rule 3: no fair-share gain in swapping
             if victim is None:
-                self.refusals += 1
-                return Decision(None, STAGE_FULL, tuple(evicted))
-            self._evict(victim)
+                return self._refuse(stage, STAGE_FULL, evicted)
+            self._evict(victim, STAGE_FULL)
             evicted.append(victim)
         self._books[ticket.stage].remove(ticket)
-        ticket.stage, ticket.since = stage, now
+        ticket.stage, ticket.since, ticket.active = stage, now, now
         book.add(ticket)
+        if identity is not None:
+            ticket.identity = identity
+            self._identities.setdefault(identity, {})[ticket] = None
+        self.decisions[(stage.name.lower(), ADMITTED)] += 1
         return Decision(ticket, None, tuple(evicted))
 
     def release(self, ticket: Ticket) -> None:
@@ -279,6 +383,11 @@ class Admission:
         if ticket.live:
             ticket.live = False
             self._books[ticket.stage].remove(ticket)
+            if ticket.identity is not None:
+                held = self._identities[ticket.identity]
+                del held[ticket]
+                if not held:
+                    del self._identities[ticket.identity]
             self.total -= 1
             self.released += 1
 
@@ -289,10 +398,15 @@ class Admission:
     # --- inside -------------------------------------------------------------------------------
     def _refused_by_address(self, address: str, stage: Stage) -> Decision | None:
         if self._books[stage].holds(address) >= self.limits.cap(stage).per_address:
-            self.refusals += 1
-            return Decision(None, ADDRESS_CAP)
+            return self._refuse(stage, ADDRESS_CAP, [])
         return None
 
-    def _evict(self, ticket: Ticket) -> None:
+    def _refuse(self, stage: Stage, reason: str, evicted: list[Ticket]) -> Decision:
+        self.refusals += 1
+        self.decisions[(stage.name.lower(), reason)] += 1
+        return Decision(None, reason, tuple(evicted))
+
+    def _evict(self, ticket: Ticket, why: str) -> None:
+        self.decisions[(ticket.stage.name.lower(), f"evicted_{why}")] += 1
         self.release(ticket)
         self.evictions += 1

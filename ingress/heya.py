@@ -38,7 +38,10 @@ writes with no deadline, a 1 s body deadline and no handshake deadline):
   address holding at least two more than this one's), and when it (or the address's share)
   is full otherwise a promotion is not made: the session stays UNAUTH, served, but evictable
   and under the UNAUTH deadline.
-  An address at its UNAUTH cap is closed right after TLS, before the greeting.
+  An address at its UNAUTH or AUTH cap, or a certificate at `max_sessions_per_certificate`,
+  loses its session idle longest in application terms (a command other than PING, a HAVE
+  sent) and not mid-delivery (`_delivering`) to the newcomer; with every one mid-delivery,
+  the newcomer is closed right after TLS, before the greeting.
 * A closed connection is closed for real: close_notify, then the transport is aborted if the
   peer does not let it finish within the write timeout (no CLOSE-WAIT leak, interop §0).
 
@@ -83,7 +86,8 @@ def heya_limits(conf) -> Limits:
     return Limits(conf.max_connections,
                   handshake=Cap(conf.max_handshakes, conf.max_handshakes_per_address),
                   unauth=Cap(conf.max_unauth_sessions, conf.max_unauth_sessions_per_address),
-                  auth=Cap(conf.max_auth_sessions, conf.max_auth_sessions_per_address))
+                  auth=Cap(conf.max_auth_sessions, conf.max_auth_sessions_per_address),
+                  per_identity=conf.max_sessions_per_certificate)
 
 
 def landing_row(token: bytes, digest: bytes, body: bytes, received_at: datetime,
@@ -288,13 +292,23 @@ class _HeyaConnection:
                 await self._close_transport()
 
     def _admit(self, mailbox: bool) -> bool:
-        """After TLS: AUTH for a mailbox if there is room, else UNAUTH (with its deadline)."""
-        if mailbox and self.server.advance(self.ticket, Stage.AUTH):
+        """After TLS: AUTH for a mailbox if there is room, else UNAUTH (with its deadline).
+        The certificate digest is the identity (`max_sessions_per_certificate`): any
+        self-signed certificate passes (interop §1), so it buys no protection from eviction."""
+        identity = self.owner.hex()
+        if self.ticket is not None:
+            self.ticket.delivering = self._delivering
+        if mailbox and self.server.advance(self.ticket, Stage.AUTH, identity):
             return True
-        if not self.server.advance(self.ticket, Stage.UNAUTH):
+        if not self.server.advance(self.ticket, Stage.UNAUTH, identity):
             return False
         self.unauth_until = self.loop.time() + self.conf.unauth_timeout_seconds
         return True
+
+    def _delivering(self) -> bool:
+        """Mid-delivery, not to be evicted: a SEND being stored (its RECV owed), a reply owed
+        (a WANT's GIVE) or output not yet written (PONGs are owed for an instant only)."""
+        return bool(self.stores) or self.core.outstanding > 0 or self.core.buffered_output > 0
 
     def promote(self) -> None:
         """The certificate became a mailbox, or sent with a valid send token: AUTH if there
@@ -304,6 +318,7 @@ class _HeyaConnection:
 
     def notify_have(self, token: bytes, next_seq: int) -> None:
         if self.core.have(token, next_seq):
+            self.server.touch(self.ticket)
             self._wake.set()
 
     async def _close_transport(self) -> None:
@@ -387,7 +402,8 @@ class _HeyaConnection:
 
     async def _handle_events(self) -> None:
         for ev in self.core.events_received():
-            if isinstance(ev, CommandReceived):
+            if isinstance(ev, CommandReceived):   # PING never comes here (the core PONGs)
+                self.server.touch(self.ticket)
                 await self._room()
                 if self.core.is_live(ev.request_id):
                     await getattr(self, HANDLERS[type(ev.command)])(ev.request_id, ev.command)

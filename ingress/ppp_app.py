@@ -32,7 +32,10 @@ this port's deadlines (`ppp_conn.py`). Budgets (issue 19, `engine/admission.py`)
 * UNAUTH: a request head is in: an HTTP request (sealed submit and polling are anonymous or
   signed per request, so an HTTP connection never authenticates; between requests it stays
   here, under the keep-alive timeout), or a WebSocket before AUTH_OK.
-* AUTH: a WebSocket after AUTH_OK. Full (or its address at its cap): AUTH_FAIL, close 1013.
+* AUTH: a WebSocket after AUTH_OK. Its address at its cap, or its pubkey at
+  `max_sessions_per_pubkey`: the session of theirs idle longest (no command, NOTIFY or
+  unsolicited frame; WebSocket pings do not count) and not mid-delivery is closed for the
+  newcomer. Full otherwise (or every such session mid-delivery): AUTH_FAIL, close 1013.
 * Behind a trusted proxy (`trusted_proxies`), the TCP peer is the proxy: until the head is in
   the connection counts for the proxy's address (a proxy sends the head with the connection,
   so it holds few there); from the head on it counts for the client X-Forwarded-For names by
@@ -102,7 +105,8 @@ def ppp_limits(conf: PppConf) -> Limits:
     return Limits(conf.max_sockets,
                   Cap(conf.max_handshakes, conf.max_handshakes_per_address),
                   Cap(conf.max_unauth_connections, conf.max_unauth_connections_per_address),
-                  Cap(conf.max_auth_sessions, conf.max_auth_sessions_per_address))
+                  Cap(conf.max_auth_sessions, conf.max_auth_sessions_per_address),
+                  per_identity=conf.max_sessions_per_pubkey)
 
 
 def tls_context(cert_file: str, key_file: str) -> "ssl.SSLContext | None":
@@ -473,17 +477,29 @@ class _PppConnection:
         self._progress = asyncio.Event()
         self._closing: Closing | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._unwritten = False         # a frame is being written (never evicted then)
 
     def notify(self, count: int) -> None:
         if self.core.notify(count):
+            self._active()
             self._wake.set()
 
     def push(self, reply: P.Reply) -> bool:
         """An unsolicited frame (room notifications, KNOCK_NOTIFY, ADMITTED, KICKED)."""
         if self.core.push(reply):
+            self._active()
             self._wake.set()
             return True
         return False
+
+    def _active(self) -> None:
+        if self.conn is not None:
+            self.conn.active()
+
+    def _delivering(self) -> bool:
+        """Mid-delivery, not to be evicted: a command being run (a STORE's STORED owed, a
+        FETCH page) or a frame (a NOTIFY) not yet written."""
+        return bool(self._tasks) or self.core.outstanding > 0 or self._unwritten
 
     def room_notify(self, room_id: bytes, count: int) -> None:
         self.push(P.room_notify(room_id, count))
@@ -494,7 +510,7 @@ class _PppConnection:
     def _admit(self, pubkey: bytes) -> str | None:
         """AUTH_OK needs an AUTH slot (taken from another session only by fair share; full
         or the address at its cap: refused, the client retries later)."""
-        if self.conn is None or self.conn.authenticated():
+        if self.conn is None or self.conn.authenticated(pubkey, self._delivering):
             return None
         return "relay full"
 
@@ -549,6 +565,7 @@ class _PppConnection:
     def _handle_events(self) -> None:
         for ev in self.core.events_received():
             if isinstance(ev, CommandReceived):
+                self._active()
                 task = asyncio.create_task(self._run(ev))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
@@ -588,7 +605,9 @@ class _PppConnection:
                 await self._wake.wait()
                 self._wake.clear()
                 for frame in self.core.frames_to_send():
+                    self._unwritten = True
                     await self.ws.send_bytes(frame)
+                self._unwritten = False
                 if self._closing is not None and not self._tasks:
                     for frame in self.core.frames_to_send():
                         await self.ws.send_bytes(frame)

@@ -48,7 +48,9 @@ class Port(Protocol):
 
     def admit_client(self, ticket: Ticket, peer: str,
                      headers: list[tuple[bytes, bytes]]) -> Ticket | None: ...
-    def advance(self, ticket: Ticket | None, stage: Stage) -> bool: ...
+    def advance(self, ticket: Ticket | None, stage: Stage,
+                identity: str | None = None) -> bool: ...
+    def touch(self, ticket: Ticket | None) -> None: ...
     def release(self, ticket: Ticket | None) -> None: ...
     def client_closed(self, reason: str) -> None: ...
 
@@ -139,9 +141,17 @@ class PppConn:
             return False
         return True
 
-    def authenticated(self) -> bool:
-        """AUTH_OK is about to be sent. False: no AUTH slot for it (refuse the AUTH)."""
-        return self.server.advance(self.ticket, Stage.AUTH)
+    def authenticated(self, pubkey: bytes, delivering: Callable[[], bool]) -> bool:
+        """AUTH_OK is about to be sent for `pubkey` (the identity: max_sessions_per_pubkey).
+        False: no AUTH slot for it (refuse the AUTH). `delivering`: whether the session is
+        mid-delivery (never evicted then)."""
+        if self.ticket is not None:
+            self.ticket.delivering = delivering
+        return self.server.advance(self.ticket, Stage.AUTH, pubkey.hex())
+
+    def active(self) -> None:
+        """An application message went either way (pings do not count)."""
+        self.server.touch(self.ticket)
 
     def lost(self) -> None:
         if not self.gone:

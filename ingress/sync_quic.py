@@ -18,7 +18,10 @@ logs an id, a key, a group id, a payload, an address or a connection id.
 
 Hostile clients (issue 19). Every connection holds a slot of the listener's `Admission`
 (engine/admission.py) from its first Initial: HANDSHAKE until the QUIC handshake is done,
-UNAUTH until its HELLO is accepted (the identity challenge included), AUTH after. Before any
+UNAUTH until its HELLO is accepted (the identity challenge included), AUTH after (the device
+id its identity: `max_sessions_per_device`; past the handshake an address or device at its
+cap loses its session idle longest, no request or NOTIFY, and not mid-delivery, to the
+newcomer). Before any
 state is kept for a new connection, `AdmittingServer` decides: while the relay is under load
 (`retry_above_handshakes` connections in handshake, or `retry_above_handshakes_per_address`
 of its address) the client must first echo a stateless Retry token, so a spoofed-source flood
@@ -150,7 +153,8 @@ def sync_limits(conf) -> Limits:
         total=conf.max_handshakes + conf.max_unauth_sessions + conf.max_concurrent_sessions,
         handshake=Cap(conf.max_handshakes, conf.max_handshakes_per_address),
         unauth=Cap(conf.max_unauth_sessions, conf.max_unauth_sessions_per_address),
-        auth=Cap(conf.max_concurrent_sessions, conf.max_sessions_per_address))
+        auth=Cap(conf.max_concurrent_sessions, conf.max_sessions_per_address),
+        per_identity=conf.max_sessions_per_device)
 
 
 # Every finished handshake's staging buffers (BoundedStreams.handshake_done): always empty.
@@ -614,6 +618,7 @@ class SyncConnection(SyncRequests, QuicConnectionProtocol):
         self.answered: set[int] = set()
         self.tasks: set[asyncio.Task] = set()
         self.worker: asyncio.Task | None = None
+        self.handling = False           # a request is being answered (_delivering)
         self.hello_timer: asyncio.TimerHandle | None = None
         self.closed = False
         self.draining = False

@@ -60,6 +60,7 @@ class SyncRequests:
     server: "object"
     session: Session
     ticket = None
+    handling = False          # a request is being answered (_delivering)
     spec_request = False      # the request being handled came as the spec's Envelope
     notified = 0              # spec-form sessions: the last cursor told by NOTIFY
 
@@ -74,7 +75,12 @@ class SyncRequests:
         try:
             while not self.closed:
                 sid, body = await self.requests.get()
-                await self._handle(sid, body)
+                self.server.touch(self.ticket)   # a request; QUIC PINGs never come here
+                self.handling = True
+                try:
+                    await self._handle(sid, body)
+                finally:
+                    self.handling = False
         except asyncio.CancelledError:
             pass
         except Exception:
@@ -82,6 +88,11 @@ class SyncRequests:
                 log.exception("sync connection failed", extra={"event": "sync_task_failed",
                                                                "suppressed": dropped})
             self.close(0, "internal error")
+
+    def _delivering(self) -> bool:
+        """Mid-delivery, not to be evicted: a request being answered or waiting its turn, or
+        a PUSH being stored (its PUSH_ACK owed)."""
+        return self.handling or bool(self.tasks) or not self.requests.empty()
 
     def _hello_timeout(self) -> None:
         """F-006: no accepted HELLO in time: closed, code 3."""
@@ -148,6 +159,7 @@ class SyncRequests:
     def notify(self, latest_cursor: int, count: int) -> None:
         """SyncInbox's fan-out: new blobs of the group from other devices. A spec-form
         session gets the spec's NOTIFY, one per blob (its id, sender, time and size)."""
+        self.server.touch(self.ticket)
         if not self.session.spec:
             self.send_uni(m.Notify(latest_cursor, count))
             return
@@ -192,9 +204,13 @@ class SyncRequests:
             if (dropped := srv.quiet.allow(("member", outcome))) is not None:
                 log.info("sync group member added", extra={"event": "sync_member_changed",
                                                            "op": outcome, "suppressed": dropped})
-        # AUTH: never evicted; its total (max_concurrent_sessions) or the address's cap
-        # (max_sessions_per_address) full, the connection is closed with code 2.
-        if not srv.advance(self.ticket, Stage.AUTH):
+        # AUTH: the device id is the identity (max_sessions_per_device). Its address or its
+        # device at its cap, the session of theirs idle longest and not mid-delivery is
+        # closed (code 2) for this one; the total full (fair share only) or every such
+        # session mid-delivery, this connection is closed with code 2.
+        if self.ticket is not None:
+            self.ticket.delivering = self._delivering
+        if not srv.advance(self.ticket, Stage.AUTH, dev.hex()):
             self.close(CLOSE_TOO_MANY_SESSIONS, "too many sessions")
             return
         name = limits.truncate_utf8(msg.device_name, self.conf.max_device_name_bytes)

@@ -11,7 +11,9 @@ Limits (README "Hostile clients"; settings in [trueseal]):
 * Admission (`engine/admission.py` through `runtime/listener.py`): HANDSHAKE until NK is done,
   then UNAUTH (the anonymous session) until the connection ends; `max_handshakes`,
   `max_push_sessions` and their per-address caps, `max_connections` in all. A full stage
-  evicts the oldest connection of the address holding the most there; past
+  evicts the idlest connection of the address holding the most there; an address at its
+  session cap loses its session idle longest (no Push since NK or its last one) and not
+  mid-delivery (a Push being stored, an Ack owed) to the newcomer; past
   `max_connections` with no handshake to evict, a connection is closed at once with no bytes
   (interop §1).
 * Deadlines, one timer per connection (the client's turn only: none while we owe it a
@@ -234,6 +236,7 @@ class _PushConnection:
     def _handle_events(self) -> None:
         for ev in self.core.events_received():
             if isinstance(ev, PushReceived):
+                self.server.touch(self.ticket)
                 task = asyncio.create_task(self._store(ev))
                 self.stores.add(task)
                 self.server._stores.add(task)
@@ -247,12 +250,18 @@ class _PushConnection:
             elif isinstance(ev, HandshakeComplete):
                 self.turn = self.loop.time()
                 if not self.server.advance(self.ticket, Stage.UNAUTH):
-                    self.core.close()   # its address holds its share of sessions
+                    self.core.close()   # every session of its address is mid-delivery
                     continue
+                if self.ticket is not None:
+                    # a Push being stored or its Ack owed: never evicted meanwhile
+                    self.ticket.delivering = self._delivering
                 log.debug("push session open", extra={"event": "push_session_open"})
             elif isinstance(ev, ConnectionClosed):
                 log.debug("push session closed", extra={"event": "push_session_closed",
                                                         "reason": ev.reason.value})
+
+    def _delivering(self) -> bool:
+        return bool(self.stores) or self.core.outstanding > 0
 
     def _stored(self, task: asyncio.Task) -> None:
         self.stores.discard(task)

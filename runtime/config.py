@@ -66,13 +66,24 @@ class TruesealConf:
     max_handshakes_per_address: int = 256
     # Push sessions after NK (anonymous). Full: evicted as handshakes are. Kept below
     # max_connections so that idle sessions can never fill it. Per address: the real client
-    # opens one connection per blob; 256 covers a busy NAT.
+    # opens one connection per blob; 256 covers a busy NAT. An address at its cap loses its
+    # session idle longest (no Push since NK, or since its last Ack), never one whose Push is
+    # being stored, to the newcomer.
     max_push_sessions: int = 600
     max_push_sessions_per_address: int = 256
-    # Receive sessions after XX (the device key is proven): never evicted; past these, a new
-    # one is closed after its handshake (the client reconnects with back-off, interop §8).
+    # Receive sessions after XX (any key passes XX, so a proven key protects nothing). The
+    # stage full: a newcomer takes the idlest session of the biggest holder only if that is
+    # fair (engine/admission.py rule 3), else it is closed after its handshake (the client
+    # reconnects with back-off, interop §8). An address at its cap (a carrier NAT's many
+    # devices, or one attacker): its session idle longest (no Deliver or DeliverAck, only
+    # heartbeats) and holding no unacked Deliver is closed for the newcomer.
     max_receive_sessions: int = 900
     max_receive_sessions_per_address: int = 100
+    # Receive sessions of one device key (the XX remote static key) at once. The real client
+    # keeps one, and reconnects with back-off from 1 s (interop §8) while the relay may still
+    # hold the dead one until its heartbeat goes unanswered (up to 60 s): a few. At the cap
+    # its idlest session without unacked Delivers is closed for the new one.
+    max_receive_sessions_per_key: int = 4
     listen_backlog: int = 1024   # both listeners (asyncio's default 100 lost bursts)
 
 
@@ -228,15 +239,25 @@ class HeyaConf:
     # ~55 KiB mid-handshake: 500 of them ~27 MiB). Full: evict as above.
     max_handshakes: int = 500
     max_handshakes_per_address: int = 64
-    # UNAUTH sessions. Full: the oldest of the address holding the most is closed for the
+    # UNAUTH sessions. Full: the idlest of the address holding the most is closed for the
     # newcomer. Per address: a PING every 25 s kept 1,000 of them from one address before.
     max_unauth_sessions: int = 300
     max_unauth_sessions_per_address: int = 32
     # AUTH sessions: the certificate is a mailbox (at the greeting or on INCO) or sent with a
-    # valid send token. Never evicted; full, a session stays UNAUTH (served, but evictable and
-    # under unauth_timeout_seconds). Per address: a household's or an office's devices.
+    # valid send token. Full, a promotion takes the idlest session of the biggest holder only
+    # if that is fair (engine/admission.py rule 3), else the session stays UNAUTH (served,
+    # but evictable and under unauth_timeout_seconds). Per address: a household's or an
+    # office's devices. An address at its UNAUTH or AUTH cap loses its session idle longest
+    # (no command but PING, no HAVE) and not mid-delivery (a SEND being stored, a reply
+    # owed) to the newcomer, so a neighbour's idle sessions never lock a NAT's users out.
     max_auth_sessions: int = 1000
     max_auth_sessions_per_address: int = 64
+    # Sessions of one client certificate (its SHA-256 digest) at once, all stages. The
+    # reference client holds one connection (mailbox and sender alike) and reconnects when
+    # it drops, while the server may still hold the dead one until idle_timeout_seconds: a
+    # few. Any self-signed certificate passes (interop §1), so this only stops one identity
+    # from taking an address's share; at the cap its idlest session goes for the new one.
+    max_sessions_per_certificate: int = 4
     listen_backlog: int = 1024   # asyncio's default 100 lost bursts of connects
     max_in_flight: int = 64                # SENDs of one connection being stored at once
     max_in_flight_bytes: int = 67108864    # bodies being stored, all connections together
@@ -341,6 +362,14 @@ class PppConf:
     # established sessions can never fill the house.
     max_auth_sessions: int = 11000
     max_auth_sessions_per_address: int = 256
+    # WebSockets after AUTH_OK of one pubkey at once. The reference client keeps one socket
+    # per identity (appendix C: FETCH and STORE are rate-limited per key, so more buy it
+    # nothing) and reconnects when it drops, while the relay may still hold the dead one
+    # until its pings go unanswered (40 s): a few. At the cap, and at an address's cap, the
+    # session idle longest (no command, no NOTIFY or delivery: pings do not count) and not
+    # mid-delivery (a NOTIFY or FETCH page not yet written, a STORE not yet answered) is
+    # closed for the newcomer, whatever the key that proved it (any key passes AUTH).
+    max_sessions_per_pubkey: int = 4
 
 
 @dataclass
@@ -385,6 +414,13 @@ class SyncConf:
     # command), so a household's or an office's devices behind one NAT.
     max_concurrent_sessions: int = 10000
     max_sessions_per_address: int = 100
+    # AUTH sessions of one device id at once (code 2 "too many sessions" past it, only when
+    # every one of them is mid-delivery). 0k-sync holds one connection per device (its CLI
+    # one per command) and reconnects after a drop while the relay may still hold the old
+    # one until its idle timeout: a few. At this cap, and at an address's, the session idle
+    # longest (no request, no NOTIFY: QUIC keep-alive PINGs do not count) and not
+    # mid-delivery (a request being answered, a NOTIFY being written) is closed (code 2).
+    max_sessions_per_device: int = 4
     # UNAUTH lasts a round trip or two for a real client (the identity challenge, then Join /
     # HELLO at once). Full: the oldest of the address holding the most is closed (code 2) for
     # the newcomer; an address at its cap: the newcomer is (code 2). Kept well below

@@ -28,9 +28,16 @@ bookkeeping:
   `RecordClock` (where a client is inside a length-prefixed record, for a minimum byte rate)
   are the shells' tools.
 
+* **Same address, many people** (a carrier NAT): past the handshake, an address (and an
+  identity: `advance(..., identity)`) at its cap loses its session idle longest in
+  application terms, never one mid-delivery (engine/admission.py rules 1 and 1a). The shells
+  `touch(ticket)` on every application message either way (not on keep-alives) and mark
+  deliveries under way (`ticket.owe()` / `paid()`, or `ticket.delivering`).
+
 Counters for runtime/metrics.py: `connections` (connections whose handler runs: the
 `relay_sessions_open` gauge; a TLS handshake is not a session yet), `accepted`, `rejected`
-(by reason: refusals and evictions by stage, timeouts), `admission.counts()` per stage.
+(by reason: refusals and evictions by stage, timeouts), `admission.counts()` per stage,
+`admission.decisions` (every admission decision by stage and reason).
 Every line a client can make repeat goes through `self.quiet` (runtime/log_rate.py).
 """
 
@@ -206,13 +213,16 @@ class Listener:
             self._refused(Stage.HANDSHAKE, decision.refused)
         return decision.ticket
 
-    def advance(self, ticket: Ticket | None, stage: Stage) -> bool:
-        """The connection reached `stage` (AUTH also vouches for its address). False: refused
-        (its address at its cap there, or the stage full and not to be evicted from); the
-        shell closes the connection."""
+    def advance(self, ticket: Ticket | None, stage: Stage, identity: str | None = None) -> bool:
+        """The connection reached `stage` (AUTH also vouches for its address), as `identity`
+        if it authenticated as one (a key, a certificate digest: its budget, engine/admission
+        rule 1a). False: refused (every session of its address or identity there is
+        mid-delivery, or the stage full and not to be evicted from); the shell closes the
+        connection."""
         if ticket is None:
             return True
-        decision = self.admission.advance(ticket, stage, asyncio.get_running_loop().time())
+        decision = self.admission.advance(ticket, stage, asyncio.get_running_loop().time(),
+                                          identity=identity)
         self._evict(decision.evicted)
         if decision.ticket is None:
             self._refused(stage, decision.refused)
@@ -251,12 +261,19 @@ class Listener:
         self.rejected["handshake_queue_full"] += 1
         return False
 
+    def touch(self, ticket: Ticket | None) -> None:
+        """An application message went either way on the connection (keep-alives do not
+        count): it is not the idle one its address or identity loses at its cap."""
+        if ticket is not None:
+            self.admission.touch(ticket, asyncio.get_running_loop().time())
+
     def release(self, ticket: Ticket | None) -> None:
-        """The connection is gone: its slot is free, and its closer (usually a method of the
-        connection, which holds the ticket: a reference cycle) is dropped."""
+        """The connection is gone: its slot is free, and its closer and `delivering` (usually
+        methods of the connection, which holds the ticket: a reference cycle) are dropped."""
         if ticket is not None:
             self.admission.release(ticket)
             ticket.closer = None
+            ticket.delivering = None
 
     def _evict(self, tickets) -> None:
         for ticket in tickets:

@@ -76,11 +76,13 @@ EVENTS: dict[str, str] = {
     "session_timeout": "a trueseal client went silent past a deadline after its handshake; "
                        "closed (listener, waiting_for: idle | frame | write, suppressed)",
     "admission_refused": "a connection was refused a slot; closed (listener, stage, reason: "
-                         "address_cap | stage_full | total_full | gone, suppressed)",
+                         "address_cap | identity_cap | stage_full | total_full | gone, "
+                         "suppressed)",
     "memory_trimmed": "a wave of connections drained: collected and malloc_trim'd "
                       "(runtime/memory_trim.py)",
-    "connection_evicted": "a connection lost its slot to a newcomer: its stage was full and "
-                          "its address held the most there (listener, stage, suppressed)",
+    "connection_evicted": "a connection lost its slot to a newcomer: the idlest of its "
+                          "address or identity at their cap, or of the address holding the "
+                          "most in a full stage (listener, stage, suppressed)",
     "listener_paused": "a listener stopped accepting: descriptors near the process limit "
                        "(listener, reason, suppressed)",
     "listener_resumed": "a paused listener accepts again (listener, paused_seconds, "

@@ -9,7 +9,7 @@ Each process serves its own registry on its own port (`[metrics]` in conf/relay.
     relay push           :9708   wake-ups by platform and outcome, provider latency
 
 Names are `relay_<subsystem>_<what>[_<unit>]`, counters end in `_total`; labels are only
-`role`, `protocol`, `reason`, `table`, `listener`, `kind`, `outcome`, `platform` — never a
+`role`, `protocol`, `reason`, `table`, `listener`, `stage`, `kind`, `outcome`, `platform` — never a
 mailbox, key, token, address or anything derived from an envelope. `METRICS` below is the
 catalogue (README and `relay status` read it).
 
@@ -64,6 +64,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter", ("listener",), "connections that lost their slot to a newcomer"),
     "relay_connections_refused_total": (
         "counter", ("listener",), "connections refused a slot (address cap, stage or total full)"),
+    "relay_admission_decisions_total": (
+        "counter", ("listener", "protocol", "stage", "reason"),
+        "admission decisions (engine/admission.py) by stage: admitted; refused (address_cap, "
+        "identity_cap, stage_full, total_full); evicted_<why> under the victim's stage "
+        "(address_cap, identity_cap: its idlest session; stage_full, total_full)"),
     "relay_listener_pauses_total": (
         "counter", ("listener",), "times a listener stopped accepting near the descriptor limit"),
     # egress
@@ -195,14 +200,18 @@ def _listener_families(listeners: list[Listener]) -> Iterator[Metric]:
     evicted = _family("counter", "relay_connections_evicted_total", ["listener"])
     refused = _family("counter", "relay_connections_refused_total", ["listener"])
     pauses = _family("counter", "relay_listener_pauses_total", ["listener"])
+    decisions = _family("counter", "relay_admission_decisions_total",
+                        ["listener", "protocol", "stage", "reason"])
     for lst in listeners:
+        for (stage, reason), n in sorted(dict(lst.admission.decisions).items()):
+            decisions.add_metric([lst.name, lst.protocol, stage, reason], n)
         fam.add_metric([lst.name, lst.protocol], lst.connections)
         for stage, n in lst.admission.counts().items():
             held.add_metric([lst.name, stage.name.lower()], n)
         evicted.add_metric([lst.name], lst.admission.evictions)
         refused.add_metric([lst.name], lst.admission.refusals)
         pauses.add_metric([lst.name], lst.pauses)
-    yield from (fam, held, evicted, refused, pauses)
+    yield from (fam, held, evicted, refused, pauses, decisions)
 
 
 # --- per role -----------------------------------------------------------------------------

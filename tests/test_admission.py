@@ -4,14 +4,16 @@ import random
 
 import pytest
 
-from engine.admission import (ADDRESS_CAP, GONE, STAGE_FULL, TOTAL_FULL, Admission, Cap,
-                              Limits, Stage, address_key)
+from engine.admission import (ADDRESS_CAP, GONE, IDENTITY_CAP, MID_DELIVERY_SECONDS,
+                              STAGE_FULL, TOTAL_FULL, Admission, Cap, Limits, Stage,
+                              address_key)
 
 H, U, A = Stage.HANDSHAKE, Stage.UNAUTH, Stage.AUTH
 
 
-def limits(total=100, handshake=(100, 100), unauth=(100, 100), auth=(100, 100)) -> Limits:
-    return Limits(total, Cap(*handshake), Cap(*unauth), Cap(*auth))
+def limits(total=100, handshake=(100, 100), unauth=(100, 100), auth=(100, 100),
+           per_identity=0) -> Limits:
+    return Limits(total, Cap(*handshake), Cap(*unauth), Cap(*auth), per_identity)
 
 
 def test_address_key_is_the_ipv4_address_or_the_ipv6_slash_64():
@@ -116,14 +118,102 @@ def test_a_lone_device_gets_in_past_a_flood_spread_over_many_addresses():
     assert d and len(d.evicted) == 1 and d.evicted[0].address.startswith("10.0.")
 
 
-def test_per_address_cap_applies_at_every_stage():
+def test_past_the_handshake_an_address_at_its_cap_loses_its_idlest_connection_not_the_newcomer():
     adm = Admission(limits(unauth=(100, 1), auth=(100, 1)))
     t1, t2 = adm.admit("a", 0).ticket, adm.admit("a", 0).ticket
     assert adm.advance(t1, U, 0)
-    assert adm.advance(t2, U, 0).refused == ADDRESS_CAP
-    assert adm.advance(t2, A, 0)       # a stage may be skipped (trueseal receive: XX -> AUTH)
-    t3 = adm.admit("a", 0).ticket
-    assert adm.advance(t3, A, 0).refused == ADDRESS_CAP
+    d = adm.advance(t2, U, 1)
+    assert d and d.evicted == (t1,) and adm.count_of("a", U) == 1
+    t3 = adm.admit("a", 2).ticket
+    assert adm.advance(t3, A, 2)       # a stage may be skipped (trueseal receive: XX -> AUTH)
+    t4 = adm.admit("a", 3).ticket
+    d = adm.advance(t4, A, 3)
+    assert d.evicted == (t3,) and t2.live and adm.count_of("b", A) == 0
+    assert adm.decisions[("auth", "evicted_address_cap")] == 1
+    assert adm.decisions[("unauth", "evicted_address_cap")] == 1
+
+
+def _authenticated(adm, addr, n, t0=0, identity=None):
+    out = []
+    for i in range(n):
+        t = adm.admit(addr, t0 + i).ticket
+        assert adm.advance(t, A, t0 + i, identity=identity(i) if identity else None)
+        out.append(t)
+    return out
+
+
+def test_at_the_address_cap_the_session_idle_longest_in_application_terms_goes():
+    adm = Admission(limits(auth=(100, 3)))
+    s = _authenticated(adm, "nat", 3)
+    adm.touch(s[0], 10)                # s[0] sent a message: s[1] is now idle longest
+    d = adm.advance(adm.admit("nat", 11).ticket, A, 11)
+    assert d.evicted == (s[1],)
+    d = adm.advance(adm.admit("nat", 12).ticket, A, 12)
+    assert d.evicted == (s[2],)        # s[2] entered AUTH at 2, s[0] was active at 10
+    assert s[0].live and s[0].active == 10
+
+
+def test_a_session_mid_delivery_is_never_evicted_and_all_busy_refuses():
+    adm = Admission(limits(auth=(100, 2)))
+    s = _authenticated(adm, "nat", 2)
+    s[0].owe()                         # a write or a store under way
+    acked = {"yes": False}
+    d = adm.advance(adm.admit("nat", 5).ticket, A, 5)
+    assert d.evicted == (s[1],)        # idle longest is s[0], but it is mid-delivery
+    newest = d.ticket
+    newest.delivering = lambda: not acked["yes"]    # a Deliver not acked yet
+    t = adm.admit("nat", 6).ticket
+    d = adm.advance(t, A, 6)
+    assert (d.ticket, d.refused, d.evicted) == (None, ADDRESS_CAP, ())
+    assert s[0].live and newest.live
+    s[0].paid()
+    assert adm.advance(t, A, 7).evicted == (s[0],)
+    acked["yes"] = True
+    assert adm.advance(adm.admit("nat", 8).ticket, A, 8).evicted == (newest,)
+
+
+def test_a_delivery_unanswered_past_the_grace_protects_nothing():
+    """A client that never acks its Deliver does not keep its slot for ever."""
+    adm = Admission(limits(auth=(100, 1)))
+    (s,) = _authenticated(adm, "nat", 1)
+    s.owe()
+    t = adm.admit("nat", 10).ticket
+    assert adm.advance(t, A, 10).refused == ADDRESS_CAP
+    late = MID_DELIVERY_SECONDS + 1
+    assert adm.advance(t, A, late).evicted == (s,)
+
+
+def test_one_identity_holds_at_most_its_budget_and_replaces_its_idlest():
+    adm = Admission(limits(auth=(100, 100), per_identity=2))
+    s = _authenticated(adm, "nat", 2, identity=lambda i: "key")
+    adm.touch(s[0], 5)
+    d = adm.advance(adm.admit("other", 6).ticket, A, 6, identity="key")
+    assert d.evicted == (s[1],) and adm.sessions_of("key") == 2
+    assert adm.decisions[("auth", "evicted_identity_cap")] == 1
+    # another identity behind the same address is not touched
+    assert adm.advance(adm.admit("nat", 7).ticket, A, 7, identity="k2").evicted == ()
+    for t in (s[0], d.ticket):
+        t.owe()
+    t = adm.admit("nat", 8).ticket
+    d2 = adm.advance(t, A, 8, identity="key")
+    assert (d2.ticket, d2.refused) == (None, IDENTITY_CAP)
+    adm.release(s[0])
+    assert adm.advance(t, A, 9, identity="key") and adm.sessions_of("key") == 2
+
+
+def test_a_newcomer_always_gets_in_past_idle_sessions_with_a_key_each_from_its_address():
+    adm = Admission(limits(total=20_000, handshake=(20_000, 200), auth=(11_000, 256),
+                           per_identity=4))
+    legit_in = 0
+    for i in range(10_000):            # one fresh identity per connection, all from "nat"
+        t = adm.admit("nat", i).ticket
+        assert adm.advance(t, A, i, identity=f"k{i}")
+        if i % 100 == 50:              # the neighbour connects, sends, leaves
+            me = adm.admit("nat", i).ticket
+            if adm.advance(me, A, i, identity="me"):
+                legit_in += 1
+            adm.release(me)
+    assert legit_in == 100 and adm.count_of("nat", A) == 256
 
 
 def test_a_full_house_of_sessions_refuses_newcomers_and_handshakes_are_evicted_first():
@@ -189,10 +279,16 @@ def test_counts_and_victims_match_a_brute_force_model():
             d = adm.advance(t, stage, step)
             for v in d.evicted:
                 assert v.stage is stage and stage is not H
-                assert before[v.address] == max(before.values())
-                if stage is A:          # fair share: the victim's address keeps >= newcomer's
-                    assert before[v.address] - 1 >= before.get(t.address, 0) + 1
+                if v.address == t.address and before[v.address] >= lim.cap(stage).per_address:
+                    # rule 1: the newcomer's own address, its session idle longest
+                    assert v.active == min(o.active for o in live
+                                           if o.address == v.address and o.stage is stage)
+                else:
+                    assert before[v.address] == max(before.values())
+                    if stage is A:      # fair share: the victim's address keeps >= newcomer's
+                        assert before[v.address] - 1 >= before.get(t.address, 0) + 1
                 live.remove(v)
+                before = _holders(live, stage)
         else:
             t = rng.choice(live)
             adm.release(t)

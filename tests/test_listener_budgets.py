@@ -74,12 +74,15 @@ def test_one_address_at_its_caps_does_not_stop_another(tmp_path):
 
             idle = [await trueseal(port, "127.0.0.4") for _ in range(10)]
             await wait_until(lambda: adm.count_of("127.0.0.4", Stage.UNAUTH) == 10)
-            extra = await trueseal(port, "127.0.0.4")          # NK done, then closed
-            assert await closed_by_server(extra.reader, 2)
-            assert relay.server.rejected["unauth_address_cap"] == 1
+            # at its session cap the address's idlest session makes room for the newcomer
+            extra = await trueseal(port, "127.0.0.4")
+            assert await closed_by_server(idle[0].reader, 2)
+            assert relay.server.rejected["evicted_unauth"] == 1
+            extra.send(push_frame(R1, b"newcomer"))
+            assert await extra.recv_frame(timeout=5) == ACK
             assert await push_once(port, "127.0.0.3") == ACK
-            assert not await closed_by_server(idle[0].reader, 0.1)
-            close_all(idle)
+            assert not await closed_by_server(idle[1].reader, 0.1)
+            close_all(idle + [extra])
 
     run(main())
 
@@ -199,14 +202,24 @@ def test_receive_half_sent_frame_is_bounded_and_sessions_are_capped_per_address(
             assert srv.rejected["frame_timeout"] == 1
             await wait_until(lambda: relay.hub.sessions_open() == 0)
 
-            held = [await trueseal(port, "127.0.0.3", XX, keypair()[0]) for _ in range(3)]
+            # the address at its cap: its session idle longest goes for the newcomer, but
+            # never one holding a Deliver it has not acked (mid-delivery)
+            keys = [keypair() for _ in range(3)]
+            held = [await trueseal(port, "127.0.0.3", XX, priv) for priv, _ in keys]
             await wait_until(lambda: relay.hub.sessions_open() == 3)
+            relay.hub.add("trueseal", keys[0][1], [PendingEnvelope(
+                seq=1, cursor=1, event_id=bytes(32), envelope=os.urandom(100))])
+            frame = await held[0].recv_frame(timeout=5)
+            assert frame[0] == 0x02                              # Deliver, not acked
             fourth = await trueseal(port, "127.0.0.3", XX, keypair()[0])
-            assert await closed_by_server(fourth.reader, 2)     # closed right after XX
+            assert await closed_by_server(held[1].reader, 2)    # idlest not owing: held[1]
+            assert not await closed_by_server(held[0].reader, 0.1)
+            assert not await closed_by_server(fourth.reader, 0.1)
+            assert srv.rejected["evicted_auth"] == 1
+            assert srv.admission.decisions[("auth", "evicted_address_cap")] == 1
             other = await trueseal(port, "127.0.0.4", XX, keypair()[0])
             await wait_until(lambda: relay.hub.sessions_open() == 4)
-            assert srv.rejected["auth_address_cap"] == 1
-            close_all(held + [other])
+            close_all(held + [fourth, other])
 
     run(main())
 
@@ -338,39 +351,55 @@ async def heya(port: int, src: str, cert: Cert, greeting: bytes | None = b"") ->
 
 
 def test_heya_strangers_of_one_address_cannot_take_the_slots_of_others(settings, tmp_path):
-    """An address keeps at most its share of UNAUTH sessions however it pings; a full UNAUTH
-    stage makes room for a newcomer at the biggest holder's expense; mailboxes are AUTH."""
+    """An address keeps at most its share of UNAUTH sessions however it pings, and one
+    certificate at most `max_sessions_per_certificate`: a newcomer always gets in, and the
+    session idle longest in application terms (PING does not count) is the one that goes. A
+    full UNAUTH stage makes room for a newcomer at the biggest holder's expense; mailboxes
+    are AUTH."""
     async def go():
         (inbox_token,) = mint(settings)
         stranger = Cert(tmp_path, "stranger")
         async with node(settings, max_unauth_sessions=40, max_unauth_sessions_per_address=32,
-                        idle_timeout_seconds=30.0) as n:
+                        idle_timeout_seconds=30.0, max_sessions_per_certificate=4) as n:
             port, srv = n.heya.bound_port, n.heya
             alice_cert = Cert(tmp_path, "alice")
             alice = await mailbox(port, alice_cert, inbox_token)
             t_hex = await auth(alice)
-            greeted, refused = [], 0
-            for _ in range(100):
-                try:
-                    greeted.append(await heya(port, "127.0.0.2", stranger))
-                except (ConnectionError, OSError, asyncio.IncompleteReadError):
-                    refused += 1
-            assert (len(greeted), refused) == (32, 68)
-            assert srv.rejected["unauth_address_cap"] == 68
+            # one certificate, ten connections: every one greeted, the four newest kept
+            same = [await heya(port, "127.0.0.2", stranger) for _ in range(10)]
+            assert srv.admission.count_of("127.0.0.2", Stage.UNAUTH) == 4
+            assert srv.admission.decisions[("unauth", "evicted_identity_cap")] == 6
+            assert [await c.closed_by_server(2) for c in same[:6]] == [True] * 6
+            for c in same:
+                c.close()
+            await wait_until(lambda: srv.admission.count_of("127.0.0.2", Stage.UNAUTH) == 0)
+            # a fresh certificate per connection: the address's cap (32) holds; each one
+            # past it evicts the address's session idle longest, PINGs or not
+            greeted = [await heya(port, "127.0.0.2", Cert(tmp_path, f"s{i}"))
+                       for i in range(32)]
             for c in greeted:
                 c.send(b"PING\n")
                 await c.expect(b"PONG\n")
-            more = [await heya(port, "127.0.0.3", stranger) for _ in range(8)]
+            greeted[0].send(b"WANT " + b"ab" * 32 + b" 0\n")      # a real command
+            await greeted[0].expect(b"GONE " + b"ab" * 32 + b" 0\n")
+            newcomer = await heya(port, "127.0.0.2", Cert(tmp_path, "newcomer"))
+            assert await greeted[1].closed_by_server(2)   # idle longest: greeted[0] worked
+            assert not await greeted[0].closed_by_server(0.1)
+            assert srv.rejected["evicted_unauth"] == 6 + 1
+            greeted[1].close()
+            greeted = greeted[:1] + greeted[2:] + [newcomer]
+            assert srv.admission.count_of("127.0.0.2", Stage.UNAUTH) == 32
+            more = [await heya(port, "127.0.0.3", Cert(tmp_path, f"m{i}")) for i in range(8)]
             assert srv.admission.count(Stage.UNAUTH) == 40
             # A mailbox is AUTH at its greeting: a full UNAUTH stage is not its business.
             phone = await heya(port, "127.0.0.6", alice_cert,
                                greeting=b"HEYA 0\nLAST " + t_hex + b" 0\nDONE\n")
-            assert srv.rejected["evicted_unauth"] == 0
+            assert srv.rejected["evicted_unauth"] == 6 + 1
             assert srv.admission.count(Stage.AUTH) == 2
             # A sender from elsewhere is greeted (one of 127.0.0.2's is evicted), sends, and
             # with a valid token becomes AUTH.
             sender = await heya(port, "127.0.0.4", Cert(tmp_path, "sender"))
-            assert srv.rejected["evicted_unauth"] == 1
+            assert srv.rejected["evicted_unauth"] == 6 + 1 + 1
             body = b"hello from elsewhere"
             sender.send(send_line(t_hex, body))
             await sender.expect(recv_line(body))

@@ -361,10 +361,11 @@ def test_per_address_caps_and_eviction_before_the_head(settings):
 
 def test_unauth_evicted_for_newcomers_auth_only_by_fair_share_and_full_auth_refused(settings):
     """UNAUTH (WebSockets before AUTH_OK) full: the biggest holder's oldest is closed for a
-    newcomer. AUTH yields only by fair share: full, a newcomer from an address holding two
-    fewer than the biggest holder takes that holder's oldest session; otherwise (or the
-    address at its cap) AUTH_FAIL "relay full" and close 1013, and the sessions holding it
-    keep working."""
+    newcomer. An address at its AUTH cap loses its session idle longest (no command: FETCH
+    counts) for the newcomer. AUTH full yields only by fair share: a newcomer from an
+    address holding two fewer than the biggest holder takes that holder's idlest session;
+    otherwise AUTH_FAIL "relay full" and close 1013, and the sessions holding it keep
+    working."""
     settings.ppp.max_unauth_connections = 20
     settings.ppp.max_auth_sessions = 6
     settings.ppp.max_auth_sessions_per_address = 4
@@ -380,29 +381,33 @@ def test_unauth_evicted_for_newcomers_auth_only_by_fair_share_and_full_auth_refu
             assert await closed_by_server(idle[0][0], 5.0)
             close_all(idle)
             sessions = [(await login(port, "127.0.0.4"))[0] for _ in range(4)]
-            ws, r = await login(port, "127.0.0.4")              # the address's 5th
-            assert r["cmd"] == "AUTH_FAIL" and r["reason"] == "relay full"
-            await asyncio.wait_for(ws.wait_closed(), 5)
-            assert ws.close_code == 1013
+            await sessions[0].send(pack({"cmd": "FETCH", "since": 0}))   # s0 works: s1 is
+            assert unpack(await asyncio.wait_for(sessions[0].recv(), 5))["cmd"] == "EVENTS"
+            fifth, r = await login(port, "127.0.0.4")   # idle longest; at the cap it goes
+            assert r == {"cmd": "AUTH_OK"}
+            await asyncio.wait_for(sessions[1].wait_closed(), 5)
+            assert n.ppp.admission.decisions[("auth", "evicted_address_cap")] == 1
+            sessions = [sessions[0]] + sessions[2:] + [fifth]   # .4 holds 4: s0 s2 s3 fifth
             sessions += [(await login(port, "127.0.0.5"))[0] for _ in range(2)]
             assert n.ppp.admission.count(Stage.AUTH) == 6       # full: .4 holds 4, .5 holds 2
-            newcomer, r = await login(port, "127.0.0.6")        # holds 0: takes .4's oldest
+            newcomer, r = await login(port, "127.0.0.6")        # holds 0: takes .4's idlest
             assert r == {"cmd": "AUTH_OK"}
-            await asyncio.wait_for(sessions[0].wait_closed(), 5)
-            assert n.ppp.rejected["evicted_auth"] == 1
+            await asyncio.wait_for(sessions[1].wait_closed(), 5)   # s2 (s0 worked since)
+            assert n.ppp.rejected["evicted_auth"] == 2
             ws, r = await login(port, "127.0.0.5")              # .5 holds 2, .4 now 3: no gain
             assert r == {"cmd": "AUTH_FAIL", "reason": "relay full"}
             await asyncio.wait_for(ws.wait_closed(), 5)
+            assert ws.close_code == 1013
             assert n.ppp.rejected["auth_stage_full"] == 1
-            assert n.ppp.rejected["auth_address_cap"] == 1
-            for s in sessions[1:] + [newcomer]:                 # the rest keep working
+            sessions = sessions[:1] + sessions[2:]
+            for s in sessions + [newcomer]:                     # the rest keep working
                 await s.send(pack({"cmd": "FETCH", "since": 0}))
                 assert unpack(await asyncio.wait_for(s.recv(), 5))["cmd"] == "EVENTS"
             await sessions[1].close()
             await until(lambda: n.ppp.admission.count(Stage.AUTH) == 5)
             ws, r = await login(port, "127.0.0.5")              # a slot is free again
             assert r == {"cmd": "AUTH_OK"}
-            for s in sessions[2:] + [newcomer, ws]:
+            for s in sessions[:1] + sessions[2:] + [newcomer, ws]:
                 await s.close()
     asyncio.run(go())
 
@@ -424,16 +429,22 @@ def test_behind_a_trusted_proxy_each_forwarded_client_has_its_own_caps(settings)
                     assert r == {"cmd": "AUTH_OK"}, (client, r)
                     held.append(ws)
             ws, r = await login(port, "127.0.0.2", xff="198.51.100.1")   # its third
-            assert r["cmd"] == "AUTH_FAIL"
+            assert r == {"cmd": "AUTH_OK"}                  # takes that client's idlest
+            await asyncio.wait_for(held[0].wait_closed(), 5)
+            assert [h.close_code for h in held[1:]] == [None] * 5
+            assert n.ppp.admission.count_of("198.51.100.1", Stage.AUTH) == 2
             assert n.ppp.admission.count_of("127.0.0.2", Stage.AUTH) == 0
+            held.append(ws)
             # untrusted peer: X-Forwarded-For is not believed, the peer is the client
             for _ in range(2):
                 ws, r = await login(port, "127.0.0.3", xff="198.51.100.9")
                 assert r == {"cmd": "AUTH_OK"}
                 held.append(ws)
             ws, r = await login(port, "127.0.0.3", xff="198.51.100.10")
-            assert r["cmd"] == "AUTH_FAIL"
-            for s in held:
+            assert r == {"cmd": "AUTH_OK"}                  # 127.0.0.3's idlest goes
+            await asyncio.wait_for(held[-2].wait_closed(), 5)
+            assert n.ppp.admission.count_of("127.0.0.3", Stage.AUTH) == 2
+            for s in held + [ws]:
                 await s.close()
     asyncio.run(go())
 

@@ -96,7 +96,9 @@ async def attack(listener: str, stage: str, port: int, relay_pub: str, count: in
     spec = {"listener": listener, "stage": stage, "host": "127.0.0.1", "port": port,
             "count": count, "addresses": list(addresses), "parallel": parallel,
             "ramp_seconds": 10, "hold_seconds": 0.5, "drip_seconds": 3.0, "step_timeout": 10.0,
-            "relay_pub": relay_pub}
+            "relay_pub": relay_pub,
+            # a key or certificate each: one identity holds at most a few sessions
+            "identity": "per_connection"}
     p = await asyncio.create_subprocess_exec(sys.executable, str(ATTACKER), json.dumps(spec),
                                              stdout=asyncio.subprocess.PIPE)
     out, _ = await p.communicate()

@@ -19,8 +19,13 @@ Stages (what each connection does, then holds; see STAGES for which listener has
   idle_handshake       finish the transport handshake, then nothing (NK done; TLS + the Heya
                        greeting; WebSocket upgraded + CHALLENGE; QUIC handshake done)
   idle_auth            authenticate, then stay (receive: XX with a device key; Heya: any
-                       self-signed certificate, PING every 25 s; PPP: AUTH_OK, pings answered;
-                       cursor-sync: Auth proof + HELLO, ten connections per device)
+                       self-signed certificate, PING every `ping_seconds` (25); PPP: AUTH_OK,
+                       pings answered; cursor-sync: Auth proof + HELLO)
+
+Identities (`identity` in the spec; what a connection authenticates as: Heya certificate,
+trueseal device key, PPP signing key, cursor-sync device): "per_address" (the default: one
+per source address; cursor-sync: one device per ten connections, the relay's per-minute
+budget), "one" (every connection the same), "per_connection" (a fresh one each).
   half_frame           after the handshake (and auth), start a frame or body and never finish
                        it (trueseal: a Noise record cut short; Heya: a SEND body; PPP: a POST
                        body shorter than its Content-Length; cursor-sync: a request frame)
@@ -211,6 +216,8 @@ class TcpAttack:
         self.certs: dict[str, ssl.SSLContext] = {}
         self.tls: dict[object, Tls] = {}
         self.keys: dict[str, object] = {}
+        self.identity = spec.get("identity", "per_address")
+        self.fresh: dict[int, ssl.SSLContext] = {}
         if self.listener == "trueseal_push":
             self.first = nk_message1(relay_pub)
         elif self.listener == "trueseal_receive":
@@ -221,28 +228,48 @@ class TcpAttack:
         elif self.listener == "ppp":
             self.first = ws_upgrade(self.port)
 
-    def tls_context(self, addr: str) -> ssl.SSLContext:
-        """One self-signed client certificate per source address: each address is one Heya
-        identity (any certificate is accepted, interop §1)."""
-        ctx = self.certs.get(addr)
+    def who(self, addr: str, index: int):
+        """The identity a connection authenticates as (module docstring)."""
+        return {"one": "one", "per_connection": index}.get(self.identity, addr)
+
+    def prepare(self, addr: str, index: int) -> None:
+        """Make a fresh identity's certificate before connecting: made after, under load,
+        it ate into the relay's handshake deadline (a Heya attacker starved of CPU sent no
+        ClientHello within 10 s)."""
+        if self.listener == "heya" and self.stage == "idle_auth" \
+                and self.identity == "per_connection":
+            self.fresh[index] = self.tls_context(index)
+
+    def tls_context(self, who) -> ssl.SSLContext:
+        """One self-signed client certificate per identity (any certificate is accepted,
+        interop §1). A fresh one per connection is not kept after its handshake."""
+        ctx = self.certs.get(who)
         if ctx is None:
             from heya_client import Cert, client_context
-            ctx = client_context(Cert(self.work, f"a{addr.replace('.', '_')}"))
-            self.certs[addr] = ctx
+            name = f"a{str(who).replace('.', '_')}"
+            ctx = client_context(Cert(self.work, name))
+            if self.identity == "per_connection":
+                for suffix in (".crt", ".key"):
+                    (self.work / f"{name}{suffix}").unlink()
+                return ctx
+            self.certs[who] = ctx
         return ctx
 
-    def signing_key(self, addr: str):
+    def signing_key(self, who):
         from nacl.signing import SigningKey
-        key = self.keys.get(addr)
+        if self.identity == "per_connection":
+            return SigningKey.generate()
+        key = self.keys.get(who)
         if key is None:
-            key = self.keys[addr] = SigningKey.generate()
+            key = self.keys[who] = SigningKey.generate()
         return key
 
     async def open(self, addr: str):
         return await asyncio.open_connection(self.spec["host"], self.port, local_addr=(addr, 0))
 
-    async def setup(self, addr: str, reader, writer) -> None:
+    async def setup(self, addr: str, reader, writer, index: int = 0) -> None:
         """Bring the connection to its stage; raises Closed if the relay closes it."""
+        who = self.who(addr, index)
         L, S = self.listener, self.stage
         w = writer.write
         if S == "silent":
@@ -264,7 +291,7 @@ class TcpAttack:
                 w(self.first)                            # XX message 1; never message 3
                 return
             from trueseal_client import XX, Client
-            client = Client(XX, self.relay_pub, self.device_key(addr))
+            client = Client(XX, self.relay_pub, self.device_key(who))
             w(client.hello())
             data = await self.read_at_least(reader, 2 + 96)   # XX message 2: e, s, payload
             w(client.answer(data))
@@ -276,7 +303,8 @@ class TcpAttack:
                 w(self.first)
                 await self.read_some(reader)             # the server's flight; never answered
                 return
-            tls = self.tls[writer] = Tls(self.tls_context(addr), reader, writer, self.step)
+            ctx = self.fresh.pop(index, None) or self.tls_context(who)
+            tls = self.tls[writer] = Tls(ctx, reader, writer, self.step)
             await tls.handshake()
             await tls.read_until(b"DONE\n")
             if S == "idle_auth":
@@ -305,7 +333,7 @@ class TcpAttack:
             if S == "idle_auth":
                 import msgpack
                 nonce = msgpack.unpackb(challenge)["nonce"]
-                key = self.signing_key(addr)
+                key = self.signing_key(who)
                 w(ws_frame(msgpack.packb({"cmd": "AUTH", "pubkey": bytes(key.verify_key),
                                           "sig": key.sign(nonce).signature},
                                          use_bin_type=True)))
@@ -315,11 +343,13 @@ class TcpAttack:
             return
         raise ValueError(f"no stage {S} on {L}")
 
-    def device_key(self, addr: str) -> bytes:
-        """One trueseal device key per source address (one mailbox per address)."""
-        key = self.keys.get(("x25519", addr))
+    def device_key(self, who) -> bytes:
+        """One trueseal device key per identity (one mailbox each)."""
+        if self.identity == "per_connection":
+            return os.urandom(32)
+        key = self.keys.get(("x25519", who))
         if key is None:
-            key = self.keys[("x25519", addr)] = os.urandom(32)
+            key = self.keys[("x25519", who)] = os.urandom(32)
         return key
 
     async def read_at_least(self, reader, n: int) -> bytes:
@@ -383,8 +413,9 @@ class TcpAttack:
                     raise Closed("websocket close")
             return
         if L == "heya" and S == "idle_auth":
-            while loop.time() < until:   # PING every 25 s stays under the 30 s idle timeout
-                if await self.eof_within(reader, min(25.0, until - loop.time())):
+            every = self.spec.get("ping_seconds", 25.0)   # 25 s: under the 30 s idle timeout
+            while loop.time() < until:
+                if await self.eof_within(reader, min(every, until - loop.time())):
                     raise Closed("eof")
                 if loop.time() < until:
                     self.tls[writer].write(b"PING\n")
@@ -504,10 +535,11 @@ class QuicAttack:
         return proto
 
     def device(self, index: int):
-        """Ten connections per device (the relay lets a device open 10 per minute), each
-        device in a group of its own (its first HELLO creates it; one control-table row)."""
+        """Ten connections per device (the relay lets a device open 10 per minute; spec
+        `identity`: "one", one device; "per_connection", a device each), each device in a
+        group of its own (its first HELLO creates it; one control-table row)."""
         from sync_client import Device
-        key = index // 10
+        key = {"one": 0, "per_connection": index}.get(self.spec.get("identity"), index // 10)
         if key not in self.devices:
             self.devices[key] = (Device(), os.urandom(32))
         return self.devices[key]
@@ -568,6 +600,8 @@ async def run(spec: dict) -> dict:
                     return
                 stats.opened()
                 return
+            if not quic:
+                attack.prepare(addr, i)
             try:
                 if quic:
                     proto = await attack.open_full(addr)
@@ -583,7 +617,7 @@ async def run(spec: dict) -> dict:
                     await attack.setup_full(addr, proto, i)
                 else:
                     writers.append(writer)
-                    await attack.setup(addr, reader, writer)
+                    await attack.setup(addr, reader, writer, i)
             except Exception as e:   # closed, refused, garbled, timed out: all count
                 stats.fail(stats.setup_failed, e)
                 return

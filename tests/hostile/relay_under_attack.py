@@ -59,6 +59,7 @@ RETURN_SECONDS = 10.0
 BASELINE_ROUNDS = 5
 
 ONE_ADDRESS = ["127.0.0.2"]                              # the legitimate clients use 127.0.0.1
+LEGIT_ADDRESS = ["127.0.0.1"]                            # ... and so does a NAT neighbour
 MANY_ADDRESSES = [f"127.0.0.{i}" for i in range(2, 255)]
 LISTENER_PORT = {"trueseal_push": "TRUESEAL_PUSH", "trueseal_receive": "TRUESEAL_RECEIVE",
                  "heya": "HEYA", "ppp": "PPP", "sync": "SYNC"}
@@ -95,17 +96,30 @@ def _metrics(metrics_port: int) -> str | None:
         return None
 
 
+def _counts(metrics_port: int, metric: str, where: str, keys: tuple[str, ...]
+            ) -> dict[str, int]:
+    """One counter's series whose labels include `where`, keyed by the values of `keys`
+    (joined with "/")."""
+    out: dict[str, int] = {}
+    for line in (_metrics(metrics_port) or "").splitlines():
+        if line.startswith(metric + "{") and where in line:
+            labels, value = line.rsplit(" ", 1)
+            key = "/".join(labels.split(f'{k}="', 1)[1].split('"', 1)[0] for k in keys)
+            out[key] = int(float(value))
+    return out
+
+
 def refusals(metrics_port: int, protocol: str) -> dict[str, int]:
     """The listener's `relay_ingress_rejected_total` by reason (refusals, evictions,
     timeouts), so a scenario's figures say what the relay did to the attack."""
-    out: dict[str, int] = {}
-    for line in (_metrics(metrics_port) or "").splitlines():
-        if line.startswith("relay_ingress_rejected_total{") and \
-                f'protocol="{protocol}"' in line:
-            labels, value = line.rsplit(" ", 1)
-            reason = labels.split('reason="', 1)[1].split('"', 1)[0]
-            out[reason] = int(float(value))
-    return out
+    return _counts(metrics_port, "relay_ingress_rejected_total", f'protocol="{protocol}"',
+                   ("reason",))
+
+
+def decisions(metrics_port: int, listener: str) -> dict[str, int]:
+    """The listener's `relay_admission_decisions_total` as "stage/reason" -> count."""
+    return _counts(metrics_port, "relay_admission_decisions_total",
+                   f'listener="{listener}"', ("stage", "reason"))
 
 
 def sessions_open(metrics_port: int, listener: str) -> int | None:
@@ -254,11 +268,20 @@ class RelayUnderAttack:
             time.sleep(0.2)
         return False
 
-    def attack(self, listener: str, stage: str, addresses: list[str], attempt: int = 1
+    def attack(self, listener: str, stage: str, addresses: list[str], attempt: int = 1, *,
+               count: int = CONNECTIONS, identity: str | None = None, served: float = 1.0,
+               ping_seconds: float | None = None, parallel: int = 512
                ) -> tuple[dict, list[str]]:
         """Run one attack; its figures and the rules it broke (empty: passed). `attempt` 2 is
-        the second run of a scenario whose first missed only its latency bound (scenarios.py)."""
+        the second run of a scenario whose first missed only its latency bound (scenarios.py).
+        `count` connections, authenticating as `identity` (attacker.py: per_address, one,
+        per_connection); `served`: the share of the attacked protocol's legitimate round
+        trips that must succeed (the same-address scenarios: 0.9, the others: all);
+        `ping_seconds`: the Heya attacker's PING interval; `parallel`: connections the
+        attacker opens at once."""
         spread = "one_address" if len(addresses) == 1 else f"{len(addresses)}_addresses"
+        if addresses == LEGIT_ADDRESS:
+            spread = "legit_address"
         recovered = self._recovered()
         role = LISTENER_ROLE[listener]
         pid = self.relay.role_pid(role)
@@ -274,16 +297,22 @@ class RelayUnderAttack:
         sessions0 = sessions_open(metrics_port, listener) or 0
         protocol = LISTENER_PROTOCOL.get(listener, listener)
         refused0 = refusals(metrics_port, protocol)
+        decisions0 = decisions(metrics_port, listener)
         cpu0 = cpu_seconds(pid)
         lag0 = lag_ramped = loop_lag(metrics_port)
         lines0 = len(self.relay.stderr)
         spec = {"listener": listener, "stage": stage, "host": "127.0.0.1",
-                "port": self.relay.ports[LISTENER_PORT[listener]], "count": CONNECTIONS,
-                "addresses": addresses, "parallel": 512, "ramp_seconds": RAMP_SECONDS,
+                "port": self.relay.ports[LISTENER_PORT[listener]], "count": count,
+                "addresses": addresses, "parallel": parallel, "ramp_seconds": RAMP_SECONDS,
                 "hold_seconds": HOLD_SECONDS, "drip_seconds": 3.0, "step_timeout": 10.0,
                 "relay_pub": self.prober.clients[0].relay_pub.hex()}
+        if identity is not None:
+            spec["identity"] = identity
+        if ping_seconds is not None:
+            spec["ping_seconds"] = ping_seconds
         t_start = time.time()
-        err_path = self.workdir / f"attacker-{listener}-{stage}-{spread}.stderr"
+        err_path = self.workdir / (f"attacker-{listener}-{stage}-{spread}-{identity}-{count}"
+                                   ".stderr")
         with open(err_path, "w") as err:
             proc = subprocess.Popen([sys.executable, str(HERE / "attacker.py"),
                                      json.dumps(spec)], stdout=subprocess.PIPE, stderr=err,
@@ -350,6 +379,12 @@ class RelayUnderAttack:
         ramped, done = events.get("ramped", {}), events.get("done", {})
         figures = {
             "listener": listener, "stage": stage, "addresses": spread, "attempt": attempt,
+            "count": count, "identity": identity, "served_required": served,
+            # the listener's admission decisions during the scenario (relay_admission_
+            # decisions_total: stage/reason -> count)
+            "admission": {k: v - decisions0.get(k, 0)
+                          for k, v in decisions(metrics_port, listener).items()
+                          if v - decisions0.get(k, 0)},
             "recovered_before": recovered,
             "attacker": {k: attacker.get(k) for k in (
                 "attempted", "established", "peak_open", "open_at_hold_end", "closed_in_ramp",
@@ -410,11 +445,14 @@ class RelayUnderAttack:
         broken = []
         if not alive:
             broken.append("the relay (or the listener's role) did not survive")
+        attacked = LISTENER_PROTOCOL.get(listener, listener)
         for p, f in legit.items():
             allowed = self.baseline[p]["p50_s"] + LATENCY_MARGIN
+            share = served if p == attacked else 1.0
+            f["served"] = round(1 - f["failures"] / f["n"], 3) if f["n"] else None
             if f["n"] == 0:
                 broken.append(f"{p}: no legitimate round trip during the hold")
-            elif f["failures"]:
+            elif f["failures"] > (1 - share) * f["n"] + 1e-9:
                 broken.append(f"{p}: {f['failures']} of {f['n']} legitimate round trips failed "
                               f"({'; '.join(f['errors'])})")
             elif f["max_s"] > allowed:
@@ -485,8 +523,11 @@ def summary(data: dict) -> str:
             lat = ", ".join(f"{legit[p]['p50_s']}/{legit[p]['max_s']}"
                             + (f" ({legit[p]['failures']} failed)" if legit[p]["failures"]
                                else "") for p in PROTOCOLS)
+            source = s['addresses'].replace('_', ' ')
+            if s.get("identity") or s.get("count", CONNECTIONS) != CONNECTIONS:
+                source += f" ({s.get('identity') or 'anonymous'}, {s.get('count')})"
             rows.append(
-                f"| {listener} | {s['stage']} | {s['addresses'].replace('_', ' ')} "
+                f"| {listener} | {s['stage']} | {source} "
                 f"| {a['established']} / {a['attempted']} | {s['relay_sockets_peak']} "
                 f"| {s['memory_per_connection_kib']} | {s['rss_before_mib']} -> "
                 f"{s['rss_after_mib']} | {lat} | {s['log_lines_per_s']} | {verdict} |")

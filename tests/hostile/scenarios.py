@@ -25,22 +25,27 @@ def params(listener: str) -> list:
                                     ("many_addresses", MANY_ADDRESSES))]
 
 
-def run(relay_under_attack, listener: str, stage: str, addresses: list[str]) -> None:
-    figures, broken = relay_under_attack.attack(listener, stage, addresses)
+def run(relay_under_attack, listener: str, stage: str, addresses: list[str],
+        **options) -> None:
+    """One scenario; `options` go to `RelayUnderAttack.attack` (count, identity, ...)."""
+    figures, broken = relay_under_attack.attack(listener, stage, addresses, **options)
+    what = " ".join([listener, stage, figures["addresses"]]
+                    + [str(options[k]) for k in ("identity", "count") if k in options])
     if only_slower(broken):
-        print(f"\n{listener} {stage} {figures['addresses']}: attempt 1 missed "
-              f"({'; '.join(broken)}); attempt 2")
-        figures, broken = relay_under_attack.attack(listener, stage, addresses, attempt=2)
+        print(f"\n{what}: attempt 1 missed ({'; '.join(broken)}); attempt 2")
+        figures, broken = relay_under_attack.attack(listener, stage, addresses, attempt=2,
+                                                    **options)
     if "attacker" not in figures:
         pytest.fail("; ".join(broken))
     a = figures["attacker"]
-    print(f"\n{listener} {stage} {figures['addresses']}: "
+    print(f"\n{what}: "
           f"{a['established']} of {a['attempted']} at the stage, relay held "
           f"{figures['relay_sockets_peak']} at most, ramp {figures['ramp_s']} s; "
           f"rss {figures['rss_before_mib']} -> {figures['rss_peak_mib']} -> "
           f"{figures['rss_after_mib']} MiB; log {figures['log_lines_per_s']} lines/s; legit "
           + ", ".join(f"{p} {f['p50_s']}/{f['max_s']} s ({f['failures']} failed)"
-                      for p, f in figures["legit"].items()))
+                      for p, f in figures["legit"].items())
+          + f"; admission {figures.get('admission')}")
     assert not broken, "; ".join(broken)
 
 
