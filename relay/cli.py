@@ -851,11 +851,17 @@ def main(argv: list[str] | None = None) -> None:
                    help="rounds of every section; each figure is their median (default 3)")
     p.add_argument("--out", default=None,
                    help="results file (default bench-results.json; bench-peer.json with --peer, "
+                        "bench-peer-nostr-rs-relay.json with --peer nostr-rs-relay, "
                         "bench-startup.json with --startup, bench-object-store.json with "
                         "--object-store)")
-    p.add_argument("--peer", action="store_true",
-                   help="our PPP against the public nostr-relay, alternating runs (issue 20); "
-                        "installs the peer into .venv-peer on first use")
+    p.add_argument("--peer", nargs="?", const="nostr-relay", default=None,
+                   choices=("nostr-relay", "nostr-rs-relay"),
+                   help="our PPP against a public Nostr relay, alternating runs: nostr-relay "
+                        "(Python, the default; installed into .venv-peer on first use) or "
+                        "nostr-rs-relay (Rust; built once with cargo into "
+                        "~/.cache/spark-relay/peers)")
+    p.add_argument("--build-only", action="store_true",
+                   help="with --peer: install or build the peer, then stop")
     p.add_argument("--startup", action="store_true",
                    help="`relay up` from cold, each round: seconds to the first PPP ack and to "
                         "ready, then idle CPU and memory (issue 20) -> bench-startup.json")
