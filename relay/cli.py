@@ -292,6 +292,9 @@ def cmd_bench(args) -> None:
     if args.peer:
         from .bench import peer
         sys.exit(peer.main(args))
+    if args.trueseal_netns:
+        from .bench import trueseal_netns
+        sys.exit(trueseal_netns.main(args))
     if args.startup:
         from .bench import startup
         sys.exit(startup.main(args))
@@ -862,6 +865,11 @@ def main(argv: list[str] | None = None) -> None:
                         "~/.cache/spark-relay/peers)")
     p.add_argument("--build-only", action="store_true",
                    help="with --peer: install or build the peer, then stop")
+    p.add_argument("--trueseal-netns", action="store_true",
+                   help="trueseal one NK connection per push, the clients on loopback and in "
+                        "a network namespace of their own (veth; root), the relay's CPU per "
+                        "connection with the written-out and the package's NK responder "
+                        "-> bench-trueseal-netns.json")
     p.add_argument("--startup", action="store_true",
                    help="`relay up` from cold, each round: seconds to the first PPP ack and to "
                         "ready, then idle CPU and memory (issue 20) -> bench-startup.json")
