@@ -1,21 +1,37 @@
-"""`relay bench --peer`: our PPP relay and the public Nostr relay `nostr-relay` side by side.
+"""`relay bench --peer [nostr-relay | nostr-rs-relay]`: our PPP relay and a public Nostr relay
+side by side.
 
-Issue 20 compares us with the relay a person would otherwise pick for gift-wrapped events:
-`nostr-relay` from PyPI (SQLite in WAL mode, one gunicorn/uvicorn worker). This command lets
-every user check that comparison on their own machine:
+Two peers, each a relay a person would otherwise pick for gift-wrapped events:
 
-* The peer is installed on first use into its own virtualenv `.venv-peer` next to ours
-  (`pip install` of the `peer` extra in pyproject.toml, from PyPI): its dependencies
-  (uvloop, httptools, ...) would otherwise change how our uvicorn runs.
-* Ours runs as `relay up` runs PPP: `relay ingress` as a child process (PPP listener,
-  landing commits with fsync) and the inbox stream in this process; NOTIFY window 0.
-  The peer runs as `nostr-relay serve` with its shipped settings, its log at WARNING.
-* The same client shapes against each (`peer_clients.py`, a process of its own, our
-  virtualenv for PPP, the peer's for Nostr): 1, 16 and 64 senders each sending one event
-  after another; then one sender and one recipient online, one event at a time.
-* Rounds alternate the order (ours first, then the peer first, ...); each figure is the
-  median over rounds, and `ours / peer` is printed beside it: for events/s above 1 is
-  better for us, for milliseconds below 1 is.
+* `nostr-relay` from PyPI (Python; SQLite in WAL mode, one gunicorn/uvicorn worker),
+  installed on first use into its own virtualenv `.venv-peer` next to ours (`pip install`
+  of the `peer` extra in pyproject.toml): its dependencies (uvloop, httptools, ...) would
+  otherwise change how our uvicorn runs. Run as `nostr-relay serve` with its shipped
+  settings, its log at WARNING.
+* `nostr-rs-relay` (Rust; tokio, SQLite in WAL mode), built once with cargo into a cache
+  outside the repository and run with its shipped config.toml (peer_rs.py).
+
+Ours runs as `relay up` runs PPP: `relay ingress` as a child process (PPP listener, landing
+commits with fsync) and the inbox stream in this process; NOTIFY window 0. The same client
+shapes against each (`peer_clients.py`, a process of its own, our virtualenv for PPP,
+`.venv-peer`'s for Nostr against either peer): 1, 16 and 64 senders each sending one event
+after another; then one sender and one recipient online, one event at a time. Each round
+and side also measures
+
+* start to first ack: from spawning the relay (ours: `relay ingress`, the stream's Spark
+  session already up) to the first acked event of a client that was ready before it;
+* idle memory (PSS and RSS of the relay's process tree, IDLE_S after that first ack; ours
+  also reports the stream's JVM beside it);
+* CPU per acked event in each senders shape (the relay's process tree; ours: the ingress
+  tree that acks, with the stream's CPU beside it);
+* a crash check: CRASH_SENDERS senders, the relay SIGKILLed under them, then every acked id
+  looked for (ours in the Delta tables on disk, the peer's by REQ after a restart on its
+  database).
+
+Rounds alternate the order (ours first, then the peer first, ...); each figure is the
+median over rounds, and `ours / peer` is printed beside it: for events/s above 1 is better
+for us, for milliseconds, CPU and memory below 1 is. What each side has made durable when
+it acks is stated in the results (`durability`).
 """
 
 from __future__ import annotations
@@ -244,6 +260,31 @@ def _landed_ids(data_dir: Path) -> set[str]:
     return found
 
 
+def fsync_floor_ms(where: Path, n: int = 50) -> dict:
+    """What a durable ack costs on this disk at least: a new 1 KiB file written and fsynced,
+    then its directory fsynced (a landing commit does this for its data file and its commit
+    file: direct_append.py), p50/p99 over `n`. The peer's SQLite in WAL mode with
+    synchronous=NORMAL does no fsync before it answers, so this is a floor ours pays and the
+    peer does not."""
+    where.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        fd = os.open(where / f"f{i}", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, b"x" * 1024)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        d = os.open(where, os.O_RDONLY)
+        try:
+            os.fsync(d)
+        finally:
+            os.close(d)
+        out.append((time.perf_counter() - t0) * 1000)
+    return p50_p99(out) | {"what": "write 1 KiB + fsync file + fsync directory"}
+
+
 def _verdict(acked: list[str], found) -> dict:
     lost = [i for i in acked if i not in set(found)]
     return {"acked_before_kill": len(acked), "lost": len(lost)}
@@ -381,6 +422,7 @@ def main(args) -> int:
                  "delivery_events": EVENTS,
                  "durability": {"ours": OURS_DURABILITY, "peer": peer.durability},
                  "rounds": []}
+    res["disk_fsync_ms"] = fsync_floor_ms(root / "fsync")
     base = settings_for(args, root / "unused")
     spark = get_spark(base.stream.master, "relay-bench-peer",
                       extra={"spark.ui.showConsoleProgress": "false"},

@@ -179,28 +179,38 @@ class Ppp:
         from relay.bench import ppp
         self.ppp = ppp
 
-    async def sender(self, seconds: float) -> dict:
+    async def _store_loop(self, seconds: float, on_reply) -> None:
+        """STORE one event after another for `seconds`, a new identity every 60 (C.3; the
+        logins are not timed); `on_reply(reply, seconds from STORE to reply)`."""
         import msgpack
         to = os.urandom(32)
-        lat, busy = [], 0.0
         ws, n = None, 0
         deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            if n % self.STORES_PER_IDENTITY == 0:
-                if ws is not None:
-                    await ws.close()
-                ws, _ = await self.ppp._login(self.port)     # not timed (see the module)
-            event = self.ppp._wrap(to)
-            t0 = time.perf_counter()
-            await ws.send(msgpack.packb({"cmd": "STORE", "event": event}, use_bin_type=True))
-            m = msgpack.unpackb(await asyncio.wait_for(ws.recv(), 60), raw=False)
+        try:
+            while time.perf_counter() < deadline:
+                if n % self.STORES_PER_IDENTITY == 0:
+                    if ws is not None:
+                        await ws.close()
+                    ws, _ = await self.ppp._login(self.port)
+                event = self.ppp._wrap(to)
+                t0 = time.perf_counter()
+                await ws.send(msgpack.packb({"cmd": "STORE", "event": event},
+                                            use_bin_type=True))
+                m = msgpack.unpackb(await asyncio.wait_for(ws.recv(), 60), raw=False)
+                on_reply(m, time.perf_counter() - t0)
+                n += 1
+        finally:
+            if ws is not None:
+                await ws.close()
+
+    async def sender(self, seconds: float) -> dict:
+        lat = []
+
+        def reply(m, dt):
             assert m["cmd"] == "STORED", m
-            dt = time.perf_counter() - t0
             lat.append(dt * 1000)
-            busy += dt
-            n += 1
-        await ws.close()
-        return {"acked": len(lat), "busy_s": busy, "ack_ms": lat}
+        await self._store_loop(seconds, reply)
+        return {"acked": len(lat), "busy_s": sum(lat) / 1000, "ack_ms": lat}
 
     def identity(self):
         return None
@@ -219,21 +229,10 @@ class Ppp:
             await ws.close()
 
     async def crash_sender(self, seconds: float, acked: list) -> None:
-        import msgpack
-        to = os.urandom(32)
-        ws, n = None, 0
-        deadline = time.perf_counter() + seconds
-        while time.perf_counter() < deadline:
-            if n % self.STORES_PER_IDENTITY == 0:
-                if ws is not None:
-                    await ws.close()
-                ws, _ = await self.ppp._login(self.port)
-            await ws.send(msgpack.packb({"cmd": "STORE", "event": self.ppp._wrap(to)},
-                                        use_bin_type=True))
-            m = msgpack.unpackb(await asyncio.wait_for(ws.recv(), 60), raw=False)
+        def reply(m, _dt):
             if m["cmd"] == "STORED":
                 acked.append(m["event_id"].hex())
-            n += 1
+        await self._store_loop(seconds, reply)
 
     async def delivery(self, events: int) -> dict:
         class Out:
