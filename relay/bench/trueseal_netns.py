@@ -12,7 +12,8 @@ the relay alone acks `1e6 / relay_cpu_us_per_push` a second (`relay_cpu_bound_pe
 Every round runs four runs in an alternating order: {loopback, netns} x {the written-out
 NK responder (engine/noise_nk.py, what the relay runs), noiseprotocol's generic responder
 (what it ran before)}; each figure is the median over the rounds. The namespace and its
-veth are removed on exit, also after an error.
+veth are removed on exit, also after an error. Before the rounds, `nk_handshake_cpu`: the
+relay side of one NK connection's cryptography alone, both responders, without any I/O.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -108,6 +110,39 @@ async def _one(settings, host: str, netns: str | None, kind: str, clients: int) 
                                 "push_to_ack_ms_p50", "push_to_ack_ms_p99", "failures")}
 
 
+def handshake_cpu_us(n: int = 1000, runs: int = 7) -> dict:
+    """The relay side of one NK connection's cryptography alone, in this process's CPU
+    microseconds: a responder made, message 1 read, message 2 written, one transport
+    message (the Ack) encrypted, closed; message 1s made ahead by the bench's own initiator
+    (trueseal_client.NKInitiator). Both responders in alternating order, medians of `runs`
+    runs of `n`."""
+    import os as _os
+
+    from engine.noise_nk import NKResponder
+    from engine.noise_session import NoiseResponder, StaticKey
+
+    from .trueseal_client import NKInitiator
+    static = StaticKey(_os.urandom(32))
+    msgs = [NKInitiator(static.public).message1() for _ in range(n)]
+    makers = {"written_out": NKResponder,
+              "package": lambda key: NoiseResponder("NK", key)}
+    times: dict[str, list[float]] = {k: [] for k in makers}
+    for i in range(runs):
+        for name in (list(makers) if i % 2 == 0 else list(makers)[::-1]):
+            make = makers[name]
+            t0 = time.process_time()
+            for m in msgs:
+                r = make(static)
+                r.receive_handshake(m)
+                r.encrypt(b"\x00" * 40)
+                r.close()
+            times[name].append((time.process_time() - t0) / n * 1e6)
+    med = {k: rounded(statistics.median(v), 1) for k, v in times.items()}
+    return {"us_per_connection": med, "runs": {k: [rounded(x, 1) for x in v]
+                                                for k, v in times.items()},
+            "written_out_over_package": rounded(med["written_out"] / med["package"], 2)}
+
+
 RUNS = [("loopback", "written_out"), ("netns", "written_out"), ("loopback", "package"),
         ("netns", "package")]
 
@@ -121,6 +156,9 @@ def main(args) -> int:
                  "machine": machine(os.getloadavg()), "client_processes": clients,
                  "seconds": SIZES["ingress_seconds"], "warmup_s": SIZES["ingress_warmup_s"],
                  "rounds": []}
+    say("NK handshake CPU, both responders ...")
+    res["nk_handshake_cpu"] = handshake_cpu_us()
+    say(f"  {res['nk_handshake_cpu']['us_per_connection']} us per connection")
     with client_host() as (ns, relay_addr):
         for n in range(rounds):
             one: dict = {}
