@@ -1,9 +1,10 @@
 """nostr-rs-relay, the compiled Nostr relay, as a peer of `relay bench --peer nostr-rs-relay`.
 
 nostr-rs-relay (Rust, tokio, SQLite) is the relay operators pick when they want a fast one.
-It is built once from crates.io with cargo, at the version pinned here, into a cache outside
-the repository (`~/.cache/spark-relay/peers/nostr-rs-relay-<version>/bin/nostr-rs-relay`,
-or under `$SPARK_RELAY_CACHE`); none of its source is kept here. Its build needs `protoc`
+It is built once from its crates.io source with cargo, at the version pinned here, into a
+cache outside the repository (`~/.cache/spark-relay/peers/nostr-rs-relay-<version>/`: the
+unpacked crate in `src/`, cargo's output in `target/`, the binary in `bin/`; or under
+`$SPARK_RELAY_CACHE`); none of its source is kept here. Its build needs `protoc`
 (its gRPC extension point): Debian's `protobuf-compiler` is installed with apt-get when it is
 missing and we are root. `relay bench --peer nostr-rs-relay --build-only` does this step
 alone, so a set-up can build ahead of a bench.
@@ -18,13 +19,19 @@ peer's does.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
+import tarfile
+import urllib.request
 from pathlib import Path
 
 VERSION = "0.8.12"          # crates.io; the newest release when this bench was written
+CRATE_SHA256 = "79642781fa96050951c1821e047fb97ab98158a4ee2cd759f587f834dd84ec86"  # its index
+TIME_FIX = "0.3.36"         # the `time` its Cargo.lock is built with (see build())
 NAME = "nostr-rs-relay"
 
 # What it has written to disk when it answers OK (read in its source at this version):
@@ -65,9 +72,35 @@ def _protoc(say) -> None:
                        check=True)
 
 
+def _crate_source(say) -> Path:
+    """The pinned crate's source, unpacked in the cache: from cargo's download cache when it
+    has the .crate, else from crates.io; its SHA-256 checked against the registry's."""
+    src = cache_root() / "src" / f"{NAME}-{VERSION}"
+    if (src / "Cargo.toml").exists():
+        return src
+    cached = list((Path.home() / ".cargo" / "registry" / "cache").glob(
+        f"*/{NAME}-{VERSION}.crate"))
+    if cached:
+        data = cached[0].read_bytes()
+    else:
+        url = f"https://static.crates.io/crates/{NAME}/{NAME}-{VERSION}.crate"
+        say(f"downloading {url} ...")
+        with urllib.request.urlopen(url, timeout=120) as r:
+            data = r.read()
+    if hashlib.sha256(data).hexdigest() != CRATE_SHA256:
+        raise RuntimeError(f"{NAME}-{VERSION}.crate does not match the registry's checksum")
+    src.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(src.parent, filter="data")
+    return src
+
+
 def build(say) -> Path:
-    """The pinned nostr-rs-relay, built with `cargo install --locked` on first use (about
-    10-15 minutes on 2 cores); later calls return the cached binary at once."""
+    """The pinned nostr-rs-relay, built on first use (10-40 minutes on 2 cores); later calls
+    return the cached binary at once. Built from the crate's source with its own Cargo.lock
+    (`--locked`), one pin changed: `time` 0.3.25 no longer compiles with Rust 1.80 and later
+    (a type inference change; fixed upstream in 0.3.35), so the lock takes 0.3.36, which
+    brings serde 1.0.193. `cargo install --locked` would stop at that error."""
     exe = binary()
     if exe.exists():
         return exe
@@ -75,9 +108,14 @@ def build(say) -> Path:
     if not Path(cargo).exists():
         raise RuntimeError("building nostr-rs-relay needs cargo (https://rustup.rs)")
     _protoc(say)
+    src = _crate_source(say)
     say(f"building {NAME} {VERSION} with cargo into {cache_root()} (once; slow) ...")
-    subprocess.run([cargo, "install", NAME, "--version", VERSION, "--locked",
-                    "--root", str(cache_root())], check=True)
+    subprocess.run([cargo, "update", "-p", "time@0.3.25", "--precise", TIME_FIX], cwd=src,
+                   check=False, capture_output=True)   # a no-op once done
+    subprocess.run([cargo, "build", "--release", "--locked", "--target-dir",
+                    str(cache_root() / "target")], cwd=src, check=True)
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(cache_root() / "target" / "release" / NAME, exe)
     return exe
 
 
