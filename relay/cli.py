@@ -300,6 +300,9 @@ def cmd_bench(args) -> None:
     if args.peer:
         from .bench import peer
         sys.exit(peer.main(args))
+    if args.trueseal_netns:
+        from .bench import trueseal_netns
+        sys.exit(trueseal_netns.main(args))
     if args.startup:
         from .bench import startup
         sys.exit(startup.main(args))
@@ -1318,11 +1321,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounds of every section; each figure is their median (default 3)")
     p.add_argument("--out", default=None,
                    help="results file (default bench-results.json; bench-peer.json with --peer, "
+                        "bench-peer-nostr-rs-relay.json with --peer nostr-rs-relay, "
                         "bench-startup.json with --startup, bench-object-store.json with "
                         "--object-store)")
-    p.add_argument("--peer", action="store_true",
-                   help="our PPP against the public nostr-relay, alternating runs; "
-                        "installs the peer into .venv-peer on first use")
+    p.add_argument("--peer", nargs="?", const="nostr-relay", default=None,
+                   choices=("nostr-relay", "nostr-rs-relay"),
+                   help="our PPP against a public Nostr relay, alternating runs: nostr-relay "
+                        "(Python, the default; installed into .venv-peer on first use) or "
+                        "nostr-rs-relay (Rust; built once with cargo into "
+                        "~/.cache/spark-relay/peers)")
+    p.add_argument("--build-only", action="store_true",
+                   help="with --peer: install or build the peer, then stop")
+    p.add_argument("--trueseal-netns", action="store_true",
+                   help="trueseal one NK connection per push, the clients on loopback and in "
+                        "a network namespace of their own (veth; root), the relay's CPU per "
+                        "connection with the written-out and the package's NK responder "
+                        "-> bench-trueseal-netns.json")
     p.add_argument("--startup", action="store_true",
                    help="`relay up` from cold, each round: seconds to the first PPP ack and to "
                         "ready, then idle CPU and memory -> bench-startup.json")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import ClassVar
 
+from engine.noise_nk import NKResponder
 from engine.noise_session import (LengthPrefixDeframer, NoiseFailure, NoiseResponder, StaticKey,
                                   frame_message)
 from engine.sans_io import SansIOOutput
@@ -59,7 +60,10 @@ class SessionCore(SansIOOutput[Event]):
     def __init__(self, static: bytes | StaticKey):
         """`static` is the relay's 32-byte X25519 private key, or a StaticKey made from it
         once per listener (cheaper per connection)."""
-        self._noise = NoiseResponder(self.PATTERN, static)
+        # NK (push, one connection per push) runs on the written-out responder; XX on the
+        # noiseprotocol package (engine/noise_nk.py says why)
+        self._noise = NKResponder(static) if self.PATTERN == "NK" \
+            else NoiseResponder(self.PATTERN, static)
         self._deframer = LengthPrefixDeframer()
         super().__init__()
         self.state = State.HANDSHAKE

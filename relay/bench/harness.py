@@ -331,10 +331,11 @@ def port_of(listening: dict, name: str) -> int:
 
 
 @contextlib.contextmanager
-def child_ingress_and_stream(spark, settings):
+def child_ingress_and_stream(spark, settings, before_stream=None):
     """`relay ingress` as a child process, its settings from a TOML file written next to its
     data directory, and the inbox stream in this process on the same data directory. Yields
-    (listening, query, sink, ingress Popen); stops the relay, then the stream."""
+    (listening, query, sink, ingress Popen); stops the relay, then the stream.
+    `before_stream(listening, proc)` runs once ingress is ready, before the stream starts."""
     from delta_tables.layout import Layout
     from jobs.inbox_stream import start_inbox_stream
 
@@ -345,6 +346,8 @@ def child_ingress_and_stream(spark, settings):
     proc, listening = start_role("ingress", None, data_dir, data_dir, conf=conf)
     query = None
     try:
+        if before_stream is not None:
+            before_stream(listening, proc)
         query, sink = start_inbox_stream(spark, settings)
         yield listening, query, sink, proc
         if query.exception():

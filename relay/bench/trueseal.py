@@ -36,8 +36,12 @@ PIPELINED_WINDOW = 32               # Pushes sent ahead of their Acks, per sessi
 
 # --- 3. trueseal ingress throughput -------------------------------------------------------------
 
-async def _ingress_shape(node, shape: str, p: dict, clients: int) -> dict:
+async def _ingress_shape(node, shape: str, p: dict, clients: int, host: str = "127.0.0.1",
+                         netns: str | None = None) -> dict:
+    """One load shape against `node`; `netns`: the client processes run in that network
+    namespace (trueseal_netns.py), reaching the relay at `host` over a veth pair."""
     from . import trueseal_client as bc
+    from .trueseal_netns import in_netns
     ctx = mp.get_context("spawn")
     queue, go = ctx.Queue(), ctx.Event()
     port, pub = node.trueseal.bound_port, node.key.public
@@ -45,9 +49,9 @@ async def _ingress_shape(node, shape: str, p: dict, clients: int) -> dict:
     procs = []
     for i in range(clients):
         if shape == "per_connection":
-            procs.append(spawn(bc.per_connection_worker, queue, go, "127.0.0.1", port, pub,
-                                duration, PER_CONNECTION_CONCURRENCY, ENVELOPE_SIZE, MAILBOXES,
-                                i + 1))
+            procs.append(spawn(in_netns, netns, bc.per_connection_worker, queue, go, host, port,
+                               pub, duration, PER_CONNECTION_CONCURRENCY, ENVELOPE_SIZE,
+                               MAILBOXES, i + 1))
         else:
             procs.append(spawn(bc.pipelined_worker, queue, go, "127.0.0.1", port, pub, duration,
                                 PIPELINED_SESSIONS // clients, PIPELINED_WINDOW, ENVELOPE_SIZE,

@@ -322,13 +322,20 @@ class _Counter:
             self.buckets[i] += n
 
 
-def source_address(seed: int, i: int) -> str:
+NETNS_SOURCES = 200     # addresses .2-.201 of the load generator's /24 in its namespace
+
+
+def source_address(seed: int, i: int, host: str = "127.0.0.1") -> str:
     """The loopback address (127.0.0.0/8) the `i`th in-flight push loop of client process
     `seed` connects from. Real clients push from many addresses; 128 connections in flight from
     one address are what the handshake gate (runtime/handshake_gate.py) takes for a flood once
     the loop is busy: past `PER_KEY` queued steps it dropped the address's oldest, and 5-8% of
     the bench's connections ended "relay closed during the handshake" (work wasted on both
-    sides). Never 127.0.0.1, which tests and people use."""
+    sides). Never 127.0.0.1, which tests and people use. With the relay at `host` in another
+    network (`relay bench --trueseal-netns`), one of the load generator's own addresses
+    there."""
+    if not host.startswith("127."):
+        return f"{host.rsplit('.', 1)[0]}.{(seed * 128 + i) % NETNS_SOURCES + 2}"
     return f"127.{seed % 254 + 1}.{i // 250}.{i % 250 + 1}"
 
 
@@ -379,7 +386,8 @@ async def _per_connection(queue, go, host, port, relay_pub, duration, concurrenc
             else:
                 counter.errors += 1
 
-    await asyncio.gather(*(loop_one(source_address(seed, i)) for i in range(concurrency)))
+    await asyncio.gather(*(loop_one(source_address(seed, i, host))
+                           for i in range(concurrency)))
     return {"buckets": counter.buckets, "acked": counter.total, "errors": counter.errors,
             "latency_s": lat, "failures": failures, "cpu_s": time.process_time() - cpu0}
 
