@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from relay.bench import trueseal_client, trueseal_netns
+from relay.bench import netns, trueseal_client
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
@@ -21,7 +21,7 @@ def _connect_from(host: str, port: int, source: str, out) -> None:
 
 
 def test_workers_in_the_namespace_reach_the_relay_address_and_it_is_removed():
-    with trueseal_netns.client_host() as (ns, relay_addr):
+    with netns.client_host() as (ns, relay_addr):
         assert ns in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                     text=True).stdout
         with socket.socket() as srv:
@@ -31,7 +31,7 @@ def test_workers_in_the_namespace_reach_the_relay_address_and_it_is_removed():
             source = trueseal_client.source_address(1, 5, relay_addr)
             ctx = mp.get_context("spawn")
             out = ctx.Queue()
-            p = ctx.Process(target=trueseal_netns.in_netns,
+            p = ctx.Process(target=netns.in_netns,
                             args=(ns, _connect_from, relay_addr, port, source, out))
             p.start()
             conn, peer = srv.accept()

@@ -38,7 +38,9 @@ MAY_IMPORT = {
 # (s2sphere: S2 cell geometry for PPP rooms, pure arithmetic like the others).
 # (mnemonic: BIP-39 words <-> entropy with their checksum for PPP backups, a codec too: it
 # reads its word list from its own package once, no I/O of ours.)
-ENGINE_THIRD_PARTY = {"mnemonic", "msgpack", "nacl", "noise", "s2sphere"}
+# (cryptography: X25519 and ChaCha20-Poly1305, what noiseprotocol itself is built on, used
+# directly by the written-out NK responder, engine/noise_nk.py.)
+ENGINE_THIRD_PARTY = {"cryptography", "mnemonic", "msgpack", "nacl", "noise", "s2sphere"}
 # The benchmark is a tool, not the runtime: only the CLI reaches it, lazily (`relay bench`).
 BENCH = "relay.bench"
 BENCH_ENTRY = "relay.cli"

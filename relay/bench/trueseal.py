@@ -41,7 +41,7 @@ async def _ingress_shape(node, shape: str, p: dict, clients: int, host: str = "1
     """One load shape against `node`; `netns`: the client processes run in that network
     namespace (trueseal_netns.py), reaching the relay at `host` over a veth pair."""
     from . import trueseal_client as bc
-    from .trueseal_netns import in_netns
+    from .netns import in_netns
     ctx = mp.get_context("spawn")
     queue, go = ctx.Queue(), ctx.Event()
     port, pub = node.trueseal.bound_port, node.key.public
