@@ -4,7 +4,7 @@
 `ProtocolStep` per protocol with tables of its own (`jobs/compact_heya.py`, `compact_ppp.py`,
 `compact_sync.py`). A step is a function
 
-    step(layout, report, target_size, retention_hours) -> str   # its progress detail
+    step(layout, report, target_size, retention_seconds) -> str   # its progress detail
 
 that adds what it removed to the run's `CompactionReport` and leaves its tables small and
 their logs short (`maintain`). The steps build on the helpers here and on nothing of each
@@ -99,7 +99,7 @@ class CompactionReport:
         return "\n".join(lines)
 
 
-# The interface of a protocol's step: (layout, report, target_size, retention_hours) -> detail.
+# The interface of a protocol's step: (layout, report, target_size, retention_seconds) -> detail.
 ProtocolStep = Callable[[Layout, CompactionReport, int, int], str]
 
 
@@ -161,7 +161,7 @@ def prune_control_tables(protocol: str, paths: Mapping[str, Path],
                          identity: Mapping[str, tuple[str, ...]], at: str,
                          needed_at: Callable[[], Mapping[str, set[int]]],
                          report: CompactionReport, target_size: int,
-                         retention_hours: int) -> dict[str, int] | None:
+                         retention_seconds: int) -> dict[str, int] | None:
     """A protocol's append-only control tables (`paths`: table name -> path) keep only the
     rows its state fold rests on, then are maintained. Tables are judged in `identity`'s
     order (table name -> the columns that name what a row is about); per table the candidate
@@ -187,13 +187,14 @@ def prune_control_tables(protocol: str, paths: Mapping[str, Path],
             report.skipped.append(f"{protocol}/{name}")
             removed[name] = 0
     for path in paths.values():
-        maintain(path, target_size, retention_hours, report)
+        maintain(path, target_size, retention_seconds, report)
     return removed
 
 
-def maintain(path: Path, target_size: int, retention_hours: int,
+def maintain(path: Path, target_size: int, retention_seconds: int,
              report: CompactionReport) -> str:
-    """OPTIMIZE (small files into `target_size`), checkpoint, log cleanup and VACUUM."""
+    """OPTIMIZE (small files into `target_size`), checkpoint, log cleanup and VACUUM: files
+    removed more than `retention_seconds` ago leave the disk (`_vacuum_removed`)."""
     metrics = retry(report, lambda: DeltaTable(str(path)).optimize.compact(
         target_size=target_size))
     compacted = int(metrics.get("numFilesRemoved", 0))
@@ -204,13 +205,52 @@ def maintain(path: Path, target_size: int, retention_hours: int,
         dt.create_checkpoint()
     dt.cleanup_metadata()
 
-    vacuumed = 0
-    if retention_hours < FULL_VACUUM_MIN_HOURS:
-        # Lite: only files the log says were removed, so it cannot hit an in-flight write.
-        vacuumed += _vacuum(dt, path, retention_hours, full=False)
-    vacuumed += _vacuum(dt, path, max(retention_hours, FULL_VACUUM_MIN_HOURS), full=True)
+    vacuumed = _vacuum_removed(dt, path, retention_seconds)
+    vacuumed += _vacuum(dt, path, FULL_VACUUM_MIN_HOURS, full=True)
     report.files_vacuumed += vacuumed
     return f"{compacted} files compacted, checkpoint at v{dt.version()}, {vacuumed} vacuumed"
+
+
+def _vacuum_removed(dt: DeltaTable, path: Path, retention_seconds: int) -> int:
+    """Lite VACUUM by the second (delta-rs takes whole hours): the files the log says were
+    removed, less those removed within `retention_seconds` (read from the remove actions of
+    the commits since then), are deleted. Only removed files, so never an in-flight write."""
+    planned = dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False,
+                        full=False)
+    present = [p for p in planned if (path / p).exists()]   # p may be absolute
+    if present and retention_seconds > 0:
+        recent = _removed_since(path, dt.version(), time.time() - retention_seconds)
+        present = [p for p in present if _file_name(p) not in recent]
+    gone = 0
+    for p in present:
+        (path / p).unlink(missing_ok=True)
+        gone += not (path / p).exists()
+    return gone
+
+
+def _removed_since(path: Path, latest: int, cutoff: float) -> set[str]:
+    """File names removed by commits after `cutoff` (unix s), newest commit first, stopping
+    at the first commit at or before it (commit times only grow) or a log entry cleaned up."""
+    names: set[str] = set()
+    for v in range(latest, -1, -1):
+        try:
+            text = (path / "_delta_log" / f"{v:020d}.json").read_text()
+        except FileNotFoundError:
+            break
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+        stamp = next((a["commitInfo"].get("timestamp") for a in actions
+                      if "commitInfo" in a), None)
+        for a in actions:
+            if "remove" in a:
+                names.add(_file_name(a["remove"]["path"]))
+        if stamp is not None and stamp / 1000 <= cutoff:
+            break
+    return names
+
+
+def _file_name(p: str) -> str:
+    """Data files sit at the table's root (no partitions): a name identifies one."""
+    return str(p).rstrip("/").rsplit("/", 1)[-1]
 
 
 def _vacuum(dt: DeltaTable, path: Path, hours: int, *, full: bool) -> int:

@@ -47,7 +47,7 @@ def test_heya_receiver_and_sender_through_the_stream(spark, settings, tmp_path):
             ] == bodies
 
     # DEAU and DALL revoked both tokens: compaction takes their messages off the disk.
-    settings.compaction.vacuum_retention_hours = 0
+    settings.compaction.vacuum_retention_seconds = 0
     report = run_compaction(settings, progress=lambda _: None)
     assert report.heya_inbox_deleted == 5
     inbox_dir = Layout.of(settings).inbox
