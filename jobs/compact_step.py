@@ -34,6 +34,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
+from delta_tables import removed_files
 from delta_tables.layout import Layout
 from delta_tables.query import sql
 from delta_tables.schema import C
@@ -213,44 +214,20 @@ def maintain(path: Path, target_size: int, retention_seconds: int,
 
 def _vacuum_removed(dt: DeltaTable, path: Path, retention_seconds: int) -> int:
     """Lite VACUUM by the second (delta-rs takes whole hours): the files the log says were
-    removed, less those removed within `retention_seconds` (read from the remove actions of
-    the commits since then), are deleted. Only removed files, so never an in-flight write."""
-    planned = dt.vacuum(retention_hours=0, dry_run=True, enforce_retention_duration=False,
-                        full=False)
-    present = [p for p in planned if (path / p).exists()]   # p may be absolute
+    removed, less those removed within `retention_seconds` (delta_tables/removed_files.py),
+    are deleted. Only removed files, so never an in-flight write."""
+    present = removed_files.on_disk(dt, path)
     if present and retention_seconds > 0:
-        recent = _removed_since(path, dt.version(), time.time() - retention_seconds)
-        present = [p for p in present if _file_name(p) not in recent]
+        recent = removed_files.removal_times(path, dt.version(),
+                                             until=time.time() - retention_seconds)
+        cutoff = time.time() - retention_seconds
+        present = [p for p in present
+                   if recent.get(removed_files.file_name(p), cutoff) <= cutoff]
     gone = 0
     for p in present:
         (path / p).unlink(missing_ok=True)
         gone += not (path / p).exists()
     return gone
-
-
-def _removed_since(path: Path, latest: int, cutoff: float) -> set[str]:
-    """File names removed by commits after `cutoff` (unix s), newest commit first, stopping
-    at the first commit at or before it (commit times only grow) or a log entry cleaned up."""
-    names: set[str] = set()
-    for v in range(latest, -1, -1):
-        try:
-            text = (path / "_delta_log" / f"{v:020d}.json").read_text()
-        except FileNotFoundError:
-            break
-        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
-        stamp = next((a["commitInfo"].get("timestamp") for a in actions
-                      if "commitInfo" in a), None)
-        for a in actions:
-            if "remove" in a:
-                names.add(_file_name(a["remove"]["path"]))
-        if stamp is not None and stamp / 1000 <= cutoff:
-            break
-    return names
-
-
-def _file_name(p: str) -> str:
-    """Data files sit at the table's root (no partitions): a name identifies one."""
-    return str(p).rstrip("/").rsplit("/", 1)[-1]
 
 
 def _vacuum(dt: DeltaTable, path: Path, hours: int, *, full: bool) -> int:
