@@ -24,7 +24,7 @@ from engine.ppp.rooms import ROOM_PROTOCOL
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
-from delta_tables import removed_files
+from delta_tables import storage
 from delta_tables.landing_lag import landing_lag
 from delta_tables.layout import Layout
 from delta_tables.object_store import disk_usage
@@ -103,7 +103,7 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
         get(r["p"]).inbox_rows = r["n"]
     for r in _sql({"inbox": inbox, "acks": acks}, f"""
             SELECT i.{C.PROTOCOL} AS p, count(*) AS n, min(i.{C.RECEIVED_AT}) AS oldest,
-                   sum(length(i.{C.ENVELOPE})) AS b
+                   sum({storage.byte_length('i.' + C.ENVELOPE)}) AS b
             FROM inbox i LEFT JOIN acks a
               ON a.{C.SEQ} = i.{C.SEQ} AND a.{C.PROTOCOL} = i.{C.PROTOCOL}
              AND a.{C.MAILBOX} = i.{C.MAILBOX}
@@ -111,10 +111,10 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
               AND a.{C.SEQ} IS NULL
             GROUP BY i.{C.PROTOCOL}"""):
         s = get(r["p"])
+        s.live_bytes = int(r["b"] or 0)
         if r["p"] in NEVER_ACKED:
             s.pending = None
             continue
-        s.live_bytes = int(r["b"] or 0)
         s.pending = r["n"]
         s.oldest_pending_s = (now - r["oldest"]).total_seconds() if r["oldest"] else None
     for r in _sql({"acks": acks}, f"SELECT {C.PROTOCOL} AS p, count(*) AS n FROM acks "
@@ -128,23 +128,9 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
 
 def storage_status(layout: Layout, now: datetime,
                    protocols: dict[str, ProtocolStatus]) -> StorageStatus:
-    sizes = {}
-    if layout.tables.exists():
-        sizes = {d.name: disk_usage(d) for d in sorted(layout.tables.iterdir()) if d.is_dir()}
-    inbox, acks = DeltaTable(str(layout.inbox)), DeltaTable(str(layout.acks))
-    (row,) = _sql({"inbox": inbox, "acks": acks}, f"""
-        SELECT min(a.{C.ACKED_AT}) AS oldest FROM acks a JOIN inbox i
-          ON a.{C.SEQ} = i.{C.SEQ} AND a.{C.PROTOCOL} = i.{C.PROTOCOL}
-         AND a.{C.MAILBOX} = i.{C.MAILBOX}
-        WHERE i.{C.ENVELOPE} IS NOT NULL""")
-    ages = [(now - row["oldest"]).total_seconds()] if row["oldest"] else []
-    for d in (layout.tables.iterdir() if layout.tables.exists() else ()):
-        if d.name != "landing" and (d / "_delta_log").exists():
-            removed = removed_files.oldest_removal(d)
-            if removed is not None:
-                ages.append(now.timestamp() - removed)
     return StorageStatus(live_bytes=sum(p.live_bytes for p in protocols.values()),
-                         table_bytes=sizes, oldest_delivered_s=max(ages, default=None))
+                         table_bytes=storage.table_bytes(layout),
+                         oldest_delivered_s=storage.oldest_delivered_s(layout, now))
 
 
 def role_status(settings: Settings, role: str, timeout: float = 1.0) -> RoleStatus:

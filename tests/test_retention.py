@@ -17,6 +17,8 @@ import threading
 import time
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from delta_tables.heya_control import mint_inbox_tokens
@@ -45,8 +47,24 @@ def spark_local_dirs(spark) -> list[Path]:
     return [Path(str(d.getPath())) for d in dbm.localDirs()]
 
 
+def _parquet_values(p: Path) -> bytes:
+    """A Parquet file's binary and string values, decoded: zstd may Huffman-code a page's
+    literals, so a marker need not appear verbatim in the file's bytes."""
+    try:
+        t = pq.read_table(p)
+    except Exception:   # not Parquet after all, or vacuumed while we read
+        return b""
+    out = []
+    for col in t.columns:
+        if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type) or \
+                pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            out += [v if isinstance(v, bytes) else v.encode() for v in col.to_pylist()
+                    if v is not None]
+    return b"\0".join(out)
+
+
 def found(markers: dict[str, bytes], roots: list[Path]) -> dict[str, list[str]]:
-    """Marker name -> the files under `roots` that hold it."""
+    """Marker name -> the files under `roots` that hold it, verbatim or (Parquet) decoded."""
     hits: dict[str, list[str]] = {}
     for root in roots:
         for p in root.rglob("*"):
@@ -54,6 +72,8 @@ def found(markers: dict[str, bytes], roots: list[Path]) -> dict[str, list[str]]:
                 data = p.read_bytes() if p.is_file() else b""
             except (FileNotFoundError, PermissionError):   # vacuumed while we walked
                 continue
+            if p.suffix == ".parquet":
+                data += b"\0" + _parquet_values(p)
             for name, m in markers.items():
                 if m in data:
                     hits.setdefault(name, []).append(str(p))
@@ -139,14 +159,6 @@ async def _scenario(settings, tmp_path, spark, runs):
             await asyncio.sleep(1)
             hits = await asyncio.to_thread(found, markers, roots)
         gone_after = time.monotonic() - acked_at
-        if hits.keys() & set(delivered):   # DEBUG
-            from deltalake import DeltaTable
-            lay = Layout.of(settings)
-            print("DEBUG inbox", DeltaTable(str(lay.inbox)).to_pyarrow_table(columns=["protocol", "seq", "cursor"]).to_pylist())
-            print("DEBUG inbox env", [e is not None for e in DeltaTable(str(lay.inbox)).to_pyarrow_table(columns=["envelope"]).column(0).to_pylist()])
-            print("DEBUG acks", DeltaTable(str(lay.acks)).to_pyarrow_table(columns=["protocol", "seq", "cursor", "acked_at"]).to_pylist())
-            print("DEBUG hist", [(h.get("version"), h.get("operation")) for h in DeltaTable(str(lay.inbox)).history()])
-            print("DEBUG files", DeltaTable(str(lay.inbox)).files())
         assert not hits.keys() & set(delivered), (
             f"delivered markers still on disk {BOUND_S} s after their ack: "
             f"{ {k: v for k, v in hits.items() if k in delivered} }; compaction runs took "
