@@ -191,3 +191,25 @@ def test_a_schedule_that_cannot_keep_the_bound_is_refused():
     c = s.compaction
     assert (c.ack_grace_seconds + 2 * c.interval_seconds + c.vacuum_retention_seconds
             <= c.delivered_bound_seconds <= 600)
+
+
+def test_vacuum_keeps_a_removed_file_for_its_retention_then_deletes_it(tmp_path):
+    """VACUUM by the second, judged from the remove action's time: a file stays while a
+    reader may still hold a snapshot naming it, and goes once the retention passed, also
+    when the commit that removed it is the table's last (no newer commit marks the time)."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from jobs.compact_step import CompactionReport, maintain
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"x": [b"first-file-marker"]}))
+    (old,) = DeltaTable(str(path)).file_uris()
+    write_deltalake(str(path), pa.table({"x": [b"second"]}), mode="overwrite")
+    report = CompactionReport()
+    maintain(path, 1 << 20, 2, report)
+    old = Path(old.removeprefix("file://"))
+    assert old.exists(), "removed under 2 s ago: a reader may still need it"
+    time.sleep(2.2)
+    maintain(path, 1 << 20, 2, report)
+    assert not old.exists()
+    assert report.files_vacuumed == 1
+    assert DeltaTable(str(path)).to_pyarrow_table().column("x").to_pylist() == [b"second"]
