@@ -28,9 +28,9 @@ from ingress.service import IngressNode
 from jobs.compact import compaction_loop
 from jobs.inbox_stream import start_inbox_stream
 
-from heya_client import Cert, HeyaClient, recv_line, send_line
+from heya_client import Cert, HeyaClient, recv_line, register_and_mint, send_line
 from test_end_to_end import push_all, receive
-from trueseal_client import XX, AsyncClient, keypair
+from trueseal_client import keypair
 
 END = 2220385707
 # The shortened clock: 1 + 2 x 2 + 3 = 8 s of schedule inside a 30 s bound (runs take the rest).
@@ -131,13 +131,7 @@ async def _scenario(settings, tmp_path, spark, runs):
         alice, bob = Cert(tmp_path, "alice"), Cert(tmp_path, "bob")
         i_hex = inbox_token.hex().encode()
         port = ingress.heya.bound_port
-        a = await HeyaClient.connect(port, alice)
-        a.send(b"INCO " + i_hex + b"\n")
-        await a.expect(b"INCO " + i_hex + b"\n")
-        a.send(b"AUTH 0 %d\n" % END)
-        await a.expect(b"AUTH ")
-        t_hex = await a.read_exact(64)
-        await a.expect(b" 0 %d\n" % END)
+        a, t_hex = await register_and_mint(port, alice, i_hex, END)
         b = await HeyaClient.connect(port, bob)
         for body in (delivered["heya-0"], waiting["heya-waiting"]):
             b.send(send_line(t_hex, body))
