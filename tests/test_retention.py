@@ -207,3 +207,30 @@ def test_vacuum_keeps_a_removed_file_for_its_retention_then_deletes_it(tmp_path)
     assert not old.exists()
     assert report.files_vacuumed == 1
     assert DeltaTable(str(path)).to_pyarrow_table().column("x").to_pylist() == [b"second"]
+
+
+def test_expired_envelopes_leave_every_file_too(tmp_path):
+    """Expiry, like an ack: the expired row's bytes leave the inbox's files once compaction
+    rewrote them and its retention passed; a live row's bytes stay (the scan sees them)."""
+    from datetime import datetime, timedelta, timezone
+
+    from deltalake import write_deltalake
+
+    from jobs.compact import run_compaction
+    from runtime.config import Settings
+    from test_compaction import MB_A, MB_B, envelope, inbox_rows
+    settings = Settings(data_dir=str(tmp_path))
+    settings.compaction.vacuum_retention_seconds = 0
+    layout = Layout(tmp_path)
+    layout.ensure_shared_tables()
+    now = datetime.now(timezone.utc)
+    write_deltalake(str(layout.inbox), inbox_rows([
+        (MB_A, 1, 1, now - timedelta(seconds=1), True),    # expired, not its mailbox's max
+        (MB_A, 2, 2, now - timedelta(seconds=1), True),    # expired, kept as the max tombstone
+        (MB_B, 1, 3, now + timedelta(days=1), True)]), mode="append")
+    markers = {"expired-1": envelope(MB_A, 1), "expired-2": envelope(MB_A, 2),
+               "live": envelope(MB_B, 1)}
+    assert set(found(markers, [tmp_path])) == set(markers)
+    report = run_compaction(settings, now=now, progress=lambda _: None)
+    assert (report.expired_deleted, report.tombstones_kept) == (1, 1)
+    assert set(found(markers, [tmp_path])) == {"live"}
