@@ -261,7 +261,7 @@ def format_status(st: Status) -> str:
         lines.append("  (no envelopes yet)")
     if st.storage is not None:
         g = st.storage
-        ratio = "-" if g.ratio is None else f"{g.ratio:.1f}x"
+        ratio = "-" if g.ratio in (None, float("inf")) else f"{g.ratio:.1f}x"
         lines += ["", f"  storage  live ciphertext {_bytes(g.live_bytes)}, on disk "
                       f"{_bytes(sum(g.table_bytes.values()))} ({ratio}), oldest delivered "
                       f"byte on disk {_age(g.oldest_delivered_s)}",
