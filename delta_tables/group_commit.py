@@ -163,10 +163,14 @@ class LandingTarget:
     table, flat at 13-21 ms with 250 per generation)."""
 
     def __init__(self, layout: Layout, node: str, *, commits_per_generation: int = 250,
-                 fsync: bool = True):
+                 fsync: bool = True, max_age_seconds: float = 0):
+        """`max_age_seconds` (> 0): a generation holding rows is also sealed this long after it
+        opened, on the next commit or, idle, by `seal_if_old`, so the envelope copies it holds
+        can be dropped within the retention bound (docs/operating/retention.md)."""
         self.layout = layout
         self.node = node
         self.commits_per_generation = commits_per_generation
+        self.max_age_seconds = max_age_seconds
         self.fsync = fsync
         self.schema = LANDING.arrow_schema()
         gens = layout.generations(node)
@@ -179,6 +183,7 @@ class LandingTarget:
         self.signal = InboxSignalSender(landing_signal_dir(layout.root))
 
     def _open(self, generation: int) -> DirectAppendTarget | DeltaAppendTarget:
+        self._opened = time.monotonic()
         path = self.layout.landing_generation(self.node, generation)
         key = f"{self.node}/g{generation:06d}"
         if self.layout.remote:
@@ -196,7 +201,21 @@ class LandingTarget:
 
     def _generation_full(self) -> bool:
         """The next commit opens a new generation (delta-rs creates its table, ~5 ms)."""
-        return self._target.commits >= self.commits_per_generation
+        return (self._target.commits >= self.commits_per_generation
+                or self._too_old())
+
+    def _too_old(self) -> bool:
+        return (self.max_age_seconds > 0 and self._target.commits > 0
+                and time.monotonic() - self._opened >= self.max_age_seconds)
+
+    def seal_if_old(self) -> bool:
+        """Open the next generation now if this one holds rows and is past its age (an idle
+        node would otherwise keep its last envelopes in landing until its next push)."""
+        if not self._too_old():
+            return False
+        self.generation += 1
+        self._target = self._open(self.generation)
+        return True
 
     def inline_ok(self) -> bool:
         return not self._generation_full() and self._target.inline_ok()
@@ -266,6 +285,13 @@ class GroupCommitAppender:
         self._wakeup.set()
         return await fut
 
+    async def _seal_idle(self) -> None:
+        try:
+            await asyncio.to_thread(self.target.seal_if_old)
+        except Exception as exc:   # the next commit opens it, or the next tick retries
+            log.warning("sealing an idle landing generation failed",
+                        extra={"event": "landing_seal_failed", "error": type(exc).__name__})
+
     def _build(self, rows: list[tuple]) -> pa.Table:
         cols = list(zip(*rows))
         return pa.Table.from_arrays(
@@ -273,8 +299,16 @@ class GroupCommitAppender:
             schema=self.schema)
 
     async def _run(self) -> None:
+        seal_every = getattr(self.target, "max_age_seconds", 0)
         while True:
-            await self._wakeup.wait()
+            if seal_every > 0:
+                try:
+                    await asyncio.wait_for(self._wakeup.wait(), seal_every / 2)
+                except asyncio.TimeoutError:
+                    await self._seal_idle()
+                    continue
+            else:
+                await self._wakeup.wait()
             self._wakeup.clear()
             while self._rows:
                 rows, futs = self._rows[:self.max_rows], self._futures[:self.max_rows]

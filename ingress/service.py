@@ -39,6 +39,7 @@ class IngressNode:
         self.node_id = node_id(settings, protocol)
         self.target = LandingTarget(self.layout, self.node_id,
                                     commits_per_generation=conf.commits_per_generation,
+                                    max_age_seconds=conf.generation_max_age_seconds,
                                     fsync=fsync)
         self.appender = GroupCommitAppender(self.target, max_rows=conf.max_rows_per_commit,
                                             inline_rows=conf.inline_commit_rows)

@@ -116,15 +116,15 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
     target = conf.target_file_mb * 1024 * 1024
     for name, protocol_step in PROTOCOL_STEPS:
         step(name, lambda protocol_step=protocol_step: protocol_step(
-            layout, report, target, conf.vacuum_retention_hours))
+            layout, report, target, conf.vacuum_retention_seconds))
     step("push_log", lambda: compact_push(layout, report, target,
-                                          conf.vacuum_retention_hours,
+                                          conf.vacuum_retention_seconds,
                                           settings.push.log_retention_days, now))
     step("landing", landing)
     for tdef in (INBOX, ACKS, REJECTS, PADDING_AUDIT):
         step(f"tables/{tdef.name}",
              lambda tdef=tdef: maintain(layout.table(tdef), target,
-                                        conf.vacuum_retention_hours, report))
+                                        conf.vacuum_retention_seconds, report))
 
     report.bytes_after = object_store.disk_usage(layout.tables)
     report.seconds = time.monotonic() - started

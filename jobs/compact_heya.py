@@ -1,7 +1,7 @@
 """Compaction for Heya: what TRIM, DEAU and DALL promised, removed from Delta too.
 
 Run by `jobs/compact.py` as its "heya" step (before the inbox's OPTIMIZE / VACUUM, which then
-take the removed files off the disk after `vacuum_retention_hours`):
+take the removed files off the disk after `vacuum_retention_seconds`):
 
 1. inbox     Heya rows whose send token is no longer live (DEAU, DALL) are deleted, whole;
              rows of a live token at or below its TRIM point lose their body (a tombstone: the
@@ -56,7 +56,7 @@ _IDENTITY = {
 
 
 def compact_heya(layout: Layout, report: CompactionReport, target_size: int,
-                 retention_hours: int) -> str:
+                 retention_seconds: int) -> str:
     """One pass (a `compact_step.ProtocolStep`). Returns its progress detail (counts only)."""
     paths = table_paths(layout)
     # No control tables (Heya never ran here): no token is live; nothing else to do.
@@ -135,7 +135,7 @@ def compact_heya(layout: Layout, report: CompactionReport, target_size: int,
 
     # 3. the control tables' files and logs
     for name in HEYA_TABLES:
-        maintain(paths[name], target_size, retention_hours, report)
+        maintain(paths[name], target_size, retention_seconds, report)
 
     report.heya_control_removed += removed
     return (f"{deleted} revoked-token rows deleted, {trimmed} trimmed bodies removed, "

@@ -14,7 +14,7 @@ here, §7.1). Here:
              column is what the loader reads back (the next store is that + 1; no backup
              left means the next store is version 1, as without compaction).
 2. tables    OPTIMIZE, checkpoint, log cleanup and VACUUM of the tables, so a superseded
-             backup's ciphertext leaves the disk after `vacuum_retention_hours`.
+             backup's ciphertext leaves the disk after `vacuum_retention_seconds`.
 3. groups    the inbox rows of deleted groups (DELETE_GROUP) lose their envelope (the
              stream's tombstones, purged by the expire step when they expire): the
              group's delete row already made them unreachable, this frees their bytes.
@@ -62,12 +62,12 @@ _IDENTITY = {
 
 
 def compact_ppp(layout: Layout, report: CompactionReport, target_size: int,
-                retention_hours: int) -> str:
+                retention_seconds: int) -> str:
     """One pass (a `compact_step.ProtocolStep`). Returns its progress detail (counts only)."""
     paths = table_paths(layout)
     removed = prune_control_tables("ppp", paths, _IDENTITY, Q.AT,
                                    lambda: load_state(paths).needed_at(), report,
-                                   target_size, retention_hours)
+                                   target_size, retention_seconds)
     if removed is None:
         return "no PPP control tables"
     tokens, backups = removed[PPP_DELIVERY_TOKENS.name], removed[PPP_BACKUPS.name]

@@ -21,7 +21,7 @@ from .compact_step import CompactionReport, maintain, retry
 
 
 def compact_push(layout: Layout, report: CompactionReport, target_size: int,
-                 retention_hours: int, keep_days: float, now: datetime | None = None) -> str:
+                 retention_seconds: int, keep_days: float, now: datetime | None = None) -> str:
     path = layout.table(PUSH_LOG)
     if not (path / "_delta_log").exists():
         return "no push_log"
@@ -33,5 +33,5 @@ def compact_push(layout: Layout, report: CompactionReport, target_size: int,
         return int(metrics.get("num_deleted_rows", 0) or 0)
     removed = retry(report, delete)
     report.push_log_removed += removed
-    maintain(path, target_size, retention_hours, report)
+    maintain(path, target_size, retention_seconds, report)
     return f"{removed} push_log rows older than {keep_days:g} days deleted"

@@ -4,7 +4,7 @@
 `ProtocolStep` per protocol with tables of its own (`jobs/compact_heya.py`, `compact_ppp.py`,
 `compact_sync.py`). A step is a function
 
-    step(layout, report, target_size, retention_hours) -> str   # its progress detail
+    step(layout, report, target_size, retention_seconds) -> str   # its progress detail
 
 that adds what it removed to the run's `CompactionReport` and leaves its tables small and
 their logs short (`maintain`). The steps build on the helpers here and on nothing of each
@@ -34,6 +34,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
+from delta_tables import removed_files
 from delta_tables.layout import Layout
 from delta_tables.query import sql
 from delta_tables.schema import C
@@ -99,7 +100,7 @@ class CompactionReport:
         return "\n".join(lines)
 
 
-# The interface of a protocol's step: (layout, report, target_size, retention_hours) -> detail.
+# The interface of a protocol's step: (layout, report, target_size, retention_seconds) -> detail.
 ProtocolStep = Callable[[Layout, CompactionReport, int, int], str]
 
 
@@ -161,7 +162,7 @@ def prune_control_tables(protocol: str, paths: Mapping[str, Path],
                          identity: Mapping[str, tuple[str, ...]], at: str,
                          needed_at: Callable[[], Mapping[str, set[int]]],
                          report: CompactionReport, target_size: int,
-                         retention_hours: int) -> dict[str, int] | None:
+                         retention_seconds: int) -> dict[str, int] | None:
     """A protocol's append-only control tables (`paths`: table name -> path) keep only the
     rows its state fold rests on, then are maintained. Tables are judged in `identity`'s
     order (table name -> the columns that name what a row is about); per table the candidate
@@ -187,13 +188,14 @@ def prune_control_tables(protocol: str, paths: Mapping[str, Path],
             report.skipped.append(f"{protocol}/{name}")
             removed[name] = 0
     for path in paths.values():
-        maintain(path, target_size, retention_hours, report)
+        maintain(path, target_size, retention_seconds, report)
     return removed
 
 
-def maintain(path: Path, target_size: int, retention_hours: int,
+def maintain(path: Path, target_size: int, retention_seconds: int,
              report: CompactionReport) -> str:
-    """OPTIMIZE (small files into `target_size`), checkpoint, log cleanup and VACUUM."""
+    """OPTIMIZE (small files into `target_size`), checkpoint, log cleanup and VACUUM: files
+    removed more than `retention_seconds` ago leave the disk (`_vacuum_removed`)."""
     metrics = retry(report, lambda: DeltaTable(str(path)).optimize.compact(
         target_size=target_size))
     compacted = int(metrics.get("numFilesRemoved", 0))
@@ -204,13 +206,28 @@ def maintain(path: Path, target_size: int, retention_hours: int,
         dt.create_checkpoint()
     dt.cleanup_metadata()
 
-    vacuumed = 0
-    if retention_hours < FULL_VACUUM_MIN_HOURS:
-        # Lite: only files the log says were removed, so it cannot hit an in-flight write.
-        vacuumed += _vacuum(dt, path, retention_hours, full=False)
-    vacuumed += _vacuum(dt, path, max(retention_hours, FULL_VACUUM_MIN_HOURS), full=True)
+    vacuumed = _vacuum_removed(dt, path, retention_seconds)
+    vacuumed += _vacuum(dt, path, FULL_VACUUM_MIN_HOURS, full=True)
     report.files_vacuumed += vacuumed
     return f"{compacted} files compacted, checkpoint at v{dt.version()}, {vacuumed} vacuumed"
+
+
+def _vacuum_removed(dt: DeltaTable, path: Path, retention_seconds: int) -> int:
+    """Lite VACUUM by the second (delta-rs takes whole hours): the files the log says were
+    removed, less those removed within `retention_seconds` (delta_tables/removed_files.py),
+    are deleted. Only removed files, so never an in-flight write."""
+    present = removed_files.on_disk(dt, path)
+    if present and retention_seconds > 0:
+        recent = removed_files.removal_times(path, dt.version(),
+                                             until=time.time() - retention_seconds)
+        cutoff = time.time() - retention_seconds
+        present = [p for p in present
+                   if recent.get(removed_files.file_name(p), cutoff) <= cutoff]
+    gone = 0
+    for p in present:
+        (path / p).unlink(missing_ok=True)
+        gone += not (path / p).exists()
+    return gone
 
 
 def _vacuum(dt: DeltaTable, path: Path, hours: int, *, full: bool) -> int:

@@ -47,12 +47,12 @@ _IDENTITY = {
 
 
 def compact_sync(layout: Layout, report: CompactionReport, target_size: int,
-                 retention_hours: int) -> str:
+                 retention_seconds: int) -> str:
     """One pass (a `compact_step.ProtocolStep`). Returns its progress detail (counts only)."""
     paths = table_paths(layout)
     counts = prune_control_tables("sync", paths, _IDENTITY, S.AT,
                                   lambda: load_state(paths).needed_at(), report,
-                                  target_size, retention_hours)
+                                  target_size, retention_seconds)
     if counts is None:
         return "no sync control tables"
     report.sync_control_removed += sum(counts.values())

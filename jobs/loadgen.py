@@ -243,10 +243,26 @@ class DayReport:
     wakeups: int = 0
     landing_dropped: int = 0
     seconds: float = 0.0
+    # `retain`: the tables once compaction's retention passed (docs/operating/retention.md)
+    live_bytes: int | None = None         # pending ciphertext
+    tables_bytes_before: int | None = None  # all tables before compaction
+    tables_bytes_after: int | None = None   # all tables after two runs, retention between
+    table_bytes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def storage_ratio(self) -> float | None:
+        if not self.live_bytes or self.tables_bytes_after is None:
+            return None
+        return self.tables_bytes_after / self.live_bytes
 
     def format(self) -> str:
         rej = ", ".join(f"{k} {v}" for k, v in sorted(self.rejected.items())) or "none"
-        return "\n".join([
+        retained = [] if self.tables_bytes_after is None else [
+            f"after retention      tables {self.tables_bytes_before} -> "
+            f"{self.tables_bytes_after} bytes, live ciphertext {self.live_bytes} bytes, "
+            f"ratio {self.storage_ratio or 0:.2f}x",
+            "  per table          " + ", ".join(f"{k} {v}" for k, v in self.table_bytes.items())]
+        return "\n".join(retained + [
             f"day                  {self.start:%Y-%m-%d %H:%M} -> {self.end:%Y-%m-%d %H:%M} UTC",
             f"pushes               {self.envelopes} (+{self.retries} client retries)",
             f"rooms                {self.rooms}, {self.room_messages} room messages",
@@ -299,9 +315,11 @@ def _burst_times(rng: np.random.Generator, start: datetime, hours: float,
 
 def generate_day(settings: Settings, *, day: str | None = None, hours: float = 24.0,
                  scale: float = 1.0, seed: int = 7, compact: bool = False,
-                 progress: Progress | None = None) -> DayReport:
+                 retain: bool = False, progress: Progress | None = None) -> DayReport:
     """Fill `settings.data_dir` with one synthetic day (see the module docstring). The data
-    directory must not hold an inbox yet, and no relay process may be running on it."""
+    directory must not hold an inbox yet, and no relay process may be running on it.
+    `retain`: compact, wait `compaction.vacuum_retention_seconds`, compact again, and report
+    the tables' bytes against the live ciphertext (the storage ratio)."""
     say = progress or (lambda _msg: None)
     t_start = time.monotonic()
     layout = Layout.of(settings)
@@ -414,10 +432,28 @@ def generate_day(settings: Settings, *, day: str | None = None, hours: float = 2
     layout.write_landing_consumed(consumed)
     from .compact import drop_consumed_landing, run_compaction
     report.landing_dropped = drop_consumed_landing(layout)
-    if compact:
-        say(run_compaction(settings, progress=say).format())
+    if compact or retain:
+        first = run_compaction(settings, progress=say)
+        say(first.format())
+        if retain:
+            _let_retention_pass(settings, layout, first, report, say)
     report.seconds = time.monotonic() - t_start
     return report
+
+
+def _let_retention_pass(settings: Settings, layout: Layout, first, report: DayReport,
+                        say: Progress) -> None:
+    from delta_tables import storage
+
+    from .compact import run_compaction
+    wait = settings.compaction.vacuum_retention_seconds + 1
+    say(f"waiting {wait} s for compaction's retention, then compacting again")
+    time.sleep(wait)
+    second = run_compaction(settings, progress=say)
+    report.tables_bytes_before = first.bytes_before
+    report.tables_bytes_after = second.bytes_after
+    report.live_bytes = storage.live_bytes(layout, datetime.now(timezone.utc))
+    report.table_bytes = storage.table_bytes(layout)
 
 
 def _room_traffic(layout: Layout, rng: np.random.Generator, start: datetime, end: datetime,

@@ -284,7 +284,7 @@ def cmd_loadgen(args) -> None:
     from jobs import loadgen
     settings = _settings(args)
     report = loadgen.generate_day(settings, day=args.day, hours=args.hours, scale=args.scale,
-                                  seed=args.seed, compact=args.compact,
+                                  seed=args.seed, compact=args.compact, retain=args.retain,
                                   progress=lambda m: print(m, flush=True))
     print(report.format())
 
@@ -1314,6 +1314,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="1.0 = about 20,000 pushes to 2,000 mailboxes")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--compact", action="store_true", help="run compaction at the end")
+    p.add_argument("--retain", action="store_true",
+                   help="compact, let compaction.vacuum_retention_seconds pass, compact again "
+                        "and report the storage ratio (tables / live ciphertext)")
     p.set_defaults(func=cmd_loadgen)
     p = sub.add_parser("bench", help="benchmarks -> JSON")
     p.add_argument("--quick", action="store_true", help="small sizes: about 6 minutes for 3 rounds, 2-3 for --rounds 1")

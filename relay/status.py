@@ -3,6 +3,10 @@
 From the tables (DataFusion through delta-rs; no Spark, no running relay needed):
   per protocol: inbox rows, pending (an envelope, not expired, not acked), the oldest pending
   envelope's age, acks, rejects by reason; landing lag in commits and seconds; bytes on disk.
+  Storage (docs/operating/retention.md): the live ciphertext (envelopes not yet delivered),
+  the bytes on disk per table, and the oldest delivered byte still on disk: the longest an
+  acked envelope has kept its bytes in the inbox, or a file the log removed has waited for
+  VACUUM, whichever is older.
   PPP room messages (`ppp_room`) are never acked (they stay until their room's expiry), so
   they have no pending count or age ("-").
 From each role's /metrics (`[metrics]` ports), when it answers: what that process counted
@@ -20,6 +24,7 @@ from engine.ppp.rooms import ROOM_PROTOCOL
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
+from delta_tables import storage
 from delta_tables.landing_lag import landing_lag
 from delta_tables.layout import Layout
 from delta_tables.object_store import disk_usage
@@ -37,8 +42,22 @@ class ProtocolStatus:
     inbox_rows: int = 0
     pending: int | None = 0      # None: a protocol whose rows are never acked
     oldest_pending_s: float | None = None
+    live_bytes: int = 0          # ciphertext of the pending envelopes
     acks: int = 0
     rejects: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class StorageStatus:
+    live_bytes: int                       # every protocol's pending ciphertext
+    table_bytes: dict[str, int]           # directory under the tables (landing: all nodes)
+    oldest_delivered_s: float | None      # age of the oldest delivered byte still on disk
+
+    @property
+    def ratio(self) -> float | None:
+        """Bytes on disk per live byte (inf with nothing live but bytes on disk)."""
+        total = sum(self.table_bytes.values())
+        return total / self.live_bytes if self.live_bytes else (float("inf") if total else None)
 
 
 @dataclass
@@ -59,6 +78,7 @@ class Status:
     landing_lag_seconds: float
     landing_tables: int
     roles: list[RoleStatus]
+    storage: StorageStatus | None = None
 
 
 def _sql(tables: dict[str, DeltaTable], sql: str) -> list[dict]:
@@ -82,7 +102,8 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
                                     f"GROUP BY {C.PROTOCOL}"):
         get(r["p"]).inbox_rows = r["n"]
     for r in _sql({"inbox": inbox, "acks": acks}, f"""
-            SELECT i.{C.PROTOCOL} AS p, count(*) AS n, min(i.{C.RECEIVED_AT}) AS oldest
+            SELECT i.{C.PROTOCOL} AS p, count(*) AS n, min(i.{C.RECEIVED_AT}) AS oldest,
+                   sum({storage.byte_length('i.' + C.ENVELOPE)}) AS b
             FROM inbox i LEFT JOIN acks a
               ON a.{C.SEQ} = i.{C.SEQ} AND a.{C.PROTOCOL} = i.{C.PROTOCOL}
              AND a.{C.MAILBOX} = i.{C.MAILBOX}
@@ -90,6 +111,7 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
               AND a.{C.SEQ} IS NULL
             GROUP BY i.{C.PROTOCOL}"""):
         s = get(r["p"])
+        s.live_bytes = int(r["b"] or 0)
         if r["p"] in NEVER_ACKED:
             s.pending = None
             continue
@@ -102,6 +124,13 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
                                         f"count(*) AS n FROM rejects GROUP BY 1, 2"):
         get(r["p"]).rejects[r["r"]] = r["n"]
     return dict(sorted(out.items()))
+
+
+def storage_status(layout: Layout, now: datetime,
+                   protocols: dict[str, ProtocolStatus]) -> StorageStatus:
+    return StorageStatus(live_bytes=sum(p.live_bytes for p in protocols.values()),
+                         table_bytes=storage.table_bytes(layout),
+                         oldest_delivered_s=storage.oldest_delivered_s(layout, now))
 
 
 def role_status(settings: Settings, role: str, timeout: float = 1.0) -> RoleStatus:
@@ -155,12 +184,14 @@ def collect(settings: Settings, now: datetime | None = None) -> Status:
     now = now or datetime.now(timezone.utc)
     layout = Layout.of(settings)
     lag = landing_lag(layout, settings.stream_checkpoint, now.timestamp())
+    protocols = table_status(layout, now)
     return Status(
         data_dir=str(layout.root), at=now.isoformat(timespec="seconds"),
-        tables_bytes=disk_usage(layout.tables), protocols=table_status(layout, now),
+        tables_bytes=disk_usage(layout.tables), protocols=protocols,
         landing_lag_versions=lag.versions, landing_lag_seconds=round(lag.seconds, 3),
         landing_tables=len(lag.tables),
-        roles=[role_status(settings, r) for r in process_roles(settings)])
+        roles=[role_status(settings, r) for r in process_roles(settings)],
+        storage=storage_status(layout, now, protocols))
 
 
 # --- printing ---------------------------------------------------------------------------------
@@ -228,6 +259,14 @@ def format_status(st: Status) -> str:
                      f"{s.acks:>8}  {_kv(s.rejects)}")
     if not st.protocols:
         lines.append("  (no envelopes yet)")
+    if st.storage is not None:
+        g = st.storage
+        ratio = "-" if g.ratio in (None, float("inf")) else f"{g.ratio:.1f}x"
+        lines += ["", f"  storage  live ciphertext {_bytes(g.live_bytes)}, on disk "
+                      f"{_bytes(sum(g.table_bytes.values()))} ({ratio}), oldest delivered "
+                      f"byte on disk {_age(g.oldest_delivered_s)}",
+                  "    " + "  ".join(f"{name} {_bytes(n)}"
+                                     for name, n in g.table_bytes.items())]
     lines += ["", f"  landing lag  {st.landing_lag_versions} commits, "
                   f"{st.landing_lag_seconds:.1f} s  ({st.landing_tables} landing tables)", "",
               "  role             metrics          state"]

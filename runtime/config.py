@@ -108,6 +108,9 @@ class IngressConf:
     # Rotate to a new landing generation after this many commits: keeps the log short, so commit
     # latency stays flat, and lets compaction drop consumed generations as whole directories.
     commits_per_generation: int = 250
+    # ... and once a generation holding rows is this old (also when idle): compaction drops
+    # only sealed generations, and each row's envelope is a copy of the inbox's. 0: by count only.
+    generation_max_age_seconds: int = 120
 
 
 @dataclass
@@ -174,13 +177,18 @@ class EgressConf:
 
 @dataclass
 class CompactionConf:
+    # An acknowledged or expired envelope's bytes are gone from every file of the tables this
+    # long after its ack or expiry at the latest (docs/operating/retention.md). The schedule
+    # below must fit it: ack_grace_seconds + 2 x interval_seconds + vacuum_retention_seconds
+    # may not exceed it (a run's own time is the rest).
+    delivered_bound_seconds: int = 600
     # `relay compact --loop` (and `relay up`) runs a compaction this often.
-    interval_seconds: int = 300
+    interval_seconds: int = 120
     # Acked envelopes stay this long before deletion (a late duplicate DeliverAck is harmless).
     ack_grace_seconds: int = 60
-    # VACUUM retention (delta-rs takes whole hours): how long removed files, i.e. delivered
-    # ciphertext, stay on disk for readers that lag. 0 removes them at once.
-    vacuum_retention_hours: int = 1
+    # How long a file compaction removed (delivered ciphertext) stays on disk for readers
+    # that hold an older snapshot; they recover when one goes. 0 removes them at once.
+    vacuum_retention_seconds: int = 120
     target_file_mb: int = 64
 
 
@@ -822,7 +830,21 @@ def validate(data: dict[str, Any], sources: dict[str, str] | None = None) -> "Se
             raise ConfigError(f"setting {dotted} = {value!r} (from "
                               f"{_source(sources, dotted)}): must be "
                               f"{allowed(dotted)}")
+    _check_retention(settings.compaction, sources)
     return settings
+
+
+def _check_retention(conf: CompactionConf, sources: dict[str, str]) -> None:
+    """The compaction schedule must keep the delivered-bytes bound: an ack waits the grace,
+    then up to one interval for the run that rewrites its files, then the retention, then up
+    to one more interval for the run that vacuums them."""
+    need = conf.ack_grace_seconds + 2 * conf.interval_seconds + conf.vacuum_retention_seconds
+    if need > conf.delivered_bound_seconds:
+        raise ConfigError(
+            f"setting compaction.delivered_bound_seconds = {conf.delivered_bound_seconds} "
+            f"(from {_source(sources, 'compaction.delivered_bound_seconds')}): must be at "
+            f"least ack_grace_seconds + 2 x interval_seconds + vacuum_retention_seconds "
+            f"= {need}")
 
 
 def _source(sources: dict[str, str], dotted: str) -> str:

@@ -104,6 +104,21 @@ class HeyaClient:
             self.writer.close()
 
 
+async def register_and_mint(port: int, cert: Cert, inbox_hex: bytes,
+                            end: int) -> tuple["HeyaClient", bytes]:
+    """A receiver's session: INCO (register the mailbox with an inbox token), then AUTH (mint
+    a send token valid from 0 to `end`), as interop §3 writes them; returns the session and
+    the token's hex."""
+    a = await HeyaClient.connect(port, cert)
+    a.send(b"INCO " + inbox_hex + b"\n")
+    await a.expect(b"INCO " + inbox_hex + b"\n")
+    a.send(b"AUTH 0 %d\n" % end)
+    await a.expect(b"AUTH ")
+    t_hex = await a.read_exact(64)
+    await a.expect(b" 0 %d\n" % end)
+    return a, t_hex
+
+
 def send_line(token_hex: bytes, body: bytes) -> bytes:
     """`SEND <token> <sha256> <len>\\n<body>\\n`, written out as interop §3 SEND says."""
     return (b"SEND " + token_hex + b" " + hashlib.sha256(body).hexdigest().encode() + b" "

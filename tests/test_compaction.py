@@ -26,7 +26,7 @@ MB_A, MB_B, MB_C = (bytes([i]) * 32 for i in (0xA1, 0xB2, 0xC3))
 def settings(tmp_path: Path, **compaction) -> Settings:
     s = Settings(data_dir=str(tmp_path))
     s.compaction.ack_grace_seconds = 60
-    s.compaction.vacuum_retention_hours = 0
+    s.compaction.vacuum_retention_seconds = 0
     for k, v in compaction.items():
         setattr(s.compaction, k, v)
     return s

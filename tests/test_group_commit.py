@@ -49,6 +49,28 @@ def test_landing_rotates_generations(layout):
     assert LandingTarget(layout, "n2", fsync=False).generation == 4
 
 
+def test_a_generation_holding_rows_is_sealed_by_age_also_when_idle(layout):
+    """Compaction drops only sealed generations: an idle node's last rows (envelope copies)
+    must not wait for its next push (ingress.generation_max_age_seconds)."""
+    target = LandingTarget(layout, "n4", max_age_seconds=0.4, fsync=False)
+
+    async def main():
+        app = GroupCommitAppender(target)
+        await app.start()
+        await asyncio.sleep(0.5)
+        assert target.generation == 1, "an empty generation is not sealed"
+        await app.append(landing_row(b"m" * 32, b"first"))
+        await asyncio.sleep(1.0)       # idle: sealed by the appender's tick
+        sealed_idle = target.generation
+        await app.append(landing_row(b"m" * 32, b"second"))
+        await app.close()
+        return sealed_idle
+
+    assert asyncio.run(main()) == 2
+    assert layout.generations("n4") == [1, 2]
+    assert target.generation == 2, "the new generation is younger than its age: kept"
+
+
 def test_failed_commit_reaches_every_caller_and_acks_nothing(layout):
     target = LandingTarget(layout, "n3", fsync=False)
 

@@ -46,7 +46,7 @@ def on_disk(root: Path) -> bytes:
 
 def test_trim_deau_dall_are_removed_from_delta(tmp_path):
     settings = Settings(data_dir=str(tmp_path))
-    settings.compaction.vacuum_retention_hours = 0
+    settings.compaction.vacuum_retention_seconds = 0
     layout = Layout(tmp_path)
     layout.ensure_shared_tables()
     inbox_a, inbox_b = mint_inbox_tokens(layout, 2, fsync=False)

@@ -24,7 +24,7 @@ from ingress.service import IngressNode
 from jobs.compact import run_compaction
 from jobs.inbox_stream import start_inbox_stream
 
-from heya_client import Cert, HeyaClient, recv_line, send_line
+from heya_client import Cert, HeyaClient, recv_line, register_and_mint, send_line
 
 END = 2220385707
 HAVE_TIMEOUT = 60.0     # one micro-batch normally; generous for a loaded 2-core machine
@@ -47,7 +47,7 @@ def test_heya_receiver_and_sender_through_the_stream(spark, settings, tmp_path):
             ] == bodies
 
     # DEAU and DALL revoked both tokens: compaction takes their messages off the disk.
-    settings.compaction.vacuum_retention_hours = 0
+    settings.compaction.vacuum_retention_seconds = 0
     report = run_compaction(settings, progress=lambda _: None)
     assert report.heya_inbox_deleted == 5
     inbox_dir = Layout.of(settings).inbox
@@ -65,13 +65,7 @@ async def _scenario(settings, tmp_path):
     try:
         port = node.heya.bound_port
         # Receiver: register the inbox, mint a send token.
-        a = await HeyaClient.connect(port, alice)
-        a.send(b"INCO " + i_hex + b"\n")
-        await a.expect(b"INCO " + i_hex + b"\n")
-        a.send(b"AUTH 0 %d\n" % END)
-        await a.expect(b"AUTH ")
-        t_hex = await a.read_exact(64)
-        await a.expect(b" 0 %d\n" % END)
+        a, t_hex = await register_and_mint(port, alice, i_hex, END)
         token = bytes.fromhex(t_hex.decode())
         # A second session of the same certificate (another device of the receiver).
         a2 = await HeyaClient.connect(port, alice, greeting=b"HEYA 0\nLAST " + t_hex

@@ -114,11 +114,23 @@ def test_status_counts_match_the_tables(day):
     inbox, acks = table(settings, INBOX), table(settings, ACKS)
     acked = set(acks.column(C.SEQ).to_pylist())
     pending: dict[str, int] = {}
+    live = 0
     for p, seq, env, exp in zip(*(inbox.column(x).to_pylist()
                                   for x in (C.PROTOCOL, C.SEQ, C.ENVELOPE, C.EXPIRES_AT))):
-        if env is not None and exp > now and seq not in acked and p != "ppp_room":
-            pending[p] = pending.get(p, 0) + 1
+        if env is not None and exp > now and seq not in acked:
+            live += len(env)
+            if p != "ppp_room":
+                pending[p] = pending.get(p, 0) + 1
     assert {p: s.pending for p, s in st.protocols.items() if s.pending} == pending
+    # storage: live ciphertext is the pending envelopes' bytes (room messages included)
+    assert st.storage.live_bytes == live > 0
+    assert st.storage.table_bytes["inbox"] > 0 and "landing" in st.storage.table_bytes
+    assert sum(st.storage.table_bytes.values()) <= st.tables_bytes
+    acked_carrying = [r[C.SEQ] for r in inbox.select([C.SEQ, C.ENVELOPE]).to_pylist()
+                      if r[C.ENVELOPE] is not None and r[C.SEQ] in acked]
+    # the day was not compacted: its acked envelopes still carry their bytes, since the day
+    assert acked_carrying
+    assert 0 < st.storage.oldest_delivered_s < (now - report.start).total_seconds() + 1
     # room messages are never acked: no pending count or age (they stay until expiry)
     assert st.protocols["ppp_room"].pending is None
     assert st.protocols["ppp_room"].oldest_pending_s is None
@@ -129,7 +141,7 @@ def test_status_counts_match_the_tables(day):
     oldest = st.protocols["trueseal"].oldest_pending_s
     assert oldest is not None and oldest < (now - report.start).total_seconds() + 1
     text = status.format_status(st)
-    assert "pending" in text and "landing lag" in text
+    assert "pending" in text and "landing lag" in text and "live ciphertext" in text
     for mailbox in set(inbox.column(C.MAILBOX).to_pylist()):
         assert mailbox.hex() not in text and mailbox.hex() not in status.to_json(st)
 
@@ -148,3 +160,18 @@ def test_private_views_hold_no_keys_or_ciphertext(day):
     assert all(len(h) == 12 for h in view.column("mailbox_hash").to_pylist())
     raw = {m.hex()[:12] for m in inbox.column(C.MAILBOX).to_pylist()}
     assert not raw & set(view.column("mailbox_hash").to_pylist())
+
+
+def test_retain_lets_retention_pass_and_reports_the_storage_ratio(tmp_path):
+    """`relay loadgen --retain`: once compaction's retention passed, the tables are no bigger
+    than compaction found them, and what they hold is mostly what is still to deliver."""
+    from runtime import config
+    settings = config.load(None, env={}, data_dir=str(tmp_path / "data"))
+    settings.compaction.vacuum_retention_seconds = 0
+    report = generate_day(settings, hours=2, scale=0.05, seed=5, retain=True)
+    assert report.live_bytes > 0
+    assert report.tables_bytes_after <= report.tables_bytes_before
+    assert sum(report.table_bytes.values()) == report.tables_bytes_after
+    st = status.collect(settings)
+    assert st.storage.oldest_delivered_s is None, "retention passed: no delivered byte left"
+    print(report.format())

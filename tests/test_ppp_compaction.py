@@ -47,7 +47,7 @@ def fold(layout: Layout):
 
 
 def test_superseded_backups_and_deregistered_tokens_leave_delta(settings):
-    settings.compaction.vacuum_retention_hours = 0
+    settings.compaction.vacuum_retention_seconds = 0
     layout = Layout.of(settings)
     layout.ensure_shared_tables()
     t1, t2, t3 = os.urandom(12), os.urandom(12), os.urandom(12)
@@ -135,7 +135,7 @@ def test_superseded_backups_and_deregistered_tokens_leave_delta(settings):
 def test_owner_writes_during_compaction_are_not_lost(settings):
     """The owner stores backups and (de)registers tokens while compaction deletes, rewrites
     and vacuums under it: every write it acknowledged is in the fresh fold."""
-    settings.compaction.vacuum_retention_hours = 0
+    settings.compaction.vacuum_retention_seconds = 0
     layout = Layout.of(settings)
     layout.ensure_shared_tables()
 

@@ -135,7 +135,7 @@ def _room(room_id: bytes, admin: bytes, expires_at: int, max_members: int = 3) -
 
 
 def test_room_control_plane_survives_a_restart_and_compaction_purges_expired_rooms(settings):
-    settings.compaction.vacuum_retention_hours = 0
+    settings.compaction.vacuum_retention_seconds = 0
     layout = Layout.of(settings)
     layout.ensure_shared_tables()
     admin = os.urandom(32)
@@ -189,7 +189,7 @@ def test_room_control_plane_survives_a_restart_and_compaction_purges_expired_roo
 def test_discovery_sets_of_a_past_pepper_are_compacted_away(settings):
     """A set filed under a pepper older than the newest any publisher used matches nothing:
     compaction deletes its rows; the rest folds back the same."""
-    settings.compaction.vacuum_retention_hours = 0
+    settings.compaction.vacuum_retention_seconds = 0
     layout = Layout.of(settings)
     layout.ensure_shared_tables()
     a, b, c = os.urandom(32), os.urandom(32), os.urandom(32)

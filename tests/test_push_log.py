@@ -23,7 +23,7 @@ def _row(at: datetime, outcome: str) -> dict:
 
 def test_old_push_log_rows_leave_and_the_marker_stays(settings):
     settings.push.log_retention_days = 7
-    settings.compaction.vacuum_retention_hours = 0
+    settings.compaction.vacuum_retention_seconds = 0
     layout = Layout.of(settings)
     layout.ensure_shared_tables()
     path = layout.ensure_tables({PUSH_LOG.name: PUSH_LOG})[PUSH_LOG.name]

@@ -34,7 +34,7 @@ def rows(layout: Layout, name: str) -> int:
 
 
 def test_superseded_sync_control_rows_leave_delta(settings):
-    settings.compaction.vacuum_retention_hours = 0
+    settings.compaction.vacuum_retention_seconds = 0
     layout = Layout.of(settings)
     layout.ensure_shared_tables()
     tok = {k: k.encode() + b"|" + os.urandom(24) for k in ("a1", "a2", "b", "c")}
@@ -111,7 +111,7 @@ def test_owner_writes_during_compaction_are_not_lost(settings):
     """Devices ack, join and register push while compaction rewrites and vacuums the tables
     (the ack appender's and the membership writer's handles go stale and must retry): the
     fresh fold equals the owner's memory."""
-    settings.compaction.vacuum_retention_hours = 0
+    settings.compaction.vacuum_retention_seconds = 0
     layout = Layout.of(settings)
     layout.ensure_shared_tables()
 

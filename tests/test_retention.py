@@ -1,0 +1,236 @@
+"""Delivered ciphertext leaves the disk within `compaction.delivered_bound_seconds`.
+
+All real: trueseal (Noise NK push, XX receive with DeliverAck) and Heya (TLS, SEND, TRIM)
+through the ingress node, the Spark stream and egress, with the relay's own compaction loop
+running beside them on a shortened clock. Each envelope carries a random 64-byte marker; after
+the bound no file under the data directory (tables, landing generations, the stream's
+checkpoint and state) nor under Spark's local directories holds the marker of a delivered
+envelope, while the marker of an envelope still waiting for its receiver is found (the scan
+sees what it looks for). A push after compaction still reaches its receiver (the readers
+survived the vacuums under them)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from delta_tables.heya_control import mint_inbox_tokens
+from delta_tables.layout import Layout
+from egress.service import EgressNode
+from ingress.service import IngressNode
+from jobs.compact import compaction_loop
+from jobs.inbox_stream import start_inbox_stream
+
+from heya_client import Cert, HeyaClient, recv_line, register_and_mint, send_line
+from test_end_to_end import push_all, receive
+from trueseal_client import keypair
+
+END = 2220385707
+# The shortened clock: 1 + 2 x 2 + 3 = 8 s of schedule inside a 30 s bound (runs take the rest).
+BOUND_S = 30
+
+
+def marker() -> bytes:
+    return os.urandom(64)
+
+
+def spark_local_dirs(spark) -> list[Path]:
+    """Where this Spark application's block manager spills and shuffles (`spark.local.dir`)."""
+    dbm = spark._jvm.org.apache.spark.SparkEnv.get().blockManager().diskBlockManager()
+    return [Path(str(d.getPath())) for d in dbm.localDirs()]
+
+
+def _parquet_values(p: Path) -> bytes:
+    """A Parquet file's binary and string values, decoded: zstd may Huffman-code a page's
+    literals, so a marker need not appear verbatim in the file's bytes."""
+    try:
+        t = pq.read_table(p)
+    except Exception:   # not Parquet after all, or vacuumed while we read
+        return b""
+    out = []
+    for col in t.columns:
+        if pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type) or \
+                pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            out += [v if isinstance(v, bytes) else v.encode() for v in col.to_pylist()
+                    if v is not None]
+    return b"\0".join(out)
+
+
+def found(markers: dict[str, bytes], roots: list[Path]) -> dict[str, list[str]]:
+    """Marker name -> the files under `roots` that hold it, verbatim or (Parquet) decoded."""
+    hits: dict[str, list[str]] = {}
+    for root in roots:
+        for p in root.rglob("*"):
+            try:
+                data = p.read_bytes() if p.is_file() else b""
+            except (FileNotFoundError, PermissionError):   # vacuumed while we walked
+                continue
+            if p.suffix == ".parquet":
+                data += b"\0" + _parquet_values(p)
+            for name, m in markers.items():
+                if m in data:
+                    hits.setdefault(name, []).append(str(p))
+    return hits
+
+
+def test_delivered_markers_leave_every_file_within_the_bound(spark, settings, tmp_path):
+    if settings.tables_dir:
+        pytest.skip("scans a local data directory")
+    settings.stream.trigger_interval_ms = 100
+    settings.ingress.generation_max_age_seconds = 1
+    c = settings.compaction
+    c.ack_grace_seconds, c.interval_seconds, c.vacuum_retention_seconds = 1, 2, 3
+    c.delivered_bound_seconds = BOUND_S
+    query, _sink = start_inbox_stream(spark, settings, fsync=False)
+    stop = threading.Event()
+    runs: list = []
+    loop = threading.Thread(target=compaction_loop, args=(settings, stop),
+                            kwargs={"progress": lambda _: None, "on_report": runs.append},
+                            daemon=True)
+    try:
+        loop.start()
+        asyncio.run(_scenario(settings, tmp_path, spark, runs))
+    finally:
+        stop.set()
+        loop.join(timeout=120)
+        query.stop()
+
+
+async def _scenario(settings, tmp_path, spark, runs):
+    (inbox_token,) = mint_inbox_tokens(Layout.of(settings), fsync=False)
+    ingress, egress = IngressNode(settings, fsync=False), EgressNode(settings, fsync=False)
+    await ingress.start()
+    await egress.start()
+    delivered: dict[str, bytes] = {}
+    waiting: dict[str, bytes] = {}
+    try:
+        relay_pub = ingress.key.public
+        push_port, recv_port = ingress.trueseal.bound_port, egress.trueseal.bound_port
+        (a_priv, a_pub), (_b_priv, b_pub) = keypair(), keypair()
+        # trueseal: two envelopes for A (delivered, DeliverAck'd), one for B (never online).
+        for i in range(2):
+            delivered[f"trueseal-{i}"] = marker()
+        waiting["trueseal-waiting"] = marker()
+        await push_all(push_port, relay_pub,
+                       [(a_pub, b"env|" + delivered[f"trueseal-{i}"]) for i in range(2)]
+                       + [(b_pub, b"env|" + waiting["trueseal-waiting"])])
+        a_conn, got = await receive(recv_port, relay_pub, a_priv, 2)
+        assert sorted(e for _, e in got) == sorted(b"env|" + delivered[f"trueseal-{i}"]
+                                                   for i in range(2))
+
+        # Heya: two SENDs on one send token; the receiver takes seq 0 and TRIMs it.
+        delivered["heya-0"] = marker().hex().encode()
+        waiting["heya-waiting"] = marker().hex().encode()
+        alice, bob = Cert(tmp_path, "alice"), Cert(tmp_path, "bob")
+        i_hex = inbox_token.hex().encode()
+        port = ingress.heya.bound_port
+        a, t_hex = await register_and_mint(port, alice, i_hex, END)
+        b = await HeyaClient.connect(port, bob)
+        for body in (delivered["heya-0"], waiting["heya-waiting"]):
+            b.send(send_line(t_hex, body))
+            await b.expect(recv_line(body))
+        await a.expect(b"HAVE " + t_hex + b" 1\nHAVE " + t_hex + b" 2\n", timeout=60)
+        a.send(b"WANT " + t_hex + b" 0\n")
+        await a.expect(b"GIVE " + t_hex + b" 0 128\n" + delivered["heya-0"] + b"\n")
+        a.send(b"TRIM " + t_hex + b" 0\n")
+        await a.expect(b"TRIM " + t_hex + b" 0 ")
+        await a.read_line()
+        acked_at = time.monotonic()
+
+        # The relay's compaction loop runs meanwhile; wait for the bound, looking each second.
+        roots = [Path(settings.data_dir), *spark_local_dirs(spark)]
+        markers = {**delivered, **waiting}
+        hits = await asyncio.to_thread(found, markers, roots)
+        assert set(delivered) <= hits.keys(), "the scan must first see the delivered markers"
+        while hits.keys() & set(delivered) and time.monotonic() - acked_at < BOUND_S:
+            await asyncio.sleep(1)
+            hits = await asyncio.to_thread(found, markers, roots)
+        gone_after = time.monotonic() - acked_at
+        assert not hits.keys() & set(delivered), (
+            f"delivered markers still on disk {BOUND_S} s after their ack: "
+            f"{ {k: v for k, v in hits.items() if k in delivered} }; compaction runs took "
+            f"{[round(r.seconds, 1) for r in runs]} s, skipped {[r.skipped for r in runs]}")
+        assert set(waiting) <= hits.keys(), "an undelivered envelope's marker must still be found"
+        print(f"delivered markers gone {gone_after:.1f} s after the last ack; compaction runs "
+              f"took {[round(r.seconds, 1) for r in runs]} s")
+
+        # Readers kept their place through the vacuums: a new push reaches A, Heya still GIVEs.
+        a_conn.close()
+        late = marker()
+        await push_all(push_port, relay_pub, [(a_pub, b"env|" + late)])
+        a_conn, got = await receive(recv_port, relay_pub, a_priv, 1, timeout=60)
+        assert [e for _, e in got] == [b"env|" + late]
+        a.send(b"WANT " + t_hex + b" 1\n")
+        await a.expect(b"GIVE " + t_hex + b" 1 128\n" + waiting["heya-waiting"] + b"\n")
+        a_conn.close()
+        a.close()
+        b.close()
+    finally:
+        await ingress.close()
+        await egress.close()
+
+
+def test_a_schedule_that_cannot_keep_the_bound_is_refused():
+    from runtime import config
+    with pytest.raises(config.ConfigError, match="delivered_bound_seconds"):
+        config.load(None, env={"RELAY_COMPACTION__INTERVAL_SECONDS": "300"})
+    s = config.load(None, env={})
+    c = s.compaction
+    assert (c.ack_grace_seconds + 2 * c.interval_seconds + c.vacuum_retention_seconds
+            <= c.delivered_bound_seconds <= 600)
+
+
+def test_vacuum_keeps_a_removed_file_for_its_retention_then_deletes_it(tmp_path):
+    """VACUUM by the second, judged from the remove action's time: a file stays while a
+    reader may still hold a snapshot naming it, and goes once the retention passed, also
+    when the commit that removed it is the table's last (no newer commit marks the time)."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from jobs.compact_step import CompactionReport, maintain
+    path = tmp_path / "t"
+    write_deltalake(str(path), pa.table({"x": [b"first-file-marker"]}))
+    (old,) = DeltaTable(str(path)).file_uris()
+    write_deltalake(str(path), pa.table({"x": [b"second"]}), mode="overwrite")
+    report = CompactionReport()
+    maintain(path, 1 << 20, 2, report)
+    old = Path(old.removeprefix("file://"))
+    assert old.exists(), "removed under 2 s ago: a reader may still need it"
+    time.sleep(2.2)
+    maintain(path, 1 << 20, 2, report)
+    assert not old.exists()
+    assert report.files_vacuumed == 1
+    assert DeltaTable(str(path)).to_pyarrow_table().column("x").to_pylist() == [b"second"]
+
+
+def test_expired_envelopes_leave_every_file_too(tmp_path):
+    """Expiry, like an ack: the expired row's bytes leave the inbox's files once compaction
+    rewrote them and its retention passed; a live row's bytes stay (the scan sees them)."""
+    from datetime import datetime, timedelta, timezone
+
+    from deltalake import write_deltalake
+
+    from jobs.compact import run_compaction
+    from runtime.config import Settings
+    from test_compaction import MB_A, MB_B, envelope, inbox_rows
+    settings = Settings(data_dir=str(tmp_path))
+    settings.compaction.vacuum_retention_seconds = 0
+    layout = Layout(tmp_path)
+    layout.ensure_shared_tables()
+    now = datetime.now(timezone.utc)
+    write_deltalake(str(layout.inbox), inbox_rows([
+        (MB_A, 1, 1, now - timedelta(seconds=1), True),    # expired, not its mailbox's max
+        (MB_A, 2, 2, now - timedelta(seconds=1), True),    # expired, kept as the max tombstone
+        (MB_B, 1, 3, now + timedelta(days=1), True)]), mode="append")
+    markers = {"expired-1": envelope(MB_A, 1), "expired-2": envelope(MB_A, 2),
+               "live": envelope(MB_B, 1)}
+    assert set(found(markers, [tmp_path])) == set(markers)
+    report = run_compaction(settings, now=now, progress=lambda _: None)
+    assert (report.expired_deleted, report.tombstones_kept) == (1, 1)
+    assert set(found(markers, [tmp_path])) == {"live"}
