@@ -99,6 +99,8 @@ EVENTS: dict[str, str] = {
                          "retries (size, error)",
     "commit_failed": "a group commit failed; its callers hear the error (rows)",
     "ingress_stopped": "ingress finished its last commits and stopped (rows)",
+    "landing_seal_failed": "sealing an idle landing generation by age failed; the next commit "
+                           "or tick retries (error)",
     "node_id_taken": "an ingress process refused to start: its node id is another's or "
                      "already running (delta_tables/node_claim.py)",
     # heya (ingress process)
