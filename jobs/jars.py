@@ -63,10 +63,12 @@ def coordinates() -> list[tuple[str, str, str]]:
 
 
 def _pom(sdk_version: str | None) -> str:
+    """The jars' pom: with `sdk_version`, hadoop-aws without the SDK `bundle` and the S3
+    modules of that version instead; without, hadoop-aws as it declares itself."""
     deps = []
     for group, artifact, version in coordinates():
         exclusions = ""
-        if artifact == "hadoop-aws":
+        if artifact == "hadoop-aws" and sdk_version:
             exclusions = ("<exclusions><exclusion><groupId>software.amazon.awssdk</groupId>"
                           "<artifactId>bundle</artifactId></exclusion></exclusions>")
         deps.append(f"<dependency><groupId>{group}</groupId><artifactId>{artifact}</artifactId>"
@@ -95,9 +97,7 @@ def _mvn(pom_dir: Path, *goal: str) -> str:
 
 def _sdk_version(work: Path) -> str:
     """The AWS SDK version hadoop-aws declares (its `bundle` dependency)."""
-    (work / "pom.xml").write_text(_pom(None).replace(
-        "<exclusions><exclusion><groupId>software.amazon.awssdk</groupId><artifactId>bundle"
-        "</artifactId></exclusion></exclusions>", ""))
+    (work / "pom.xml").write_text(_pom(None))
     listing = work / "deps.txt"
     _mvn(work, "dependency:tree", "-Dincludes=software.amazon.awssdk:bundle",
          f"-DoutputFile={listing}")
