@@ -1,0 +1,95 @@
+"""Nothing of an identity stays behind once its last session is gone (one address, many
+people): a few hundred fresh PPP pubkeys log in from one address on loopback, are evicted
+at the address's cap or leave, and every per-identity structure of the real listener is
+back to its size before; the rate budgets (kept on purpose for their window, so a client
+cannot reset its budget by reconnecting) are empty once the window has passed. The hostile
+suite's same-address scenario is the same at 10,000 (tests/hostile/)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from nacl.signing import SigningKey
+
+from ppp_wire import pack, unpack
+from test_ppp_hostile import login
+from test_ppp_shell import Clock, node as ppp_node
+
+FRESH = 300       # identities, one connection each
+AT_ONCE = 8       # logging in at once (below the address's cap: none evicted before FETCH)
+
+
+def per_identity(srv) -> dict[str, int]:
+    """The size of everything the PPP listener keeps by pubkey, certificate or connection."""
+    adm = srv.admission
+    return {"admission_slots": adm.total,
+            "admission_identities": len(adm._identities),
+            "admission_addresses": sum(len(book.by_address) for book in adm._books.values()),
+            "sessions_by_pubkey": len(srv.inbox.sessions),
+            "last_seen": len(srv.inbox.sessions.last_seen),
+            "room_subscriptions": len(srv.rooms._subscribed),
+            "knock_admissions": len(srv.service.rooms.knocks._admitted),
+            "http_signatures": len(srv._seen_sigs),
+            "websockets": srv.connections}
+
+
+async def until(check, seconds: float) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not in time"
+        await asyncio.sleep(0.05)
+
+
+def test_ppp_fresh_pubkeys_leave_nothing_behind(settings):
+    settings.ppp.max_auth_sessions_per_address = 16   # most of them are evicted for the next
+    clock = Clock()
+
+    async def go():
+        async with ppp_node(settings, clock) as n:
+            srv, port = n.ppp, n.ppp.bound_port
+            # one user registered for push: its departure is what the push job needs
+            pushed = SigningKey.generate()
+            ws, r = await login(port, "127.0.0.1", pushed)
+            assert r == {"cmd": "AUTH_OK"}
+            await ws.send(pack({"cmd": "REGISTER_PUSH", "platform": "apns",
+                                "token": os.urandom(32).hex()}))
+            assert unpack(await asyncio.wait_for(ws.recv(), 5)) == {"cmd": "PUSH_REGISTERED"}
+            await ws.close()
+            await until(lambda: srv.admission.total == 0, 5)
+            before = per_identity(srv)
+            assert before["last_seen"] == 1
+            budget_keys = len(srv.budgets)
+
+            held, gate = [], asyncio.Semaphore(AT_ONCE)
+
+            async def one(i: int) -> None:
+                async with gate:
+                    ws, r = await login(port, "127.0.0.2")
+                    assert r == {"cmd": "AUTH_OK"}, r
+                    await ws.send(pack({"cmd": "FETCH", "since": 0}))
+                    assert unpack(await asyncio.wait_for(ws.recv(), 5))["cmd"] == "EVENTS"
+                    held.append(ws)
+
+            await asyncio.gather(*(one(i) for i in range(FRESH)))
+            assert len(srv.budgets) == budget_keys + FRESH          # FETCH's, per pubkey
+            assert srv.admission.decisions[("auth", "evicted_address_cap")] >= FRESH - 16
+            assert len(srv.inbox.sessions) <= 16
+            # the rest leave: some close, some vanish (as a killed attacker's do)
+            for i, ws in enumerate(held):
+                if ws.close_code is not None:
+                    continue
+                if i % 2:
+                    await ws.close()
+                else:
+                    ws.transport.abort()
+            await until(lambda: per_identity(srv)["websockets"] == 0
+                        and srv.admission.total == 0, 10)
+            assert per_identity(srv) == before
+            assert srv.inbox.sessions.last_seen.get(bytes(pushed.verify_key)) is not None
+            # the budgets outlive the sessions for their window (60 s for FETCH), no longer
+            clock.t += 61
+            srv.budgets.sweep(clock())
+            assert len(srv.budgets) == 0
+
+    asyncio.run(go())
