@@ -2,8 +2,9 @@
 people): a few hundred fresh PPP pubkeys log in from one address on loopback, are evicted
 at the address's cap or leave, and every per-identity structure of the real listener is
 back to its size before; the rate budgets (kept on purpose for their window, so a client
-cannot reset its budget by reconnecting) are empty once the window has passed. The hostile
-suite's same-address scenario is the same at 10,000 (tests/hostile/)."""
+cannot reset its budget by reconnecting) are empty once the window has passed. The same
+for Heya with a fresh certificate per connection. The hostile suite's same-address scenarios
+are these at 10,000 (tests/hostile/test_hostile_same_address.py)."""
 
 from __future__ import annotations
 
@@ -91,5 +92,36 @@ def test_ppp_fresh_pubkeys_leave_nothing_behind(settings):
             clock.t += 61
             srv.budgets.sweep(clock())
             assert len(srv.budgets) == 0
+
+    asyncio.run(go())
+
+
+def test_heya_fresh_certificates_leave_nothing_behind(settings, tmp_path):
+    """The same with a fresh self-signed certificate per connection (strangers, PINGing)."""
+    from heya_client import Cert, HeyaClient
+    from test_heya_shell import node as heya_node
+
+    certs = [Cert(tmp_path / "certs", f"c{i}") for i in range(120)]
+
+    async def go():
+        async with heya_node(settings, max_unauth_sessions_per_address=16) as n:
+            srv = n.heya
+            before = (srv.admission.total, len(srv.admission._identities),
+                      len(srv.inbox.sessions), len(srv.inbox.sessions.last_seen))
+            held = []
+            for cert in certs:
+                c = await HeyaClient.connect(srv.bound_port, cert)
+                c.send(b"PING\n")
+                await c.expect(b"PONG\n")
+                held.append(c)
+            assert srv.admission.decisions[("unauth", "evicted_address_cap")] >= 100
+            for i, c in enumerate(held):
+                if i % 2:
+                    c.close()
+                else:
+                    c.writer.transport.abort()
+            await until(lambda: srv.admission.total == 0 and not len(srv.inbox.sessions), 10)
+            assert (srv.admission.total, len(srv.admission._identities),
+                    len(srv.inbox.sessions), len(srv.inbox.sessions.last_seen)) == before
 
     asyncio.run(go())
