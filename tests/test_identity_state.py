@@ -3,7 +3,9 @@ people): a few hundred fresh PPP pubkeys log in from one address on loopback, ar
 at the address's cap or leave, and every per-identity structure of the real listener is
 back to its size before; the rate budgets (kept on purpose for their window, so a client
 cannot reset its budget by reconnecting) are empty once the window has passed. The same
-for Heya with a fresh certificate per connection. The hostile suite's same-address scenarios
+for Heya with a fresh certificate per connection and trueseal receive with a fresh device
+key. (cursor-sync: a fresh device's HELLO creates a group, a control-table row for good, and
+its member's last-seen time with it, which PRESENCE reports.) The hostile suite's same-address scenarios
 are these at 10,000 (tests/hostile/test_hostile_same_address.py)."""
 
 from __future__ import annotations
@@ -125,3 +127,30 @@ def test_heya_fresh_certificates_leave_nothing_behind(settings, tmp_path):
                     len(srv.inbox.sessions), len(srv.inbox.sessions.last_seen)) == before
 
     asyncio.run(go())
+
+
+def test_trueseal_receive_fresh_device_keys_leave_nothing_behind():
+    """The same with a fresh Noise XX static key (device key) per receive session."""
+    from loopback import wait_until
+    from test_listener_budgets import close_all, trueseal
+    from test_trueseal_shells import make_settings, receive_relay, run
+    from trueseal_client import XX, keypair
+
+    conf = make_settings(heartbeat_idle_seconds=60.0, heartbeat_timeout_seconds=60.0,
+                         max_receive_sessions_per_address=16)
+
+    async def main():
+        async with receive_relay(conf) as relay:
+            port, srv, hub = relay.server.bound_port, relay.server, relay.hub
+            before = (srv.admission.total, len(srv.admission._identities), len(hub._boxes))
+            held = []
+            for _ in range(120):
+                held.append(await trueseal(port, "127.0.0.2", XX, keypair()[0]))
+            await wait_until(lambda: srv.admission.decisions[
+                ("auth", "evicted_address_cap")] >= 100)
+            close_all(held)
+            await wait_until(lambda: srv.admission.total == 0 and hub.sessions_open() == 0)
+            assert (srv.admission.total, len(srv.admission._identities),
+                    len(hub._boxes)) == before
+
+    run(main())
