@@ -42,12 +42,14 @@ import logging
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Callable
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
 from delta_tables import object_store, orphan_files
+from delta_tables.landing_lag import consumed_versions
 from delta_tables.layout import GENERATION_RE, Layout
 from delta_tables.query import sql
 from delta_tables.schema import ACKS, INBOX, PADDING_AUDIT, REJECTS, C
@@ -111,7 +113,7 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
         return f"{report.acks_removed} acks removed"
 
     def landing() -> str:
-        report.landing_dropped = _drop_landing(layout)
+        report.landing_dropped = _drop_landing(layout, settings.stream_checkpoint)
         return f"{report.landing_dropped} consumed landing generations dropped"
 
     step("purge acked", purge)
@@ -262,13 +264,15 @@ def _sweep_orphans(layout: Layout, report: CompactionReport, min_age_seconds: in
 
 def drop_consumed_landing(layout: Layout) -> int:
     """Step 4 alone (the load generator seals its synthetic day with it)."""
-    return _drop_landing(layout)
+    return _drop_landing(layout, None)
 
 
-def _drop_landing(layout: Layout) -> int:
+def _drop_landing(layout: Layout, checkpoint: Path | None) -> int:
     """Remove generations that are sealed (a newer one exists for the node, so ingress no
-    longer writes there) and whose every version the stream has committed."""
-    consumed = layout.read_landing_consumed()
+    longer writes there) and whose every version the stream has committed: by its consumed
+    file or its checkpoint (`checkpoint`, the stream's), whichever is further on; the file
+    alone left the generation of an idle stream's last batch on disk."""
+    consumed = consumed_versions(layout, checkpoint)
     dropped = 0
     for key, path in layout.landing_tables().items():
         node, gen_name = key.split("/")

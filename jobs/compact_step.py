@@ -47,6 +47,12 @@ Result = TypeVar("Result")
 COMMIT_ATTEMPTS = 5
 RETRY_BACKOFF_SECONDS = 0.05
 
+# A checkpoint is written once the commits after the last one hold this many bytes: it then
+# replaces more log than it adds once the retention lets those commits go. A checkpoint of a
+# table with a few short commits (~12 KiB of Parquet for a few KiB of JSON) would make a
+# table bigger than compaction found it; an idle table keeps its checkpoint.
+CHECKPOINT_MIN_LOG_BYTES = 32 * 1024
+
 S, T = "s", "t"  # merge aliases: source, target
 SAME_MAILBOX = " AND ".join(f"{T}.{c} = {S}.{c}" for c in (C.PROTOCOL, C.MAILBOX))
 
@@ -194,7 +200,8 @@ def prune_control_tables(protocol: str, paths: Mapping[str, Path],
 def maintain(path: Path, target_size: int, retention_seconds: int,
              report: CompactionReport) -> str:
     """OPTIMIZE (small files into `target_size`), VACUUM (files removed more than
-    `retention_seconds` ago leave the disk: `_vacuum_removed`), checkpoint, and the log's
+    `retention_seconds` ago leave the disk: `_vacuum_removed`), a checkpoint when the log
+    since the last one is long enough to pay for it, and the log's
     entries before the newest checkpoint older than `retention_seconds` deleted
     (delta_tables/log_retention.py). VACUUM goes first, while the commits that removed its
     files are still in the log to tell their removal times. Files no log names are swept
@@ -207,11 +214,13 @@ def maintain(path: Path, target_size: int, retention_seconds: int,
     dt = DeltaTable(str(path))
     vacuumed = _vacuum_removed(dt, path, retention_seconds)
     report.files_vacuumed += vacuumed
-    if _last_checkpoint(path) != dt.version():  # an idle table keeps its checkpoint
+    checkpoint = ""
+    if _log_bytes_since_checkpoint(path) >= CHECKPOINT_MIN_LOG_BYTES:
         dt.create_checkpoint()
+        checkpoint = f", checkpoint at v{dt.version()}"
     cleaned = log_retention.clean(path, retention_seconds)
     report.log_entries_removed += cleaned
-    return (f"{compacted} files compacted, checkpoint at v{dt.version()}, {vacuumed} vacuumed, "
+    return (f"{compacted} files compacted{checkpoint}, {vacuumed} vacuumed, "
             f"{cleaned} log entries removed")
 
 
@@ -233,11 +242,20 @@ def _vacuum_removed(dt: DeltaTable, path: Path, retention_seconds: int) -> int:
     return gone
 
 
-def _last_checkpoint(path: Path) -> int | None:
+def _log_bytes_since_checkpoint(path: Path) -> int:
+    """Bytes of the commits after the table's newest checkpoint (all of them: none yet)."""
     try:
-        return json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
+        since = json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
     except (FileNotFoundError, ValueError, KeyError):
-        return None
+        since = -1
+    total = 0
+    for f in (path / "_delta_log").iterdir():
+        if f.name.endswith(".json") and f.name[:20].isdigit() and int(f.name[:20]) > since:
+            try:
+                total += f.stat().st_size
+            except FileNotFoundError:
+                continue
+    return total
 
 
 def human_bytes(n: int) -> str:

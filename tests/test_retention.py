@@ -234,3 +234,121 @@ def test_expired_envelopes_leave_every_file_too(tmp_path):
     report = run_compaction(settings, now=now, progress=lambda _: None)
     assert (report.expired_deleted, report.tombstones_kept) == (1, 1)
     assert set(found(markers, [tmp_path])) == {"live"}
+
+
+# The storage ratio's run: a few large envelopes wait (the live ciphertext outweighs the
+# tables' fixed footprint, a log entry or two each), many small ones are delivered, each in
+# a commit of its own, as a day's traffic is: kept for the log's default day, their commits
+# alone would take the ratio past 2x.
+RATIO_ENVELOPES = 20
+RATIO_ENVELOPE_BYTES = 16 * 1024
+DELIVERED_COMMITS = 150
+
+
+def test_after_the_bound_the_tables_hold_at_most_twice_what_is_undelivered(spark, settings):
+    """A real relay run on the shortened clock: many small envelopes delivered and acked, each
+    in commits of its own, a few large ones waiting. Once the bound has passed, every table's bytes on disk (data, logs, checkpoints)
+    are at most RATIO_BOUND x the live ciphertext plus the inbox rows' metadata, as
+    delta_tables/storage.py measures it for `relay status`; the day's many small commits left
+    no log behind them."""
+    from delta_tables import storage
+    settings.stream.trigger_interval_ms = 100
+    settings.ingress.generation_max_age_seconds = 1
+    c = settings.compaction
+    c.ack_grace_seconds, c.interval_seconds, c.vacuum_retention_seconds = 1, 2, 3
+    c.delivered_bound_seconds = BOUND_S
+    query, _sink = start_inbox_stream(spark, settings, fsync=False)
+    stop = threading.Event()
+    loop = threading.Thread(target=compaction_loop, args=(settings, stop),
+                            kwargs={"progress": lambda _: None}, daemon=True)
+    try:
+        loop.start()
+        measured = asyncio.run(_ratio_scenario(settings))
+    finally:
+        stop.set()
+        loop.join(timeout=120)
+        query.stop()
+    layout = Layout.of(settings)
+    print(f"after the bound: live {measured.live_bytes}, row metadata "
+          f"{measured.row_metadata_bytes}, on disk {measured.on_disk}, ratio "
+          f"{measured.ratio:.2f}x; per table {measured.table_bytes}")
+    assert measured.live_bytes == RATIO_ENVELOPES * (RATIO_ENVELOPE_BYTES + 4)  # b"env|"
+    assert measured.oldest_delivered_s is None, "a delivered byte is still on disk"
+    assert measured.ratio <= storage.RATIO_BOUND, measured
+    inbox_log = list((layout.inbox / "_delta_log").glob("*.json"))
+    assert len(inbox_log) < 20, "the inbox's commits stayed in its log past the retention"
+
+
+async def _ratio_scenario(settings):
+    from datetime import datetime, timezone
+
+    from delta_tables import storage
+    ingress, egress = IngressNode(settings, fsync=False), EgressNode(settings, fsync=False)
+    await ingress.start()
+    await egress.start()
+    try:
+        relay_pub = ingress.key.public
+        push_port, recv_port = ingress.trueseal.bound_port, egress.trueseal.bound_port
+        (a_priv, a_pub), (_b_priv, b_pub) = keypair(), keypair()
+        await push_all(push_port, relay_pub, [(b_pub, b"env|" + os.urandom(RATIO_ENVELOPE_BYTES))
+                                              for _ in range(RATIO_ENVELOPES)])
+        for _ in range(DELIVERED_COMMITS):     # one push session, one landing commit each
+            await push_all(push_port, relay_pub, [(a_pub, b"env|" + os.urandom(1024))])
+        a_conn, got = await receive(recv_port, relay_pub, a_priv, DELIVERED_COMMITS,
+                                    timeout=120)
+        acked_at = time.monotonic()
+        a_conn.close()
+        # Acked at the latest when the device session ends; then the bound passes.
+        await asyncio.sleep(max(0.0, BOUND_S - (time.monotonic() - acked_at)))
+        return await asyncio.to_thread(storage.measure, Layout.of(settings),
+                                       datetime.now(timezone.utc))
+    finally:
+        await ingress.close()
+        await egress.close()
+
+
+def test_a_compaction_run_never_leaves_the_tables_bigger_once_its_retention_passed(tmp_path):
+    """The case where compaction can only add: every row live (nothing to purge or expire),
+    in many small commits, and a small table of two commits. OPTIMIZE rewrites, checkpoints
+    are written; once the retention passed and the next run vacuumed and cleaned the logs,
+    no table is bigger than the first run found it."""
+    from datetime import datetime, timedelta, timezone
+
+    from deltalake import write_deltalake
+
+    from delta_tables.object_store import disk_usage
+    from delta_tables.storage import table_bytes
+    from jobs.compact import run_compaction
+    from runtime.config import Settings
+    from test_compaction import MB_A, inbox_rows
+    settings = Settings(data_dir=str(tmp_path))
+    settings.compaction.vacuum_retention_seconds = 1
+    layout = Layout(tmp_path)
+    layout.ensure_shared_tables()
+    later = datetime.now(timezone.utc) + timedelta(days=1)
+    for n in range(60):
+        write_deltalake(str(layout.inbox), inbox_rows([(MB_A, n + 1, n + 1, later, True)]),
+                        mode="append")
+    write_deltalake(str(layout.rejects), _reject_rows(), mode="append")
+    before = table_bytes(layout)
+    first = run_compaction(settings, progress=lambda _: None)
+    assert first.files_compacted >= 60
+    time.sleep(1.2)
+    second = run_compaction(settings, progress=lambda _: None)
+    after = table_bytes(layout)
+    print(f"tables before {before}, after {after}")
+    for name, n in after.items():
+        assert n <= before.get(name, 0), (name, before.get(name), n)
+    assert second.bytes_after == disk_usage(layout.tables) <= first.bytes_before
+    assert len(list((layout.inbox / "_delta_log").glob("*.json"))) < 5   # of 61 commits
+
+
+def _reject_rows() -> pa.Table:
+    from datetime import datetime, timezone
+
+    from delta_tables.schema import REJECTS, C
+    now = datetime.now(timezone.utc)
+    row = {C.EVENT_ID: b"\x01" * 32, C.PROTOCOL: "trueseal", C.MAILBOX: b"\x02" * 32,
+           C.SIZE: 100, C.REASON: "duplicate", C.RECEIVED_AT: now, C.REJECTED_AT: now,
+           C.LANDING_TABLE: "node-0/g000001", C.LANDING_VERSION: 1, C.BATCH_ID: 0}
+    return pa.Table.from_pylist([row], schema=REJECTS.arrow_schema())
