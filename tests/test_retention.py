@@ -352,3 +352,39 @@ def _reject_rows() -> pa.Table:
            C.SIZE: 100, C.REASON: "duplicate", C.RECEIVED_AT: now, C.REJECTED_AT: now,
            C.LANDING_TABLE: "node-0/g000001", C.LANDING_VERSION: 1, C.BATCH_ID: 0}
     return pa.Table.from_pylist([row], schema=REJECTS.arrow_schema())
+
+
+def test_files_no_log_names_go_once_older_than_the_slack_and_no_sooner(tmp_path):
+    """A write that failed between its Parquet file and its commit leaves a file no log
+    names. Compaction deletes it once it is older than the bound's slack (by its age: a write
+    in progress commits within seconds); a younger one stays, and so does an old file the log
+    removed a moment ago (it waits for VACUUM's retention: a reader may hold a snapshot
+    naming it), and every file the snapshot names."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from jobs.compact import run_compaction
+    from runtime.config import Settings, orphan_age_seconds
+    settings = Settings(data_dir=str(tmp_path))
+    c = settings.compaction
+    c.ack_grace_seconds, c.interval_seconds, c.vacuum_retention_seconds = 1, 2, 30
+    c.delivered_bound_seconds = 60
+    slack = orphan_age_seconds(c)
+    layout = Layout(tmp_path)
+    layout.ensure_shared_tables()
+    path = layout.rejects
+    write_deltalake(str(path), _reject_rows(), mode="append")
+    (removed,) = [Path(u.removeprefix("file://")) for u in DeltaTable(str(path)).file_uris()]
+    write_deltalake(str(path), _reject_rows(), mode="overwrite")    # removes the first file
+    old = time.time() - slack - 5
+    os.utime(removed, (old, old))
+    failed_write = path / "part-00001-0badc0de-failed-write-c000.zstd.parquet"
+    failed_write.write_bytes(b"PAR1 half a file")
+    os.utime(failed_write, (old, old))
+    in_flight = path / "part-00002-0badc0de-in-flight-c000.zstd.parquet"
+    in_flight.write_bytes(b"PAR1 being written")
+    report = run_compaction(settings, progress=lambda _: None)
+    assert report.orphans_deleted == 1
+    assert not failed_write.exists()
+    assert in_flight.exists(), "younger than the slack: maybe a write in progress"
+    assert removed.exists(), "removed under vacuum_retention_seconds ago: VACUUM decides"
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 1
