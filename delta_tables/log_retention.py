@@ -52,3 +52,13 @@ def clean(path: Path, retention_seconds: float, now: float | None = None) -> int
             f.unlink(missing_ok=True)
             deleted += 1
     return deleted
+
+
+def outlived(exc: BaseException) -> bool:
+    """A writer's handle outlived the log entries it was loaded from (deleted by `clean`):
+    delta-rs finds neither the checkpoint the handle rests on nor the commits after its
+    version ("Invalid table version" when updating it). The handle is reopened at the
+    newest version and the write retried, as after a lost commit race."""
+    text = str(exc)
+    return "Invalid table version" in text or (
+        "_delta_log" in text and ("not found" in text or "No such file" in text))

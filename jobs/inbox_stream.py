@@ -42,9 +42,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
-from delta_tables import writer_fence
+from delta_tables import log_retention, writer_fence
 from delta_tables.group_commit import COMMIT_ATTEMPTS, fsync_version
 from delta_tables.txn_append import AlreadyCommitted, TxnAppender, UnsupportedTable
 from delta_tables.landing_source import SOURCE_NAME, batch_files, read_files
@@ -260,10 +260,13 @@ class InboxSink:
                 write_deltalake(dt, data, mode="append", commit_properties=CommitProperties(
                     app_transactions=txns))
                 break
-            except CommitFailedError:
-                # compaction removed files since this handle was opened (group_commit.py), or
-                # another stream advanced the writer counter: reopen, re-check the marker
-                # (exactly once) and the counter, retry
+            except DeltaError as exc:
+                # compaction removed files since this handle was opened (group_commit.py) or
+                # the log entries it was loaded from (log_retention.py), or another stream
+                # advanced the writer counter: reopen, re-check the marker (exactly once) and
+                # the counter, retry
+                if not (isinstance(exc, CommitFailedError) or log_retention.outlived(exc)):
+                    raise
                 self._handles.pop(tdef.name, None)
                 if attempt == COMMIT_ATTEMPTS - 1:
                     raise

@@ -452,30 +452,34 @@ def generate_day(settings: Settings, *, day: str | None = None, hours: float = 2
     layout.write_landing_consumed(consumed)
     from .compact import drop_consumed_landing, run_compaction
     report.landing_dropped = drop_consumed_landing(layout)
+    # one moment for every run and measure: the second run then finds nothing new to purge
+    # or expire, and only lets the first's retention pass (VACUUM and the log cleanup go by
+    # the real clock)
+    now = datetime.now(timezone.utc)
     if retain:
         from delta_tables import storage
-        report.storage_before = storage.measure(layout, datetime.now(timezone.utc))
+        report.storage_before = storage.measure(layout, now)
     if compact or retain:
-        first = run_compaction(settings, progress=say)
+        first = run_compaction(settings, now=now, progress=say)
         say(first.format())
         if retain:
-            _let_retention_pass(settings, layout, first, report, say)
+            _let_retention_pass(settings, layout, first, now, report, say)
     report.seconds = time.monotonic() - t_start
     return report
 
 
-def _let_retention_pass(settings: Settings, layout: Layout, first, report: DayReport,
-                        say: Progress) -> None:
+def _let_retention_pass(settings: Settings, layout: Layout, first, now: datetime,
+                        report: DayReport, say: Progress) -> None:
     from delta_tables import storage
 
     from .compact import run_compaction
     wait = settings.compaction.vacuum_retention_seconds + 1
     say(f"waiting {wait} s for compaction's retention, then compacting again")
     time.sleep(wait)
-    second = run_compaction(settings, progress=say)
+    second = run_compaction(settings, now=now, progress=say)
     report.tables_bytes_before = first.bytes_before
     report.tables_bytes_after = second.bytes_after
-    report.storage_after = storage.measure(layout, datetime.now(timezone.utc))
+    report.storage_after = storage.measure(layout, now)
 
 
 def _room_traffic(layout: Layout, rng: np.random.Generator, start: datetime, end: datetime,

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from runtime import config, logs
 from .up import SUPERVISED_ENV, role_env

@@ -3,10 +3,11 @@
 From the tables (DataFusion through delta-rs; no Spark, no running relay needed):
   per protocol: inbox rows, pending (an envelope, not expired, not acked), the oldest pending
   envelope's age, acks, rejects by reason; landing lag in commits and seconds; bytes on disk.
-  Storage (docs/operating/retention.md): the live ciphertext (envelopes not yet delivered),
-  the bytes on disk per table, and the oldest delivered byte still on disk: the longest an
-  acked envelope has kept its bytes in the inbox, or a file the log removed has waited for
-  VACUUM, whichever is older.
+  Storage (docs/operating/retention.md, delta_tables/storage.py): the live ciphertext
+  (envelopes not yet delivered), the inbox rows' metadata, the bytes on disk per table, the
+  storage ratio, and the oldest delivered byte still on disk: the longest an acked envelope
+  has kept its bytes in the inbox, or a file the log removed has waited for VACUUM,
+  whichever is older.
   PPP room messages (`ppp_room`) are never acked (they stay until their room's expiry), so
   they have no pending count or age ("-").
 From each role's /metrics (`[metrics]` ports), when it answers: what that process counted

@@ -388,3 +388,32 @@ def test_files_no_log_names_go_once_older_than_the_slack_and_no_sooner(tmp_path)
     assert in_flight.exists(), "younger than the slack: maybe a write in progress"
     assert removed.exists(), "removed under vacuum_retention_seconds ago: VACUUM decides"
     assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 1
+
+
+def test_a_writer_whose_handle_outlived_the_log_reopens_it(tmp_path):
+    """A long-lived appender (egress's acks, a protocol's control tables) holds a handle
+    loaded from a checkpoint; compaction then writes a newer one and deletes the older with
+    the commits before it. The next append finds its handle's log gone, reopens the table
+    and commits: no append is lost."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from delta_tables.group_commit import DeltaAppendTarget
+    from delta_tables.schema import REJECTS
+    from jobs.compact_step import CompactionReport, maintain
+    path = tmp_path / "rejects"
+    report = CompactionReport()
+
+    def many_commits():
+        for _ in range(40):          # past CHECKPOINT_MIN_LOG_BYTES of commits
+            write_deltalake(str(path), _reject_rows(), mode="append")
+
+    many_commits()
+    maintain(path, 1 << 20, 0, report)
+    target = DeltaAppendTarget(path, REJECTS, fsync=False)
+    target.commit(_reject_rows())   # the handle now rests on that checkpoint
+    first_checkpoint = sorted((path / "_delta_log").glob("*.checkpoint.parquet"))
+    many_commits()
+    maintain(path, 1 << 20, 0, report)
+    assert not any(p.exists() for p in first_checkpoint), "the handle's checkpoint is gone"
+    target.commit(_reject_rows())
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 82
