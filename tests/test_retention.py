@@ -12,6 +12,7 @@ survived the vacuums under them)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -23,13 +24,11 @@ import pytest
 
 from delta_tables.heya_control import mint_inbox_tokens
 from delta_tables.layout import Layout
-from egress.service import EgressNode
-from ingress.service import IngressNode
 from jobs.compact import compaction_loop
 from jobs.inbox_stream import start_inbox_stream
 
 from heya_client import Cert, HeyaClient, recv_line, register_and_mint, send_line
-from test_end_to_end import push_all, receive
+from test_end_to_end import push_all, receive, relay_nodes
 from trueseal_client import keypair
 
 END = 2220385707
@@ -83,6 +82,15 @@ def found(markers: dict[str, bytes], roots: list[Path]) -> dict[str, list[str]]:
 def test_delivered_markers_leave_every_file_within_the_bound(spark, settings, tmp_path):
     if settings.tables_dir:
         pytest.skip("scans a local data directory")
+    runs: list = []
+    with shortened_clock(spark, settings, runs):
+        asyncio.run(_scenario(settings, tmp_path, spark, runs))
+
+
+@contextlib.contextmanager
+def shortened_clock(spark, settings, runs: list):
+    """The relay's stream and compaction loop (its reports into `runs`) on the shortened
+    clock: 1 + 2 x 2 + 3 = 8 s of schedule inside BOUND_S."""
     settings.stream.trigger_interval_ms = 100
     settings.ingress.generation_max_age_seconds = 1
     c = settings.compaction
@@ -90,13 +98,12 @@ def test_delivered_markers_leave_every_file_within_the_bound(spark, settings, tm
     c.delivered_bound_seconds = BOUND_S
     query, _sink = start_inbox_stream(spark, settings, fsync=False)
     stop = threading.Event()
-    runs: list = []
     loop = threading.Thread(target=compaction_loop, args=(settings, stop),
                             kwargs={"progress": lambda _: None, "on_report": runs.append},
                             daemon=True)
     try:
         loop.start()
-        asyncio.run(_scenario(settings, tmp_path, spark, runs))
+        yield
     finally:
         stop.set()
         loop.join(timeout=120)
@@ -105,12 +112,9 @@ def test_delivered_markers_leave_every_file_within_the_bound(spark, settings, tm
 
 async def _scenario(settings, tmp_path, spark, runs):
     (inbox_token,) = mint_inbox_tokens(Layout.of(settings), fsync=False)
-    ingress, egress = IngressNode(settings, fsync=False), EgressNode(settings, fsync=False)
-    await ingress.start()
-    await egress.start()
     delivered: dict[str, bytes] = {}
     waiting: dict[str, bytes] = {}
-    try:
+    async with relay_nodes(settings) as (ingress, egress):
         relay_pub = ingress.key.public
         push_port, recv_port = ingress.trueseal.bound_port, egress.trueseal.bound_port
         (a_priv, a_pub), (_b_priv, b_pub) = keypair(), keypair()
@@ -172,9 +176,6 @@ async def _scenario(settings, tmp_path, spark, runs):
         a_conn.close()
         a.close()
         b.close()
-    finally:
-        await ingress.close()
-        await egress.close()
 
 
 def test_a_schedule_that_cannot_keep_the_bound_is_refused():
@@ -247,27 +248,13 @@ DELIVERED_COMMITS = 150
 
 def test_after_the_bound_the_tables_hold_at_most_twice_what_is_undelivered(spark, settings):
     """A real relay run on the shortened clock: many small envelopes delivered and acked, each
-    in commits of its own, a few large ones waiting. Once the bound has passed, every table's bytes on disk (data, logs, checkpoints)
-    are at most RATIO_BOUND x the live ciphertext plus the inbox rows' metadata, as
+    in commits of its own, a few large ones waiting. Once the bound has passed, every table's
+    bytes on disk (data, logs, checkpoints) are at most RATIO_BOUND x the live ciphertext plus the inbox rows' metadata, as
     delta_tables/storage.py measures it for `relay status`; the day's many small commits left
     no log behind them."""
     from delta_tables import storage
-    settings.stream.trigger_interval_ms = 100
-    settings.ingress.generation_max_age_seconds = 1
-    c = settings.compaction
-    c.ack_grace_seconds, c.interval_seconds, c.vacuum_retention_seconds = 1, 2, 3
-    c.delivered_bound_seconds = BOUND_S
-    query, _sink = start_inbox_stream(spark, settings, fsync=False)
-    stop = threading.Event()
-    loop = threading.Thread(target=compaction_loop, args=(settings, stop),
-                            kwargs={"progress": lambda _: None}, daemon=True)
-    try:
-        loop.start()
+    with shortened_clock(spark, settings, []):
         measured = asyncio.run(_ratio_scenario(settings))
-    finally:
-        stop.set()
-        loop.join(timeout=120)
-        query.stop()
     layout = Layout.of(settings)
     print(f"after the bound: live {measured.live_bytes}, row metadata "
           f"{measured.row_metadata_bytes}, on disk {measured.on_disk}, ratio "
@@ -283,10 +270,7 @@ async def _ratio_scenario(settings):
     from datetime import datetime, timezone
 
     from delta_tables import storage
-    ingress, egress = IngressNode(settings, fsync=False), EgressNode(settings, fsync=False)
-    await ingress.start()
-    await egress.start()
-    try:
+    async with relay_nodes(settings) as (ingress, egress):
         relay_pub = ingress.key.public
         push_port, recv_port = ingress.trueseal.bound_port, egress.trueseal.bound_port
         (a_priv, a_pub), (_b_priv, b_pub) = keypair(), keypair()
@@ -302,9 +286,6 @@ async def _ratio_scenario(settings):
         await asyncio.sleep(max(0.0, BOUND_S - (time.monotonic() - acked_at)))
         return await asyncio.to_thread(storage.measure, Layout.of(settings),
                                        datetime.now(timezone.utc))
-    finally:
-        await ingress.close()
-        await egress.close()
 
 
 def test_a_compaction_run_never_leaves_the_tables_bigger_once_its_retention_passed(tmp_path):
