@@ -218,7 +218,18 @@ class InboxSink:
         appender = self._appender(tdef)
         if appender is not None:
             return appender.txn_version(self.app_id)
-        return self._table(tdef).transaction_version(self.app_id)
+        return self._txn_version(tdef, self.app_id)
+
+    def _txn_version(self, tdef: TableDef, app_id: str) -> int | None:
+        """`app_id`'s newest transaction in `tdef` (delta-rs path). A handle older than the
+        log compaction kept (log_retention.py) is reopened: the lookup reads its log."""
+        try:
+            return self._table(tdef).transaction_version(app_id)
+        except DeltaError as exc:
+            if not log_retention.outlived(exc):
+                raise
+            self._handles.pop(tdef.name, None)
+            return self._table(tdef).transaction_version(app_id)
 
     def _write(self, tdef: TableDef, data: pa.Table, batch_id: int) -> bool:
         appender = self._appender(tdef)
@@ -247,8 +258,8 @@ class InboxSink:
     def _write_delta_rs(self, tdef: TableDef, data: pa.Table, batch_id: int) -> bool:
         inbox = tdef is INBOX
         for attempt in range(COMMIT_ATTEMPTS):
+            done = self._txn_version(tdef, self.app_id)
             dt = self._table(tdef)
-            done = dt.transaction_version(self.app_id)
             if done is not None and done >= batch_id:
                 return False
             if data.num_rows == 0:

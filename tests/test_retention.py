@@ -372,14 +372,15 @@ def test_files_no_log_names_go_once_older_than_the_slack_and_no_sooner(tmp_path)
 
 
 def test_a_writer_whose_handle_outlived_the_log_reopens_it(tmp_path):
-    """A long-lived appender (egress's acks, a protocol's control tables) holds a handle
-    loaded from a checkpoint; compaction then writes a newer one and deletes the older with
+    """A long-lived appender (egress's acks, a protocol's control tables, the stream's
+    direct appender) holds a handle loaded from a checkpoint; compaction then writes a newer one and deletes the older with
     the commits before it. The next append finds its handle's log gone, reopens the table
     and commits: no append is lost."""
     from deltalake import DeltaTable, write_deltalake
 
     from delta_tables.group_commit import DeltaAppendTarget
     from delta_tables.schema import REJECTS
+    from delta_tables.txn_append import TxnAppender
     from jobs.compact_step import CompactionReport, maintain
     path = tmp_path / "rejects"
     report = CompactionReport()
@@ -392,9 +393,13 @@ def test_a_writer_whose_handle_outlived_the_log_reopens_it(tmp_path):
     maintain(path, 1 << 20, 0, report)
     target = DeltaAppendTarget(path, REJECTS, fsync=False)
     target.commit(_reject_rows())   # the handle now rests on that checkpoint
+    stream = TxnAppender(path, REJECTS, fsync=False)   # the stream's direct appender too
     first_checkpoint = sorted((path / "_delta_log").glob("*.checkpoint.parquet"))
     many_commits()
     maintain(path, 1 << 20, 0, report)
     assert not any(p.exists() for p in first_checkpoint), "the handle's checkpoint is gone"
     target.commit(_reject_rows())
-    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 82
+    assert stream.txn_version("stream-app") is None     # looked up in its log: reopened
+    stream.append(_reject_rows(), {"stream-app": 1})
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 83
+    assert DeltaTable(str(path)).transaction_version("stream-app") == 1
