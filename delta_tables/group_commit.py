@@ -33,11 +33,11 @@ from typing import Any, Callable, Mapping
 
 import pyarrow as pa
 from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from runtime.inbox_signal import InboxSignalSender, landing_signal_dir
 
-from . import object_store
+from . import log_retention, object_store
 from .direct_append import DirectAppender, fsync_all
 from .layout import Layout, ensure_table
 from .schema import C, LANDING, TableDef
@@ -118,10 +118,13 @@ class DeltaAppendTarget:
             try:
                 write_deltalake(dt, table, mode="append")
                 break
-            except CommitFailedError:
-                if attempt == COMMIT_ATTEMPTS - 1:
+            except DeltaError as exc:
+                # a lost race, or a handle older than the log compaction kept
+                # (log_retention.py): reopen at the newest version and try again
+                if attempt == COMMIT_ATTEMPTS - 1 or not (
+                        isinstance(exc, CommitFailedError) or log_retention.outlived(exc)):
                     raise
-                self._dt = None   # reopen at the newest version and try again
+                self._dt = None
         version = dt.version()
         if self.fsync:
             fsync_version(self.path, version)

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from runtime import config, logs
 from .up import SUPERVISED_ENV, role_env
@@ -287,6 +288,9 @@ def cmd_loadgen(args) -> None:
                                   seed=args.seed, compact=args.compact, retain=args.retain,
                                   progress=lambda m: print(m, flush=True))
     print(report.format())
+    if args.results and report.storage_after is not None:
+        Path(args.results).write_text(json.dumps(report.storage_results(), indent=1) + "\n")
+        print(f"storage figures written to {args.results}")
 
 
 def cmd_up(args) -> None:
@@ -1316,7 +1320,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compact", action="store_true", help="run compaction at the end")
     p.add_argument("--retain", action="store_true",
                    help="compact, let compaction.vacuum_retention_seconds pass, compact again "
-                        "and report the storage ratio (tables / live ciphertext)")
+                        "and report the storage ratio (tables / (live ciphertext + the inbox "
+                        "rows' metadata)) before and after")
+    p.add_argument("--results", default=None, metavar="FILE",
+                   help="with --retain: write the storage figures before and after as JSON "
+                        "(the capacity notebook plots them)")
     p.set_defaults(func=cmd_loadgen)
     p = sub.add_parser("bench", help="benchmarks -> JSON")
     p.add_argument("--quick", action="store_true", help="small sizes: about 6 minutes for 3 rounds, 2-3 for --rounds 1")

@@ -3,10 +3,11 @@
 From the tables (DataFusion through delta-rs; no Spark, no running relay needed):
   per protocol: inbox rows, pending (an envelope, not expired, not acked), the oldest pending
   envelope's age, acks, rejects by reason; landing lag in commits and seconds; bytes on disk.
-  Storage (docs/operating/retention.md): the live ciphertext (envelopes not yet delivered),
-  the bytes on disk per table, and the oldest delivered byte still on disk: the longest an
-  acked envelope has kept its bytes in the inbox, or a file the log removed has waited for
-  VACUUM, whichever is older.
+  Storage (docs/operating/retention.md, delta_tables/storage.py): the live ciphertext
+  (envelopes not yet delivered), the inbox rows' metadata, the bytes on disk per table, the
+  storage ratio, and the oldest delivered byte still on disk: the longest an acked envelope
+  has kept its bytes in the inbox, or a file the log removed has waited for VACUUM,
+  whichever is older.
   PPP room messages (`ppp_room`) are never acked (they stay until their room's expiry), so
   they have no pending count or age ("-").
 From each role's /metrics (`[metrics]` ports), when it answers: what that process counted
@@ -47,17 +48,8 @@ class ProtocolStatus:
     rejects: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass
-class StorageStatus:
-    live_bytes: int                       # every protocol's pending ciphertext
-    table_bytes: dict[str, int]           # directory under the tables (landing: all nodes)
-    oldest_delivered_s: float | None      # age of the oldest delivered byte still on disk
-
-    @property
-    def ratio(self) -> float | None:
-        """Bytes on disk per live byte (inf with nothing live but bytes on disk)."""
-        total = sum(self.table_bytes.values())
-        return total / self.live_bytes if self.live_bytes else (float("inf") if total else None)
+# The storage figures (delta_tables/storage.py holds their one definition).
+StorageStatus = storage.Storage
 
 
 @dataclass
@@ -128,9 +120,7 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
 
 def storage_status(layout: Layout, now: datetime,
                    protocols: dict[str, ProtocolStatus]) -> StorageStatus:
-    return StorageStatus(live_bytes=sum(p.live_bytes for p in protocols.values()),
-                         table_bytes=storage.table_bytes(layout),
-                         oldest_delivered_s=storage.oldest_delivered_s(layout, now))
+    return storage.measure(layout, now, live=sum(p.live_bytes for p in protocols.values()))
 
 
 def role_status(settings: Settings, role: str, timeout: float = 1.0) -> RoleStatus:
@@ -261,10 +251,10 @@ def format_status(st: Status) -> str:
         lines.append("  (no envelopes yet)")
     if st.storage is not None:
         g = st.storage
-        ratio = "-" if g.ratio in (None, float("inf")) else f"{g.ratio:.1f}x"
-        lines += ["", f"  storage  live ciphertext {_bytes(g.live_bytes)}, on disk "
-                      f"{_bytes(sum(g.table_bytes.values()))} ({ratio}), oldest delivered "
-                      f"byte on disk {_age(g.oldest_delivered_s)}",
+        ratio = "-" if g.ratio is None else f"{g.ratio:.1f}x"
+        lines += ["", f"  storage  live ciphertext {_bytes(g.live_bytes)} + row metadata "
+                      f"{_bytes(g.row_metadata_bytes)}, on disk {_bytes(g.on_disk)} ({ratio}), "
+                      f"oldest delivered byte on disk {_age(g.oldest_delivered_s)}",
                   "    " + "  ".join(f"{name} {_bytes(n)}"
                                      for name, n in g.table_bytes.items())]
     lines += ["", f"  landing lag  {st.landing_lag_versions} commits, "

@@ -834,17 +834,32 @@ def validate(data: dict[str, Any], sources: dict[str, str] | None = None) -> "Se
     return settings
 
 
+# Files no log names are deleted once older than the bound's slack (delivered_bound_seconds
+# - ack_grace_seconds - 2 x interval_seconds, jobs/compact.py): a write in progress commits
+# its files within seconds, so the slack may not be shorter than this.
+ORPHAN_MIN_AGE_SECONDS = 10
+
+
+def orphan_age_seconds(conf: CompactionConf) -> int:
+    """How old a file no log names must be before compaction deletes it: the bound's slack
+    once an ack has waited the grace and one interval for the run that purges its row (a
+    failed write of that run may hold the envelope), and one more interval for the sweep."""
+    return conf.delivered_bound_seconds - conf.ack_grace_seconds - 2 * conf.interval_seconds
+
+
 def _check_retention(conf: CompactionConf, sources: dict[str, str]) -> None:
     """The compaction schedule must keep the delivered-bytes bound: an ack waits the grace,
-    then up to one interval for the run that rewrites its files, then the retention, then up
-    to one more interval for the run that vacuums them."""
-    need = conf.ack_grace_seconds + 2 * conf.interval_seconds + conf.vacuum_retention_seconds
+    then up to one interval for the run that rewrites its files, then the retention (for a
+    file no log names, `orphan_age_seconds`, at least ORPHAN_MIN_AGE_SECONDS), then up to one
+    more interval for the run that deletes them."""
+    need = conf.ack_grace_seconds + 2 * conf.interval_seconds + max(
+        conf.vacuum_retention_seconds, ORPHAN_MIN_AGE_SECONDS)
     if need > conf.delivered_bound_seconds:
         raise ConfigError(
             f"setting compaction.delivered_bound_seconds = {conf.delivered_bound_seconds} "
             f"(from {_source(sources, 'compaction.delivered_bound_seconds')}): must be at "
             f"least ack_grace_seconds + 2 x interval_seconds + vacuum_retention_seconds "
-            f"= {need}")
+            f"(at least {ORPHAN_MIN_AGE_SECONDS}) = {need}")
 
 
 def _source(sources: dict[str, str], dotted: str) -> str:
