@@ -105,6 +105,7 @@ def cmd_ingress(args) -> None:
     from ingress import service
     settings = _settings(args)
     from delta_tables.node_claim import NodeIdTaken
+    from delta_tables.node_lease import LeaseLost
     role = config.ingress_role(args.protocol)
     logs.setup(role)
     try:
@@ -113,6 +114,9 @@ def cmd_ingress(args) -> None:
     except NodeIdTaken as exc:
         logging.getLogger("relay.ingress").error(str(exc), extra={"event": "node_id_taken"})
         sys.exit(2)
+    except LeaseLost as exc:
+        logging.getLogger("relay.ingress").error(str(exc), extra={"event": "lease_lost"})
+        sys.exit(1)
 
 
 def cmd_egress(args) -> None:

@@ -1,0 +1,115 @@
+"""A node id is leased in the store (delta_tables/node_lease.py): one live process per id on
+every host sharing the tables, a takeover only after expiry, the former holder fenced out of
+the landing, and compaction keeps the generation a live node writes. Real Delta tables (a
+temporary directory, or the S3 server with RELAY_TEST_TABLES=s3)."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+
+from delta_tables import node_lease
+from delta_tables.group_commit import LandingTarget
+from delta_tables.node_claim import NodeIdTaken
+from delta_tables.node_lease import LeaseLost, NodeLease
+from delta_tables.schema import LANDING
+from jobs.compact import drop_consumed_landing
+from landing_rows import envelope, landing_row
+
+LEASE = 1.0     # seconds: short, so that a test waits for expiry
+
+
+def rows(*ns: int) -> pa.Table:
+    return pa.Table.from_pylist([landing_row(b"m" * 32, envelope(n)) for n in ns],
+                                schema=LANDING.arrow_schema())
+
+
+def landed(target_or_layout, node: str) -> list[int]:
+    """Every envelope number in the node's landing generations."""
+    layout = target_or_layout
+    out = []
+    for gen in layout.generations(node):
+        t = DeltaTable(str(layout.landing_generation(node, gen))).to_pyarrow_table()
+        out += [int.from_bytes(e[:8], "big") for e in t.column("envelope").to_pylist()]
+    return sorted(out)
+
+
+def test_a_live_lease_refuses_a_second_holder_and_expires(layout):
+    first = NodeLease(layout.tables, "node-1", "ingress", seconds=LEASE).acquire()
+    with pytest.raises(NodeIdTaken, match="held by a running process on host"):
+        NodeLease(layout.tables, "node-1", "ingress", seconds=LEASE).acquire()
+    first.renew()
+    other = NodeLease(layout.tables, "node-2", "ingress", seconds=LEASE).acquire()  # own id
+    time.sleep(LEASE + 0.2)                         # the first stops renewing: expired
+    with pytest.raises(LeaseLost):
+        first.check()                               # it refuses its own writes by itself
+    second = NodeLease(layout.tables, "node-1", "ingress", seconds=LEASE).acquire()
+    assert second.epoch == first.epoch + 1
+    with pytest.raises(LeaseLost, match="took over"):
+        first.renew()                               # the late heartbeat loses to the takeover
+    second.renew()
+    second.release()                                # a clean stop frees the id at once
+    third = NodeLease(layout.tables, "node-1", "ingress", seconds=LEASE).acquire()
+    assert third.epoch == second.epoch + 1
+    leases = {lease.node: lease for lease in node_lease.read_all(layout.tables)}
+    assert set(leases) == {"node-1", "node-2"} and leases["node-1"].epoch == third.epoch
+    assert leases["node-1"].live(datetime.now(timezone.utc))
+    other.release()
+
+
+def test_a_former_holder_is_fenced_out_of_the_landing(layout):
+    """A holder paused past its lease (its check passed just before the pause) finds its
+    landing fenced by the new holder: its commit fails in its generation, and it cannot
+    open the new one; and every row either acked is in a generation the stream reads whole."""
+    lease_a = NodeLease(layout.tables, "node-f", "ingress", seconds=LEASE).acquire()
+    a = LandingTarget(layout, "node-f", fsync=False, lease=lease_a)
+    a.commit(rows(1, 2))
+    gen_a = a.generation
+    time.sleep(LEASE + 0.2)
+    lease_b = NodeLease(layout.tables, "node-f", "ingress", seconds=30).acquire()
+    b = LandingTarget(layout, "node-f", fsync=False, lease=lease_b)
+    assert b.generation == gen_a + 1
+    b.commit(rows(3))
+    lease_a._valid_until = time.monotonic() + 60    # as if it had resumed within its lease
+    with pytest.raises(LeaseLost, match="fenced"):
+        a.commit(rows(4))
+    with pytest.raises(LeaseLost, match="fenced"):  # ... or rotated into b's generation:
+        a._target = a._target_of(b.generation)      # refused on opening (local disk)
+        a.commit(rows(5))                           # or on committing (S3)
+    b.commit(rows(6))
+    assert landed(layout, "node-f") == [1, 2, 3, 6]
+    # the fence is an empty commit that carries the new token, in both generations
+    for gen in (gen_a, b.generation):
+        dt = DeltaTable(str(layout.landing_generation("node-f", gen)))
+        assert dt.transaction_version(node_lease.LEASE_APP) == lease_b.epoch
+
+
+def test_compaction_keeps_the_generation_a_live_node_writes(layout):
+    """A generation that is sealed (a newer one exists) and consumed is still kept while the
+    node's lease names it, and dropped once the lease is released."""
+    lease = NodeLease(layout.tables, "node-c", "ingress", seconds=30).acquire()
+    a = LandingTarget(layout, "node-c", fsync=False, lease=lease)
+    a.commit(rows(1))
+    layout.ensure_landing("node-c", a.generation + 1)   # a newer generation appears (a copy)
+    consumed = {f"node-c/g{g:06d}": 10 for g in layout.generations("node-c")}
+    layout.write_landing_consumed(consumed)
+    lease.renew()
+    assert node_lease.read(layout.tables, "node-c").generation == a.generation
+    assert drop_consumed_landing(layout) == 0
+    assert a.generation in layout.generations("node-c")
+    a.commit(rows(2))                                   # still written, and still there
+    lease.release()
+    assert drop_consumed_landing(layout) == 1
+    assert layout.generations("node-c") == [a.generation + 1]
+
+
+def test_an_expired_lease_protects_its_generation_one_more_lease_length():
+    now = datetime.now(timezone.utc)
+    lease = node_lease.Lease("n", "ingress", "h", 1, now, 3, 7, now - timedelta(seconds=20),
+                             now - timedelta(seconds=5), False)     # 15 s lease, 5 s ago
+    assert not lease.live(now) and lease.retired_below(now) == 7
+    assert lease.retired_below(now + timedelta(seconds=11)) is None
