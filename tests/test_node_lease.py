@@ -113,3 +113,52 @@ def test_an_expired_lease_protects_its_generation_one_more_lease_length():
                              now - timedelta(seconds=5), False)     # 15 s lease, 5 s ago
     assert not lease.live(now) and lease.retired_below(now) == 7
     assert lease.retired_below(now + timedelta(seconds=11)) is None
+
+
+@pytest.fixture(scope="module")
+def s3():
+    from relay.bench.s3_server import s3_server
+    with s3_server() as endpoint:
+        yield endpoint
+
+
+def test_status_from_another_host_lists_every_node_and_the_tables(tmp_path, s3):
+    """`relay status` run with another data directory (another host) lists the nodes of the
+    shared tables on S3 from their leases: alive, dead (expired without a clean stop),
+    stopped (released); and where the tables are, without the credentials."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from relay.bench.s3_server import BUCKET, CREDENTIALS
+    from delta_tables.layout import Layout
+
+    uri = f"s3://{BUCKET}/{tmp_path.name}"
+    tables = Layout.at(tmp_path / "host-a", uri, s3).tables
+    alive = NodeLease(tables, "node-a", "ingress-heya", seconds=30).acquire()
+    NodeLease(tables, "node-dead", "ingress-trueseal", seconds=LEASE).acquire()   # never renewed
+    NodeLease(tables, "node-gone", "ingress-ppp", seconds=30).acquire().release()
+    time.sleep(LEASE + 0.2)
+    alive.renew()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "AWS_"))}
+    env.update(CREDENTIALS, RELAY_TABLES_DIR=uri, RELAY_S3_ENDPOINT=s3, NO_COLOR="1",
+               RELAY_DATA_DIR=str(tmp_path / "host-b"))
+    for var in [k for k in env if k.startswith("RELAY_METRICS_PORT")]:
+        env.pop(var)
+    text = subprocess.run([sys.executable, "-m", "relay", "status"], env=env, text=True,
+                          capture_output=True, timeout=120, check=True).stdout
+    st = json.loads(subprocess.run([sys.executable, "-m", "relay", "status", "--json"],
+                                   env=env, text=True, capture_output=True, timeout=120,
+                                   check=True).stdout)
+    nodes = {n["node"]: n for n in st["nodes"]}
+    assert {k: n["state"] for k, n in nodes.items()} == {
+        "node-a": "alive", "node-dead": "dead", "node-gone": "stopped"}
+    assert nodes["node-a"]["heartbeat_age_s"] < nodes["node-dead"]["heartbeat_age_s"]
+    assert nodes["node-a"]["pid"] == os.getpid() and nodes["node-a"]["role"] == "ingress-heya"
+    assert f"tables  {uri} (endpoint {s3})" in text
+    for name, state in (("node-a", "alive"), ("node-dead", "dead"), ("node-gone", "stopped")):
+        assert any(ln.split()[:1] == [name] and f" {state} " in ln for ln in text.splitlines())
+    for secret in CREDENTIALS.values():
+        assert secret not in text and secret not in json.dumps(st)
+    alive.release()
