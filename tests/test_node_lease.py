@@ -162,3 +162,34 @@ def test_status_from_another_host_lists_every_node_and_the_tables(tmp_path, s3):
     for secret in CREDENTIALS.values():
         assert secret not in text and secret not in json.dumps(st)
     alive.release()
+
+
+def test_relay_up_on_a_copy_of_a_running_host_stops_with_the_refusal(tmp_path):
+    """`relay up` whose node id another live process holds (a copied data directory, tables
+    shared): its ingress process is refused, and up stops with exit 2 instead of
+    restarting it."""
+    import os
+    import subprocess
+    import sys
+
+    from delta_tables.layout import Layout
+
+    tables = tmp_path / "shared-tables"
+    holder = NodeLease(Layout(tmp_path / "original", tables).tables, "node-0-trueseal",
+                       "ingress-trueseal", seconds=120).acquire()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "AWS_"))}
+    env.update(NO_COLOR="1", RELAY_LOG_FORMAT="text", RELAY_TABLES_DIR=str(tables),
+               RELAY_DATA_DIR=str(tmp_path / "copy"), RELAY_INGRESS__PROCESS_PER_PROTOCOL="true",
+               **{f"RELAY_METRICS_PORT_{r}": "0" for r in ("INGRESS", "EGRESS", "STREAM",
+                                                           "COMPACT", "PUSH")},
+               **{v: "0" for v in ("RELAY_TRUESEAL_PUSH_PORT", "RELAY_TRUESEAL_RECEIVE_PORT",
+                                   "RELAY_PPP_PORT", "RELAY_HEYA_PORT", "RELAY_SYNC_PORT",
+                                   "RELAY_SYNC_IROH_PORT")})
+    p = subprocess.run([sys.executable, "-m", "relay", "up"], env=env, text=True,
+                       capture_output=True, timeout=300)
+    assert p.returncode == 2, (p.stdout[-2000:], p.stderr[-3000:])
+    refusals = [ln for ln in p.stderr.splitlines() if "held by a running process" in ln]
+    assert len(refusals) == 1 and f"pid {os.getpid()}" in refusals[0], p.stderr[-3000:]
+    assert "ingress-trueseal exited with 2: its configuration must change" in p.stdout
+    assert "restarting" not in p.stdout and "Traceback" not in p.stderr
+    holder.release()
