@@ -22,7 +22,8 @@ import pytest
 from crash_harness import PushLoad, Receivers, RoleProc, free_ports, log, tables_dir
 from delta_tables import node_lease
 from test_crash import (ACK_DEADLINE, DELIVERY_DEADLINE, MAILBOXES, STREAM_READY_TIMEOUT,
-                        WORKERS, Relay, landing_rows, read_table, wait_for)
+                        WORKERS, Relay, wait_for)
+from test_crash_two_nodes import every_landing_row_in_the_inbox_once
 
 pytestmark = pytest.mark.crash
 
@@ -145,21 +146,7 @@ async def _scenario(relay: Relay, original: RoleProc, clone: RoleProc, port_b: i
 
     # every landing row (the original's and the copy's) reached the inbox once, gap-free
     data = relay.data
-    deadline = time.monotonic() + 60
-    while True:
-        landed = len(landing_rows(data))
-        inbox = read_table(tables_dir(data) / "inbox", ["event_id", "mailbox", "cursor"])
-        rejects = read_table(tables_dir(data) / "rejects", ["event_id"]).num_rows
-        if landed == inbox.num_rows + rejects or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(1.0)
-    assert landed == inbox.num_rows + rejects
-    ids = inbox.column("event_id").to_pylist()
-    assert len(ids) == len(set(ids))
-    per: dict[bytes, list[int]] = {}
-    for r in inbox.to_pylist():
-        per.setdefault(r["mailbox"], []).append(r["cursor"])
-    assert all(sorted(c) == list(range(1, len(c) + 1)) for c in per.values())
+    await every_landing_row_in_the_inbox_once(data)
     assert await clone.term(60) == 0
     released = node_lease.read(tables_dir(data), NODE)
     assert released.released                     # a clean stop frees the id at once
