@@ -15,7 +15,10 @@ leased, in the store every host shares:
   conditional PUT. So a heartbeat that lost the race to a takeover fails, and its writer,
   re-reading, sees a larger epoch: lost.
 * A process starting under the id is refused (`NodeIdTaken`, exit 2) while the row is live:
-  not released and its expiry not passed. Otherwise it takes the lease with epoch + 1.
+  not released and its expiry not passed, unless the row names the host lock this process
+  now holds (the same lock file on the same running kernel: its holder was killed, or it
+  would hold it still; `NodeClaim.lock_identity`), so a restart after a crash need not wait.
+  Otherwise it takes the lease with epoch + 1.
 * The holder renews every `renew_seconds`; a holder that has not renewed for `seconds`
   refuses its own landing commits (`check`), since another may hold the lease by then.
 * Fencing the landing (`landing_fence`): every landing commit of the holder carries
@@ -50,7 +53,7 @@ _TS = pa.timestamp("us", tz="UTC")
 SCHEMA = pa.schema([("node", pa.string()), ("role", pa.string()), ("host", pa.string()),
                     ("pid", pa.int64()), ("started", _TS), ("epoch", pa.int64()),
                     ("generation", pa.int64()), ("heartbeat", _TS), ("expires", _TS),
-                    ("released", pa.bool_())])
+                    ("released", pa.bool_()), ("lock", pa.string())])
 # a heartbeat every few seconds is a commit: keep the log and the removed files short
 PROPERTIES = {"delta.logRetentionDuration": "interval 1 hours", "delta.checkpointInterval": "50"}
 VACUUM_EVERY = 200      # renewals between removals of the replaced rows' files
@@ -72,6 +75,7 @@ class Lease:
     heartbeat: datetime
     expires: datetime
     released: bool
+    lock: str       # the holder's host lock (NodeClaim.lock_identity)
 
     def live(self, now: datetime) -> bool:
         return not self.released and now < self.expires
@@ -142,6 +146,7 @@ class NodeLease:
         self.epoch = 0
         self.generation = 0     # the landing generation written now (LandingTarget sets it)
         self.started = _now()
+        self.lock = ""
         self._dt = None
         self._valid_until = 0.0     # monotonic
         self._renewals = 0
@@ -159,13 +164,16 @@ class NodeLease:
                 return DeltaTable(str(self.path))
             raise
 
-    def acquire(self, generation: int = 0) -> "NodeLease":
-        """Take the lease, or NodeIdTaken while another process holds it."""
+    def acquire(self, generation: int = 0, lock: str = "") -> "NodeLease":
+        """Take the lease, or NodeIdTaken while another process holds it. `lock`: the host
+        lock this process holds (NodeClaim.lock_identity); a live lease of the same lock is
+        a killed predecessor's (it would hold the lock still), taken over at once."""
         from deltalake.exceptions import CommitFailedError
         self.generation = generation
+        self.lock = lock
         dt = self._table()
         held = _row(dt)
-        if held is not None and held.live(_now()):
+        if held is not None and held.live(_now()) and not (lock and held.lock == lock):
             raise NodeIdTaken(_taken_line(held, self.node))
         self.epoch = max(held.epoch if held else 0, dt.transaction_version(LEASE_APP) or 0) + 1
         try:
@@ -186,7 +194,8 @@ class NodeLease:
         row = {"node": self.node, "role": self.role, "host": socket.gethostname(),
                "pid": os.getpid(), "started": self.started, "epoch": self.epoch,
                "generation": self.generation, "heartbeat": now,
-               "expires": now + timedelta(seconds=self.seconds), "released": released}
+               "expires": now + timedelta(seconds=self.seconds), "released": released,
+               "lock": self.lock}
         write_deltalake(dt, pa.Table.from_pylist([row], schema=SCHEMA), mode="overwrite",
                         commit_properties=CommitProperties(
                             app_transactions=[Transaction(LEASE_APP, self.epoch)]))

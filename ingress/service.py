@@ -107,7 +107,7 @@ async def run(settings: Settings, stop: asyncio.Event, ready=None,
     lease = None
     try:
         lease = await asyncio.to_thread(_take_lease, layout, settings, node_name,
-                                        ingress_role(protocol))
+                                        ingress_role(protocol), claim.lock_identity())
         node = IngressNode(settings, protocol=protocol, lease=lease)
         role = ingress_role(protocol)
         lost: list[LeaseLost] = []
@@ -127,11 +127,12 @@ async def run(settings: Settings, stop: asyncio.Event, ready=None,
                                        "rows": node.appender.rows_committed})
 
 
-def _take_lease(layout: Layout, settings: Settings, node: str, role: str) -> NodeLease:
+def _take_lease(layout: Layout, settings: Settings, node: str, role: str,
+                lock: str) -> NodeLease:
     conf = settings.ingress
     return NodeLease(layout.tables, node, role, seconds=conf.lease_seconds,
                      renew_seconds=conf.lease_renew_seconds).acquire(
-                         max(layout.generations(node), default=0))
+                         max(layout.generations(node), default=0), lock)
 
 
 async def heartbeat(lease: NodeLease, stop: asyncio.Event, lost: list) -> None:

@@ -110,7 +110,7 @@ def test_compaction_keeps_the_generation_a_live_node_writes(layout):
 def test_an_expired_lease_protects_its_generation_one_more_lease_length():
     now = datetime.now(timezone.utc)
     lease = node_lease.Lease("n", "ingress", "h", 1, now, 3, 7, now - timedelta(seconds=20),
-                             now - timedelta(seconds=5), False)     # 15 s lease, 5 s ago
+                             now - timedelta(seconds=5), False, "")  # 15 s lease, 5 s ago
     assert not lease.live(now) and lease.retired_below(now) == 7
     assert lease.retired_below(now + timedelta(seconds=11)) is None
 
@@ -193,3 +193,49 @@ def test_relay_up_on_a_copy_of_a_running_host_stops_with_the_refusal(tmp_path):
     assert "ingress-trueseal exited with 2: its configuration must change" in p.stdout
     assert "restarting" not in p.stdout and "Traceback" not in p.stderr
     holder.release()
+
+
+def test_a_restart_after_sigkill_in_the_same_data_directory_takes_over_at_once(tmp_path):
+    """The killed process's lease is live for seconds more, but it names the host lock the
+    restarted process now holds (same lock file, same running kernel): no wait, next token.
+    A copy of that directory is still refused (another lock file)."""
+    import asyncio
+    import os
+    import shutil
+
+    from crash_harness import RoleProc, free_ports
+
+    push, metrics = free_ports(2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "AWS_"))}
+    env.update(RELAY_DATA_DIR=str(tmp_path / "data"), RELAY_TABLES_DIR=str(tmp_path / "tables"),
+               RELAY_TRUESEAL_PUSH_PORT=str(push), RELAY_METRICS_PORT_INGRESS=str(metrics),
+               RELAY_INGRESS__LEASE_SECONDS="120", RELAY_LOG_FORMAT="json", PYTHONUNBUFFERED="1")
+    (tmp_path / "logs").mkdir()
+    node = RoleProc("ingress-trueseal", env, [], tmp_path / "logs",
+                    command=["ingress", "--protocol", "trueseal"])
+    try:
+        asyncio.run(node.wait_ready(60) if node.start() is None else None)
+        first = node_lease.read(tmp_path / "tables", "node-0-trueseal")
+        node.kill9()
+        assert first.live(datetime.now(timezone.utc))       # 120 s to go
+        node.start()
+        asyncio.run(node.wait_ready(60))
+        second = node_lease.read(tmp_path / "tables", "node-0-trueseal")
+        assert second.epoch == first.epoch + 1 and second.pid == node.proc.pid
+        assert second.lock == first.lock
+        shutil.copytree(tmp_path / "data", tmp_path / "copy",
+                        ignore=lambda d, names: [n for n in names if n.endswith(".sock")])
+        with pytest.raises(NodeIdTaken, match="held by a running process"):
+            NodeLease(tmp_path / "tables", "node-0-trueseal", "ingress-trueseal").acquire(
+                0, lock=_lock_of(tmp_path / "copy"))
+    finally:
+        node.cleanup()
+
+
+def _lock_of(data) -> str:
+    from delta_tables.node_claim import NodeClaim
+    claim = NodeClaim(data / "tables" / "landing", data / "state", "node-0-trueseal").acquire()
+    try:
+        return claim.lock_identity()
+    finally:
+        claim.release()
