@@ -313,8 +313,8 @@ def format_status(st: Status) -> str:
                   "    " + "  ".join(f"{name} {_bytes(n)}"
                                      for name, n in g.table_bytes.items())]
     lines += ["", f"  tables  {st.tables}", "",
-              "  node                 role              host                  pid  heartbeat"
-              "  state      lag"]
+              f"  {'node':<20} {'role':<17} {'host':<20} {'pid':>6}  {'heartbeat':>9}  "
+              f"{'state':<8} {'lag':>5}"]
     for n in st.nodes:
         lines.append(f"  {n.node:<20} {n.role:<17} {n.host[:20]:<20} {n.pid:>6}  "
                      f"{_age(n.heartbeat_age_s) + ' ago':>9}  {n.state:<8} {n.lag_versions:>5}")
