@@ -5,6 +5,13 @@ temporary directory, or the S3 server with RELAY_TEST_TABLES=s3)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -12,13 +19,16 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
+from crash_harness import RoleProc, free_ports
 from delta_tables import node_lease
+from delta_tables.layout import Layout
 from delta_tables.group_commit import LandingTarget
 from delta_tables.node_claim import NodeIdTaken
 from delta_tables.node_lease import LeaseLost, NodeLease
 from delta_tables.schema import LANDING
 from jobs.compact import drop_consumed_landing
 from landing_rows import envelope, landing_row
+from relay.bench.s3_server import BUCKET, CREDENTIALS
 
 LEASE = 1.0     # seconds: short, so that a test waits for expiry
 
@@ -126,13 +136,6 @@ def test_status_from_another_host_lists_every_node_and_the_tables(tmp_path, s3):
     """`relay status` run with another data directory (another host) lists the nodes of the
     shared tables on S3 from their leases: alive, dead (expired without a clean stop),
     stopped (released); and where the tables are, without the credentials."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from relay.bench.s3_server import BUCKET, CREDENTIALS
-    from delta_tables.layout import Layout
 
     uri = f"s3://{BUCKET}/{tmp_path.name}"
     tables = Layout.at(tmp_path / "host-a", uri, s3).tables
@@ -168,11 +171,6 @@ def test_relay_up_on_a_copy_of_a_running_host_stops_with_the_refusal(tmp_path):
     """`relay up` whose node id another live process holds (a copied data directory, tables
     shared): its ingress process is refused, and up stops with exit 2 instead of
     restarting it."""
-    import os
-    import subprocess
-    import sys
-
-    from delta_tables.layout import Layout
 
     tables = tmp_path / "shared-tables"
     holder = NodeLease(Layout(tmp_path / "original", tables).tables, "node-0-trueseal",
@@ -199,11 +197,6 @@ def test_a_restart_after_sigkill_in_the_same_data_directory_takes_over_at_once(t
     """The killed process's lease is live for seconds more, but it names the host lock the
     restarted process now holds (same lock file, same running kernel): no wait, next token.
     A copy of that directory is still refused (another lock file)."""
-    import asyncio
-    import os
-    import shutil
-
-    from crash_harness import RoleProc, free_ports
 
     push, metrics = free_ports(2)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "AWS_"))}
@@ -239,3 +232,64 @@ def _lock_of(data) -> str:
         return claim.lock_identity()
     finally:
         claim.release()
+
+
+def test_a_copy_on_another_network_host_is_refused_then_takes_over(tmp_path):
+    """The copy runs on a host of its own: a network namespace and a hostname of its own
+    (`ip netns`, `unshare --uts`), the tables shared. Refused while the original runs, named
+    by the original's host; after the original's SIGKILL and its lease's expiry it takes the
+    node over, and `relay status` names the new host."""
+
+    if os.geteuid() != 0:
+        pytest.skip("a network namespace needs root")
+    ns = f"relaylease{os.getpid()}"
+    tables = tmp_path / "tables"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RELAY_", "AWS_"))}
+    env.update(RELAY_TABLES_DIR=str(tables), RELAY_INGRESS__LEASE_SECONDS="3",
+               RELAY_INGRESS__LEASE_RENEW_SECONDS="1", RELAY_LOG_FORMAT="json",
+               PYTHONUNBUFFERED="1")
+    push, metrics = free_ports(2)
+    original_env = dict(env, RELAY_DATA_DIR=str(tmp_path / "a"),
+                        RELAY_TRUESEAL_PUSH_PORT=str(push), RELAY_METRICS_PORT_INGRESS=str(metrics))
+    (tmp_path / "logs").mkdir()
+    original = RoleProc("ingress-trueseal", original_env, [], tmp_path / "logs",
+                        command=["ingress", "--protocol", "trueseal"])
+    copy_env = dict(env, RELAY_DATA_DIR=str(tmp_path / "b"), RELAY_TRUESEAL_PUSH_PORT="0",
+                    RELAY_METRICS_PORT_INGRESS="0")
+    on_host_b = ["ip", "netns", "exec", ns, "unshare", "--uts", "--", "sh", "-c",
+                 'hostname host-b && exec "$0" "$@"', sys.executable, "-m", "relay.cli",
+                 "ingress", "--protocol", "trueseal"]
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    copy = None
+    try:
+        subprocess.run(["ip", "-n", ns, "link", "set", "lo", "up"], check=True)
+        original.start()
+        asyncio.run(original.wait_ready(60))
+        shutil.copytree(tmp_path / "a", tmp_path / "b",
+                        ignore=lambda d, names: [n for n in names if n.endswith(".sock")])
+        refused = subprocess.run(on_host_b, env=copy_env, capture_output=True, text=True,
+                                 timeout=120)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        line = [ln for ln in refused.stderr.splitlines() if "held by a running process" in ln]
+        assert len(line) == 1 and f"on host {os.uname().nodename} " in line[0]
+        assert "Traceback" not in refused.stderr
+        original.kill9()
+        time.sleep(3.5)                                 # the dead original's lease expires
+        copy = subprocess.Popen(on_host_b, env=copy_env, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+        assert select.select([copy.stdout], [], [], 60)[0], "the copy said nothing in 60 s"
+        assert '"ready"' in copy.stdout.readline()      # its first line says it serves
+        lease = node_lease.read(tables, "node-0-trueseal")
+        assert lease.host == "host-b" and lease.live(datetime.now(timezone.utc))
+        status = subprocess.run([sys.executable, "-m", "relay", "status", "--json"],
+                                env=dict(env, RELAY_DATA_DIR=str(tmp_path / "c")),
+                                capture_output=True, text=True, timeout=120, check=True)
+        nodes = json.loads(status.stdout)["nodes"]
+        assert [(n["node"], n["host"], n["state"]) for n in nodes] == [
+            ("node-0-trueseal", "host-b", "alive")]
+    finally:
+        if copy is not None:
+            copy.terminate()
+            copy.wait(30)
+        original.cleanup()
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
