@@ -13,7 +13,9 @@ One run, in order (each step prints one progress line, counts only):
 3. acks          acks whose inbox row is gone, or older than the max TTL + grace, are deleted.
    push_log      rows older than `push.log_retention_days` are deleted (jobs/compact_push.py).
 4. landing       sealed (not the node's newest) and fully consumed landing generations are
-                 removed as whole directories.
+                 removed as whole directories; while a node's lease is live (or expired by
+                 less than one more lease length), from the generation it writes on none is
+                 (delta_tables/node_lease.py).
 5. tables        OPTIMIZE (small-file compaction), VACUUM, checkpoint and log cleanup on
                  inbox, acks, rejects and padding_audit (the protocols' tables and push_log
                  in their own steps), all by `vacuum_retention_seconds`.
@@ -48,7 +50,7 @@ from typing import Callable
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from delta_tables import object_store, orphan_files
+from delta_tables import node_lease, object_store, orphan_files
 from delta_tables.landing_lag import consumed_versions
 from delta_tables.layout import GENERATION_RE, Layout
 from delta_tables.query import sql
@@ -274,11 +276,18 @@ def _drop_landing(layout: Layout, checkpoint: Path | None) -> int:
     alone left the generation of an idle stream's last batch on disk."""
     consumed = consumed_versions(layout, checkpoint)
     dropped = 0
+    now = datetime.now(timezone.utc)
+    kept_from: dict[str, int | None] = {}    # node -> its lease's generation (node_lease.py)
     for key, path in layout.landing_tables().items():
         node, gen_name = key.split("/")
         gen = int(GENERATION_RE.match(gen_name).group(1))
         if gen >= max(layout.generations(node), default=gen) or key not in consumed:
             continue
+        if node not in kept_from:
+            lease = node_lease.read(layout.tables, node)
+            kept_from[node] = lease.retired_below(now) if lease else None
+        if kept_from[node] is not None and gen >= kept_from[node]:
+            continue    # a live node may still write there: its lease says which it writes
         try:
             version = DeltaTable(str(path)).version()
         except Exception:  # vanished or half-created: not ours to judge

@@ -106,6 +106,7 @@ def cmd_ingress(args) -> None:
     from ingress import service
     settings = _settings(args)
     from delta_tables.node_claim import NodeIdTaken
+    from delta_tables.node_lease import LeaseLost
     role = config.ingress_role(args.protocol)
     logs.setup(role)
     try:
@@ -114,6 +115,9 @@ def cmd_ingress(args) -> None:
     except NodeIdTaken as exc:
         logging.getLogger("relay.ingress").error(str(exc), extra={"event": "node_id_taken"})
         sys.exit(2)
+    except LeaseLost as exc:
+        logging.getLogger("relay.ingress").error(str(exc), extra={"event": "lease_lost"})
+        sys.exit(1)
 
 
 def cmd_egress(args) -> None:
@@ -297,6 +301,11 @@ def cmd_up(args) -> None:
     from . import up
     settings = _settings(args)
     logs.setup("up")
+    if settings.tables_dir.startswith("s3://"):
+        # the object store is reachable, the bucket there, the credentials good: or one line
+        # and exit 2 here, before any role starts (runtime/operator_errors.py)
+        from delta_tables.layout import Layout
+        Layout.of(settings).ensure_shared_tables()
     sys.exit(up.run(settings, args.conf))
 
 

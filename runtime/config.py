@@ -90,8 +90,14 @@ class TruesealConf:
 @dataclass
 class IngressConf:
     # This ingress node's name: its landing tables are its own (landing/<node_id>), and two
-    # processes may not run under one id (delta_tables/node_claim.py).
+    # processes may not run under one id, even from a copied data directory
+    # (delta_tables/node_claim.py, delta_tables/node_lease.py).
     node_id: str = "node-0"
+    # The node's lease in the store (tables_dir): renewed every lease_renew_seconds. A process
+    # starting under a node id whose lease is live is refused; a node that could not renew for
+    # lease_seconds stops writing, and its id can be taken over. A clean stop releases it.
+    lease_seconds: float = 15.0
+    lease_renew_seconds: float = 3.0
     # `relay up` runs one ingress process per protocol (`relay ingress --protocol P`, node id
     # `<node_id>-<P>`): an attack on one listener, or its CPU, cannot stall another's event
     # loop, and the protocols spread over the cores. false: one process runs every listener.
@@ -831,6 +837,12 @@ def validate(data: dict[str, Any], sources: dict[str, str] | None = None) -> "Se
                               f"{_source(sources, dotted)}): must be "
                               f"{allowed(dotted)}")
     _check_retention(settings.compaction, sources)
+    if settings.ingress.lease_renew_seconds * 2 > settings.ingress.lease_seconds:
+        raise ConfigError(
+            f"setting ingress.lease_renew_seconds = {settings.ingress.lease_renew_seconds} (from "
+            f"{_source(sources, 'ingress.lease_renew_seconds')}): must be at most half of "
+            f"ingress.lease_seconds ({settings.ingress.lease_seconds:g}): a lease must survive "
+            f"a missed renewal")
     return settings
 
 
@@ -887,6 +899,9 @@ RANGES: dict[str, tuple[float | None, float | None, str]] = {
     # the pepper id is floor(unix time / period): under a second it would divide by zero
     "ppp.discovery_pepper_rotation_hours": (1 / 3600, None, "at least 1/3600 (one second)"),
     "sync.new_connection_cpu_share": (0, 1, "from 0 to 1"),
+    # a lease must outlive a few renewals (node_lease.py)
+    "ingress.lease_seconds": (1, None, "at least 1"),
+    "ingress.lease_renew_seconds": (0.1, None, "at least 0.1"),
 }
 
 
