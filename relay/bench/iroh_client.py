@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
+
+from . import harness
 
 NAME = "sync-iroh-bench"
 SOURCE = Path(__file__).resolve().parent / "iroh_client"
@@ -44,9 +45,7 @@ def build(say) -> Path:
     exe = binary()
     if exe.exists():
         return exe
-    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
-    if not Path(cargo).exists():
-        raise RuntimeError("building the iroh bench client needs cargo (https://rustup.rs)")
+    cargo = harness.cargo("the iroh bench client")
     say(f"building {NAME} with cargo into {cache_root()} (once; slow) ...")
     subprocess.run([cargo, "build", "--release", "--locked", "--manifest-path",
                     str(SOURCE / "Cargo.toml"), "--target-dir", str(cache_root() / "target")],

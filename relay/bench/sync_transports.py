@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import iroh_client, sync
-from .harness import machine, rounded, say, settings_for, stop_children
+from .harness import bench_spark, machine, rounded, say, settings_for, stop_children
 
 CROSSINGS = 20_000
 # accept_bi, read (one chunk: the whole frame), write_all, finish (ingress/sync_iroh.py)
@@ -165,12 +165,7 @@ def main(args) -> int:
     res: dict = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                  "machine": machine(os.getloadavg()), "iroh_load_client": client,
                  "sizes": p, "rounds": []}
-    from jobs.spark_session import get_spark
-    base = settings_for(args, root / "unused")
-    spark = get_spark(base.stream.master, "relay-bench",
-                      extra={"spark.ui.showConsoleProgress": "false"},
-                      jvm_options=base.stream.jvm_options)
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = bench_spark(settings_for(args, root / "unused"), "relay-bench-sync")
     try:
         for n in range(rounds):
             _round(args, root, n, p, client, spark, res, out_path)
