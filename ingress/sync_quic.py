@@ -575,7 +575,15 @@ class SyncServer(Listener):
             keyed.sweep(now)
         self._sweep = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._loop_sweep)
 
+    def admissions(self) -> list:
+        return [self.admission] + ([self.iroh.wave] if self.iroh is not None else [])
+
     # --- shared state the connections use ------------------------------------------------------
+    def count_sessions(self) -> None:
+        """The `relay_sessions_open` gauge: established sessions of both transports (the
+        iroh endpoint's count against `max_concurrent_sessions` too)."""
+        self.connections = len(self.conns) + (len(self.iroh.conns) if self.iroh else 0)
+
     def group_sessions(self, group: bytes) -> list["SyncConnection"]:
         return [s for s in self.inbox.sessions_of(group) if isinstance(s, SyncRequests)]
 
@@ -783,7 +791,7 @@ class SyncConnection(SyncRequests, QuicConnectionProtocol):
             self.ticket.closer = partial(self.close, CLOSE_TOO_MANY_SESSIONS,
                                          "too many sessions")
         srv.conns.add(self)
-        srv.connections = len(srv.conns)
+        srv.count_sessions()
         self.hello_timer = self._loop.call_later(self.conf.hello_timeout_seconds,
                                                  self._hello_timeout)
         self.worker = asyncio.ensure_future(self._work())
@@ -857,7 +865,7 @@ class SyncConnection(SyncRequests, QuicConnectionProtocol):
         self.closed = True
         srv = self.server
         srv.conns.discard(self)
-        srv.connections = len(srv.conns)
+        srv.count_sessions()
         srv.release(self.ticket)
         for timer in (self.hello_timer, self.handshake_timer):
             if timer is not None:

@@ -322,6 +322,9 @@ def cmd_bench(args) -> None:
     if args.object_store:
         from .bench import object_store
         sys.exit(object_store.main(args))
+    if args.sync_transports:
+        from .bench import sync_transports
+        sys.exit(sync_transports.main(args))
     from .bench import run   # the benchmark is loaded by its command only
     sys.exit(run.main(args))
 
@@ -1343,7 +1346,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="results file (default bench-results.json; bench-peer.json with --peer, "
                         "bench-peer-nostr-rs-relay.json with --peer nostr-rs-relay, "
                         "bench-startup.json with --startup, bench-object-store.json with "
-                        "--object-store)")
+                        "--object-store, bench-sync-transports.json with --sync-transports)")
     p.add_argument("--peer", nargs="?", const="nostr-relay", default=None,
                    choices=("nostr-relay", "nostr-rs-relay"),
                    help="our PPP against a public Nostr relay, alternating runs: nostr-relay "
@@ -1351,7 +1354,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "nostr-rs-relay (Rust; built once with cargo into "
                         "~/.cache/spark-relay/peers)")
     p.add_argument("--build-only", action="store_true",
-                   help="with --peer: install or build the peer, then stop")
+                   help="with --peer: install or build the peer, then stop; with "
+                        "--sync-transports: build the Rust iroh load client, then stop")
     p.add_argument("--trueseal-netns", action="store_true",
                    help="trueseal one NK connection per push, the clients on loopback and in "
                         "a network namespace of their own (veth; root), the relay's CPU per "
@@ -1364,6 +1368,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="landing commit latency and stream throughput with the tables on "
                         "local disk and on an S3 server (moto, loopback), alternating "
                         "-> bench-object-store.json")
+    p.add_argument("--sync-transports", action="store_true",
+                   help="cursor-sync over aioquic and over iroh, alternating: requests "
+                        "without the stream, PUSH_ACKs with it, the iroh bindings' cost per "
+                        "call and per request -> bench-sync-transports.json")
     p.set_defaults(func=cmd_bench)
     _add_ppp_parser(sub)
     return parser

@@ -109,6 +109,12 @@ class Listener:
         self._handlers: set[asyncio.Task] = set()
         self._opening: set[asyncio.Task] = set()
 
+    def admissions(self) -> list:
+        """What the heap trimmer watches for waves of ended connections
+        (runtime/memory_trim.py): this listener's admission, and any other connection counts
+        it keeps (cursor-sync's iroh endpoint)."""
+        return [self.admission]
+
     async def serve(self, reader, writer, ticket: Ticket | None) -> None:
         raise NotImplementedError
 

@@ -25,7 +25,8 @@ async def serve_until(node, stop: asyncio.Event, ready=None,
     into `lag`'s histogram, the role's /metrics, when given)."""
     await node.start()
     with role_collector():
-        trimmer = HeapTrimmer(lambda: [listener.admission for listener in node.listeners()])
+        trimmer = HeapTrimmer(lambda: [a for listener in node.listeners()
+                                       for a in listener.admissions()])
         trimming = asyncio.create_task(trimmer.run(stop), name="heap-trimmer")
         lagging = asyncio.create_task((lag or LoopLag()).run(stop), name="loop-lag")
         if ready:

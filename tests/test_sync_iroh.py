@@ -336,11 +336,20 @@ def test_idle_connections_are_closed_and_forgotten(settings):
 async def _idle(settings):
     async with relay(settings, stream=False) as (ep, node):
         clients = [await dial(ep) for _ in range(20)]
+        # held: in the sync listener's sessions gauge, and a wave the heap trimmer watches
+        assert ep.wave in node.sync.admissions() and ep.wave.total == ep.wave.peak == 20
+        for _ in range(50):
+            if node.sync.connections == 20:
+                break
+            await asyncio.sleep(0.02)
+        assert node.sync.connections == 20
         reasons = await asyncio.gather(*(c.closed(10) for c in clients))
         assert all("3" in r and "hello timeout" in r for r in reasons)
         await asyncio.sleep(0.2)
         assert not ep.conns and not ep._pending            # nothing held for them
         assert node.sync.rejected["hello_timeout"] == 20
+        assert node.sync.connections == 0
+        assert (ep.wave.total, ep.wave.released) == (0, 20)
         await asyncio.gather(*(c.close() for c in clients))
 
 

@@ -326,6 +326,26 @@ def start_role(role: str, args, data_dir: Path, log_dir: Path,
     return proc, box["listening"]
 
 
+def bench_spark(settings, name: str):
+    """The bench's SparkSession (the stream's master and JVM options from `settings`),
+    quiet: no console progress, ERROR logs."""
+    from jobs.spark_session import get_spark
+    spark = get_spark(settings.stream.master, name,
+                      extra={"spark.ui.showConsoleProgress": "false"},
+                      jvm_options=settings.stream.jvm_options)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def cargo(what: str) -> str:
+    """cargo's path, to build `what` (a benchmark peer); a clear error without it."""
+    import shutil
+    path = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
+    if not Path(path).exists():
+        raise RuntimeError(f"building {what} needs cargo (https://rustup.rs)")
+    return path
+
+
 def port_of(listening: dict, name: str) -> int:
     return int(listening[name].rsplit(":", 1)[1])
 

@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Callable
 
 from . import peer_rs
-from .harness import CpuMeter, child_ingress_and_stream, jvm_pid, machine, p50_p99, port_of, \
-    rounded, say, settings_for, stop_process, stop_spark
+from .harness import CpuMeter, bench_spark, child_ingress_and_stream, jvm_pid, machine, \
+    p50_p99, port_of, rounded, say, settings_for, stop_process, stop_spark
 from .startup import memory_mib
 
 REPO = Path(__file__).resolve().parents[2]
@@ -402,8 +402,6 @@ def targets(summary: dict) -> dict:
 
 
 def main(args) -> int:
-    from jobs.spark_session import get_spark
-
     peer = PEERS[args.peer if isinstance(args.peer, str) else "nostr-relay"]
     peer.ensure()
     if getattr(args, "build_only", False):
@@ -423,11 +421,7 @@ def main(args) -> int:
                  "durability": {"ours": OURS_DURABILITY, "peer": peer.durability},
                  "rounds": []}
     res["disk_fsync_ms"] = fsync_floor_ms(root / "fsync")
-    base = settings_for(args, root / "unused")
-    spark = get_spark(base.stream.master, "relay-bench-peer",
-                      extra={"spark.ui.showConsoleProgress": "false"},
-                      jvm_options=base.stream.jvm_options)
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = bench_spark(settings_for(args, root / "unused"), "relay-bench-peer")
     try:
         for n in range(rounds):
             one: dict = {}

@@ -29,6 +29,8 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
+from . import harness
+
 VERSION = "0.8.12"          # crates.io; the newest release when this bench was written
 CRATE_SHA256 = "79642781fa96050951c1821e047fb97ab98158a4ee2cd759f587f834dd84ec86"  # its index
 TIME_FIX = "0.3.36"         # the `time` its Cargo.lock is built with (see build())
@@ -104,9 +106,7 @@ def build(say) -> Path:
     exe = binary()
     if exe.exists():
         return exe
-    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
-    if not Path(cargo).exists():
-        raise RuntimeError("building nostr-rs-relay needs cargo (https://rustup.rs)")
+    cargo = harness.cargo("nostr-rs-relay")
     _protoc(say)
     src = _crate_source(say)
     say(f"building {NAME} {VERSION} with cargo into {cache_root()} (once; slow) ...")

@@ -319,15 +319,25 @@ async def _notify_worker(queue, port, rate, seconds, body_size) -> None:
 
 # --- the two figures ---------------------------------------------------------------------------
 
+def _worker(client: str):
+    """The load client's process function: `push_worker`, or the Rust iroh client's
+    (`iroh_client.py`; `client` "rust")."""
+    if client == "rust":
+        from . import iroh_client
+        return iroh_client.push_worker
+    return push_worker
+
+
 def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = WINDOW,
-               procs: int = CLIENT_PROCS, transport: str = "quic") -> dict:
+               procs: int = CLIENT_PROCS, transport: str = "quic",
+               client: str = "python") -> dict:
     with child_ingress_and_stream(spark, settings) as (listening, query, sink, relay):
         port = port_of(listening, "sync") if transport == "quic" else listening["sync_iroh"]
         ctx = mp.get_context("spawn")
         queue, go = ctx.Queue(), ctx.Event()
         per = max(1, devices // procs)
-        workers = [spawn(push_worker, queue, go, port, i + 1, per, window, p["warmup"],
-                                p["seconds"], BODY_SIZE) for i in range(procs)]
+        workers = [spawn(_worker(client), queue, go, port, i + 1, per, window, p["warmup"],
+                         p["seconds"], BODY_SIZE) for i in range(procs)]
         collect(queue, workers, procs, 180)              # connected, authenticated, HELLO'd
         meter = CpuMeter(relay_process=relay.pid, **({"spark_jvm": jvm_pid()}
                                                      if jvm_pid() else {}))
@@ -363,7 +373,7 @@ def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = W
         "stream_duration_ms_p50": durations,
         "trigger_interval_ms": settings.stream.trigger_interval_ms,
         "cpu_cores": cpu,
-        "transport": transport,
+        "transport": transport, "client": client,
         "method": ("relay ingress as a child process (fsync on, sync rate limits lifted via "
                    "its conf file), the inbox stream in the bench process (processingTime "
                    f"trigger), {procs} spawned client process(es), {per * procs} devices x "
@@ -376,7 +386,8 @@ def throughput(spark, settings, p: dict, devices: int = DEVICES, window: int = W
 
 
 def requests_throughput(settings, p: dict, transport: str, devices: int = DEVICES,
-                        window: int = WINDOW, procs: int = CLIENT_PROCS) -> dict:
+                        window: int = WINDOW, procs: int = CLIENT_PROCS,
+                        client: str = "python") -> dict:
     """PULL requests of an empty group answered per second: the transport and the request
     path without the stream (no Spark), the relay as a child process."""
     from .harness import start_role, stop_process, write_conf, children
@@ -391,7 +402,7 @@ def requests_throughput(settings, p: dict, transport: str, devices: int = DEVICE
         ctx = mp.get_context("spawn")
         queue, go = ctx.Queue(), ctx.Event()
         per = max(1, devices // procs)
-        workers = [spawn(push_worker, queue, go, port, i + 1, per, window, p["warmup"],
+        workers = [spawn(_worker(client), queue, go, port, i + 1, per, window, p["warmup"],
                          p["seconds"], BODY_SIZE, True) for i in range(procs)]
         collect(queue, workers, procs, 180)
         meter = CpuMeter(relay_process=relay.pid)
@@ -413,6 +424,7 @@ def requests_throughput(settings, p: dict, transport: str, devices: int = DEVICE
         cpu["relay_ms_per_request"] = rounded(cpu["relay_process"] * p["seconds"] / answered
                                               * 1000, 3)
     return {"requests_per_s": rounded(answered / p["seconds"]), "transport": transport,
+            "client": client,
             "errors": sum(r["errors"] for r in results),
             "request_ms": p50_p99([x for r in results for x in r["latency_ms"]]),
             "in_flight": per * procs * window, "cpu_cores": cpu,

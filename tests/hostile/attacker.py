@@ -15,12 +15,12 @@ Stages (what each connection does, then holds; see STAGES for which listener has
   abandoned_handshake  send part of the transport handshake, never finish it (trueseal push:
                        half a Noise NK message 1; receive: XX message 1, never message 3;
                        Heya: a TLS ClientHello, nothing after; PPP: a request head without its
-                       last CRLF; cursor-sync: a QUIC Initial, nothing after)
+                       last CRLF; cursor-sync, aioquic or iroh: a QUIC Initial, nothing after)
   idle_handshake       finish the transport handshake, then nothing (NK done; TLS + the Heya
                        greeting; WebSocket upgraded + CHALLENGE; QUIC handshake done)
   idle_auth            authenticate, then stay (receive: XX with a device key; Heya: any
                        self-signed certificate, PING every `ping_seconds` (25); PPP: AUTH_OK,
-                       pings answered; cursor-sync: Auth proof + HELLO)
+                       pings answered; cursor-sync: Auth proof + HELLO; over iroh: HELLO)
 
 Identities (`identity` in the spec; what a connection authenticates as: Heya certificate,
 trueseal device key, PPP signing key, cursor-sync device): "per_address" (the default: one
@@ -58,6 +58,7 @@ STAGES = {
     "ppp": ("silent", "drip", "abandoned_handshake", "idle_handshake", "idle_auth",
             "half_frame"),
     "sync": ("abandoned_handshake", "idle_handshake", "idle_auth", "half_frame"),
+    "sync_iroh": ("abandoned_handshake", "idle_handshake", "idle_auth"),
 }
 
 
@@ -570,6 +571,82 @@ class QuicAttack:
             proto.transmit()
 
 
+# --- cursor-sync over iroh --------------------------------------------------------------------
+
+class IrohAttack:
+    """The iroh endpoint's stages, as stock 0k-sync clients would hold them: `idle_handshake`
+    dials (iroh's QUIC + raw-key TLS) and sends nothing, `idle_auth` sends HELLO (a group per
+    device, created by it) and stays. The device id is the iroh key, so a device is an iroh
+    endpoint bound to one source address (one key on two addresses would be one peer moving
+    between paths): per_address, a device per ten connections of an address (the relay's
+    per-minute budget); per_connection, one each; one, one device (its connections past ten
+    a minute are closed with code 1). `abandoned_handshake` is QuicAttack's: an Initial from
+    aioquic, never answered."""
+
+    def __init__(self, spec: dict, stats: Stats):
+        self.spec = spec
+        self.stage = spec["stage"]
+        self.step = spec.get("step_timeout", 10.0)
+        self.relay = None
+        self.endpoints: dict[tuple, object] = {}
+        self.groups: dict[object, bytes] = {}       # endpoint -> its device's group
+        self.per_address: dict[str, int] = {}
+        self.conns: list = []
+
+    async def endpoint(self, addr: str, index: int):
+        import iroh
+        n = self.per_address.get(addr, 0)
+        self.per_address[addr] = n + 1
+        key = {"one": ("one",), "per_connection": (index,)}.get(
+            self.spec.get("identity"), (addr, n // 10))
+        ep = self.endpoints.get(key)
+        if ep is None:
+            bind_addr = "127.0.0.2:0" if key == ("one",) else f"{addr}:0"
+            ep = self.endpoints[key] = await iroh.Endpoint.bind(iroh.EndpointOptions(
+                preset=iroh.preset_minimal(), bind_addr=bind_addr,
+                secret_key=iroh.SecretKey.generate().to_bytes(),
+                relay_mode=iroh.RelayMode.disabled()))
+            self.groups[ep] = os.urandom(32)
+        return ep
+
+    async def open_full(self, addr: str, index: int):
+        import iroh
+        from sync_iroh_client import ALPN
+        ep = await self.endpoint(addr, index)
+        target = iroh.EndpointAddr(iroh.EndpointId.from_string(self.spec["relay_id"]), None,
+                                   [f"{self.spec['host']}:{self.spec['port']}"])
+        conn = await asyncio.wait_for(ep.connect(target, ALPN), self.step)
+        self.conns.append(conn)
+        return conn, self.groups[ep]
+
+    async def setup_full(self, conn, group: bytes) -> None:
+        if self.stage != "idle_auth":
+            return
+        from sync_client import frame, hello
+        bi = await asyncio.wait_for(conn.open_bi(), self.step)
+        send = bi.send()
+        await send.write_all(frame(hello(1, "h", group, 0)))
+        await send.finish()
+        got = await asyncio.wait_for(bi.recv().read_to_end(1 << 16), self.step)
+        if b"Welcome" not in got:
+            raise Closed("hello refused")
+
+    async def leave(self) -> None:
+        for n, conn in enumerate(self.conns):
+            try:
+                conn.close(0, b"bye")
+            except Exception:
+                pass
+            if n % 100 == 99:
+                await asyncio.sleep(0.02)
+        await asyncio.sleep(0.2)
+        for ep in self.endpoints.values():
+            try:
+                await asyncio.wait_for(ep.close(), 2)
+            except Exception:
+                pass
+
+
 # --- the run -----------------------------------------------------------------------------------
 
 async def run(spec: dict) -> dict:
@@ -581,8 +658,10 @@ async def run(spec: dict) -> dict:
     sem = asyncio.Semaphore(spec.get("parallel", 256))
     ramp_end = loop.time() + spec["ramp_seconds"]
     hold_seconds = spec["hold_seconds"]
-    quic = spec["listener"] == "sync"
+    quic = spec["listener"] in ("sync", "sync_iroh")
+    iroh_ = spec["listener"] == "sync_iroh"
     attack = QuicAttack(spec, stats) if quic else TcpAttack(spec, stats)
+    full = IrohAttack(spec, stats) if iroh_ else attack
     writers: list = []
     tasks: list[asyncio.Task] = []
 
@@ -603,7 +682,9 @@ async def run(spec: dict) -> dict:
             if not quic:
                 attack.prepare(addr, i)
             try:
-                if quic:
+                if iroh_:
+                    conn, group = await full.open_full(addr, i)
+                elif quic:
                     proto = await attack.open_full(addr)
                 else:
                     reader, writer = await asyncio.wait_for(attack.open(addr),
@@ -612,7 +693,9 @@ async def run(spec: dict) -> dict:
                 stats.fail(stats.connect_failed, e)
                 return
             try:
-                if quic:
+                if iroh_:
+                    await full.setup_full(conn, group)
+                elif quic:
                     attack.protocols.append(proto)
                     await attack.setup_full(addr, proto, i)
                 else:
@@ -626,6 +709,10 @@ async def run(spec: dict) -> dict:
         # connection the relay closes during the ramp is counted then
         until = ramp_end + hold_seconds + 1
         try:
+            if iroh_:
+                await conn.closed()
+                stats.lost()
+                return
             if quic:
                 await proto.terminated
                 stats.lost()
@@ -684,6 +771,8 @@ async def run(spec: dict) -> dict:
             pass
     for s in getattr(attack, "sockets", {}).values():
         s.close()
+    if iroh_:
+        await full.leave()
     return {"event": "done", "t": time.time(), "open_at_hold_end": open_at_end,
             "cpu_s": round(time.process_time(), 2), **stats.as_dict()}
 

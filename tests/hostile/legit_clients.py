@@ -11,6 +11,8 @@ that the suite can check at the end that none of it was lost.
   FETCHes until the event is there (a fresh recipient key per round: FETCH is 30/min per key).
 * cursor-sync: a member device connects (QUIC, Auth proof, HELLO), PUSH -> PUSH_ACK, another
   member connects and PULLs the blob at its cursor (devices rotate: 10 connections/min each).
+* cursor-sync over iroh (`sync_iroh`): the same round as a stock 0k-sync client makes it (the
+  device id is the iroh key; Join once, then HELLO on every connection).
 
 `Prober` runs them all on an event loop of its own (a thread), records one `Sample` per round
 and can `verify()` the acked messages afterwards.
@@ -30,10 +32,11 @@ from nacl.signing import SigningKey
 
 from heya_client import Cert, HeyaClient, recv_line, send_line
 from ppp_wire import Ws, giftwrap
-from sync_client import Device, device_session, group_id, pull, push
+from sync_client import Device, device_session, group_id, hello, join, pull, push
+from sync_iroh_client import IrohSyncClient, bind
 from trueseal_client import ACK, HEARTBEAT, NK, XX, AsyncClient, deliver_ack_frame, push_frame
 
-PROTOCOLS = ("trueseal", "heya", "ppp", "sync")
+PROTOCOLS = ("trueseal", "heya", "ppp", "sync", "sync_iroh")
 HEYA_END = 4102444800   # AUTH send tokens valid until 2100
 
 
@@ -247,19 +250,24 @@ class Sync:
         self.acked: dict[bytes, int] = {}
         self.turn = 0
 
+    async def session(self, device: Device, *, admission: list | None = None,
+                      version: int = 2) -> tuple:
+        """A new connection of `device`, joined (with `admission`) and HELLO'd: the client
+        and the WELCOME."""
+        return await device_session(self.port, device, self.group, admission=admission,
+                                    version=version)
+
     async def setup(self) -> None:
         self.founder = Device()
-        c, welcome = await device_session(self.port, self.founder, self.group, version=1)
+        c, welcome = await self.session(self.founder, version=1)
         await c.close()
         assert welcome and welcome[0] == "Welcome", welcome
         self.pushers = [Device() for _ in range(self.DEVICES)]
         self.pullers = [Device() for _ in range(self.DEVICES)]
         expires = int(time.time()) + 86400
         for d in self.pushers + self.pullers:
-            c, welcome = await device_session(
-                self.port, d, self.group,
-                admission=[self.founder.id, expires, self.founder.admit(self.group, d.id,
-                                                                        expires)])
+            c, welcome = await self.session(d, admission=[
+                self.founder.id, expires, self.founder.admit(self.group, d.id, expires)])
             await c.close()
             assert welcome and welcome[0] == "Welcome", welcome
 
@@ -267,7 +275,7 @@ class Sync:
         pusher = self.pushers[self.turn % self.DEVICES]
         puller = self.pullers[self.turn % self.DEVICES]
         self.turn += 1
-        c, welcome = await device_session(self.port, pusher, self.group)
+        c, welcome = await self.session(pusher)
         try:
             assert welcome and welcome[0] == "Welcome", welcome
             blob = os.urandom(16)
@@ -276,7 +284,7 @@ class Sync:
             self.acked[blob] = ack[2]
         finally:
             await c.close()
-        c, welcome = await device_session(self.port, puller, self.group)
+        c, welcome = await self.session(puller)
         try:
             assert welcome and welcome[0] == "Welcome", welcome
             page = await c.request(pull(ack[2] - 1, 10))
@@ -285,7 +293,7 @@ class Sync:
             await c.close()
 
     async def verify(self) -> dict:
-        c, _ = await device_session(self.port, self.pullers[0], self.group)
+        c, _ = await self.session(self.pullers[0])
         seen: dict[bytes, int] = {}
         try:
             after = 0
@@ -302,11 +310,38 @@ class Sync:
         return {"acked": len(self.acked), "missing": missing}
 
 
+class SyncIroh(Sync):
+    """The same round over the iroh endpoint, as a stock 0k-sync client makes it: the device
+    id is the iroh key, no Auth exchange; Join (our extension) once, HELLO on every
+    connection. An endpoint is bound per connection, in the running loop (setup and the
+    rounds run on different loops)."""
+    name = "sync_iroh"
+
+    def __init__(self, relay) -> None:
+        super().__init__(relay)
+        self.relay_id = relay.keys["sync-iroh-endpoint-id"]
+        self.addresses = [f"127.0.0.1:{relay.ports['SYNC_IROH']}"]
+
+    async def session(self, device: Device, *, admission: list | None = None,
+                      version: int = 1) -> tuple:
+        c = await IrohSyncClient.connect(self.relay_id, self.addresses,
+                                         await bind(bytes(device.key)))
+        c._own = True                        # its endpoint closes with it
+        try:
+            if admission is not None:
+                assert await c.request(join(self.group, *admission)) == ["Done", "Join"]
+            return c, await c.request(hello(version, "legit", self.group))
+        except BaseException:
+            await c.close()
+            raise
+
+
 class Prober:
     """Runs every protocol's round trip every `period` seconds in a thread of its own."""
 
     def __init__(self, relay, workdir: Path, *, period: float = 2.0, timeout: float = 15.0):
-        self.clients = [Trueseal(relay), Heya(relay, workdir), Ppp(relay), Sync(relay)]
+        self.clients = [Trueseal(relay), Heya(relay, workdir), Ppp(relay), Sync(relay),
+                        SyncIroh(relay)]
         self.period = period
         self.timeout = timeout
         self.samples: list[Sample] = []

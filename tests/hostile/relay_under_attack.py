@@ -62,12 +62,18 @@ ONE_ADDRESS = ["127.0.0.2"]                              # the legitimate client
 LEGIT_ADDRESS = ["127.0.0.1"]                            # ... and so does a NAT neighbour
 MANY_ADDRESSES = [f"127.0.0.{i}" for i in range(2, 255)]
 LISTENER_PORT = {"trueseal_push": "TRUESEAL_PUSH", "trueseal_receive": "TRUESEAL_RECEIVE",
-                 "heya": "HEYA", "ppp": "PPP", "sync": "SYNC"}
+                 "heya": "HEYA", "ppp": "PPP", "sync": "SYNC", "sync_iroh": "SYNC_IROH"}
 # the process each listener lives in: one ingress per protocol (ingress.process_per_protocol)
 LISTENER_ROLE = {"trueseal_receive": "egress", "trueseal_push": "ingress-trueseal",
-                 "heya": "ingress-heya", "ppp": "ingress-ppp", "sync": "ingress-sync"}
+                 "heya": "ingress-heya", "ppp": "ingress-ppp", "sync": "ingress-sync",
+                 "sync_iroh": "ingress-sync"}
 # the `protocol` label of a listener's counters
-LISTENER_PROTOCOL = {"trueseal_push": "trueseal", "trueseal_receive": "trueseal"}
+LISTENER_PROTOCOL = {"trueseal_push": "trueseal", "trueseal_receive": "trueseal",
+                     "sync_iroh": "sync"}
+# the relay's listener a suite's listener is part of (its sessions gauge counts both of
+# cursor-sync's transports; admission decisions are the aioquic side's)
+LISTENER_NAME = {"sync_iroh": "sync"}
+UDP = ("sync", "sync_iroh")      # held connections: the sessions gauge (one UDP socket)
 LISTENER_ROLES = ("ingress-trueseal", "ingress-heya", "ingress-ppp", "ingress-sync", "egress")
 
 
@@ -217,7 +223,7 @@ class RelayUnderAttack:
         inbox_token = self.relay.cli("heya", "inbox-token").split()[0].encode()
         self.relay.start()
         self.relay.ready()
-        keys = dict(line.split() for line in self.relay.cli("keys").splitlines())
+        keys = self.keys = dict(line.split() for line in self.relay.cli("keys").splitlines())
         info = SimpleNamespace(ports=self.relay.ports, keys=keys, inbox_token=inbox_token)
         self.prober = Prober(info, self.workdir / "legit")
         self.prober.start()
@@ -294,10 +300,11 @@ class RelayUnderAttack:
             return figures, figures["broken"]
         rss0, socks0 = rss_kib(pid), descriptors(pid)
         metrics_port = self.relay.metrics_ports[role]
-        sessions0 = sessions_open(metrics_port, listener) or 0
+        gauge = LISTENER_NAME.get(listener, listener)
+        sessions0 = sessions_open(metrics_port, gauge) or 0
         protocol = LISTENER_PROTOCOL.get(listener, listener)
         refused0 = refusals(metrics_port, protocol)
-        decisions0 = decisions(metrics_port, listener)
+        decisions0 = decisions(metrics_port, gauge)
         cpu0 = cpu_seconds(pid)
         lag0 = lag_ramped = loop_lag(metrics_port)
         lines0 = len(self.relay.stderr)
@@ -305,7 +312,8 @@ class RelayUnderAttack:
                 "port": self.relay.ports[LISTENER_PORT[listener]], "count": count,
                 "addresses": addresses, "parallel": parallel, "ramp_seconds": RAMP_SECONDS,
                 "hold_seconds": HOLD_SECONDS, "drip_seconds": 3.0, "step_timeout": 10.0,
-                "relay_pub": self.prober.clients[0].relay_pub.hex()}
+                "relay_pub": self.prober.clients[0].relay_pub.hex(),
+                "relay_id": self.keys.get("sync-iroh-endpoint-id")}
         if identity is not None:
             spec["identity"] = identity
         if ping_seconds is not None:
@@ -329,7 +337,7 @@ class RelayUnderAttack:
             except OSError:
                 break
             peak_socks = max(peak_socks, descriptors(pid))
-            peak_sessions = max(peak_sessions, sessions_open(metrics_port, listener) or 0)
+            peak_sessions = max(peak_sessions, sessions_open(metrics_port, gauge) or 0)
             if cpu_ramped is None and "ramped" in events:
                 cpu_ramped = cpu_seconds(pid)
                 # holding, the attacker yields the CPU it shares with the relay here (a real
@@ -352,11 +360,11 @@ class RelayUnderAttack:
         # then memory is read
         settle_end = time.monotonic() + 20
         while time.monotonic() < settle_end and (
-                descriptors(pid) > socks0 + 16 if listener != "sync"
-                else (sessions_open(metrics_port, listener) or 0) > sessions0 + 16):
+                descriptors(pid) > socks0 + 16 if listener not in UDP
+                else (sessions_open(metrics_port, gauge) or 0) > sessions0 + 16):
             time.sleep(0.25)
         time.sleep(SETTLE_SECONDS)
-        sessions_after = sessions_open(metrics_port, listener)
+        sessions_after = sessions_open(metrics_port, gauge)
         refused = {k: v - refused0.get(k, 0)
                    for k, v in refusals(metrics_port, protocol).items()
                    if v - refused0.get(k, 0)}
@@ -374,7 +382,7 @@ class RelayUnderAttack:
         attacker = events.get("done") or events.get("ramped") or {}
         # what the relay held at most: its own gauge (QUIC shares one UDP socket), else the
         # descriptors it opened
-        held = max(peak_sessions - sessions0, 0) if listener == "sync" else max(
+        held = max(peak_sessions - sessions0, 0) if listener in UDP else max(
             0, peak_socks - socks0)
         ramped, done = events.get("ramped", {}), events.get("done", {})
         figures = {
@@ -383,7 +391,7 @@ class RelayUnderAttack:
             # the listener's admission decisions during the scenario (relay_admission_
             # decisions_total: stage/reason -> count)
             "admission": {k: v - decisions0.get(k, 0)
-                          for k, v in decisions(metrics_port, listener).items()
+                          for k, v in decisions(metrics_port, gauge).items()
                           if v - decisions0.get(k, 0)},
             "recovered_before": recovered,
             "attacker": {k: attacker.get(k) for k in (
@@ -445,7 +453,8 @@ class RelayUnderAttack:
         broken = []
         if not alive:
             broken.append("the relay (or the listener's role) did not survive")
-        attacked = LISTENER_PROTOCOL.get(listener, listener)
+        attacked = listener if listener in PROTOCOLS else LISTENER_PROTOCOL.get(listener,
+                                                                                listener)
         for p, f in legit.items():
             allowed = self.baseline[p]["p50_s"] + LATENCY_MARGIN
             share = served if p == attacked else 1.0
@@ -500,7 +509,7 @@ class RelayUnderAttack:
 def summary(data: dict) -> str:
     """The results as a table (for the README and the issue note)."""
     rows = ["| listener | stage | from | at the stage / tried | relay held | KiB per conn. "
-            "| RSS before -> after MiB | legit p50/max s (trueseal, heya, ppp, sync) "
+            "| RSS before -> after MiB | legit p50/max s (" + ", ".join(PROTOCOLS) + ") "
             "| log lines/s | passed |", "|" + "---|" * 10]
     scenarios = passed = retried = 0
     for listener, rec in data.get("listeners", {}).items():
