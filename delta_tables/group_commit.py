@@ -32,14 +32,15 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import pyarrow as pa
-from deltalake import DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
 
 from runtime.inbox_signal import InboxSignalSender, landing_signal_dir
 
-from . import object_store
+from . import log_retention, object_store
 from .direct_append import DirectAppender, fsync_all
 from .layout import Layout, ensure_table
+from .node_lease import LEASE_APP, LeaseLost, NodeLease
 from .schema import C, LANDING, TableDef
 
 log = logging.getLogger("relay.group_commit")
@@ -85,14 +86,31 @@ class CommitResult:
     seconds: float
 
 
-class DeltaAppendTarget:
+class _Fencing:
+    """What both landing targets do for a node's lease (node_lease.py)."""
+
+    def fence(self) -> None:
+        """An empty commit with the lease holder's token: the former holder's next commit to
+        this table fails."""
+        self.commit(self.schema.empty_table())
+        self.commits -= 1
+
+    def _lost(self) -> LeaseLost:
+        return LeaseLost(f"node {self.lease.node!r}: another process took over its lease and "
+                         f"fenced {self.key}; this one stops writing")
+
+
+class DeltaAppendTarget(_Fencing):
     """Appends to one Delta table through a handle that is reopened every `refresh_every`
     commits: a long-lived delta-rs handle slows as the log grows (14 -> 95 ms over 1,250
     commits, DESIGN.md), a fresh one loads from the last checkpoint."""
 
     def __init__(self, path: Path, tdef: TableDef, *, refresh_every: int = 100,
-                 fsync: bool = True, key: str | None = None):
+                 fsync: bool = True, key: str | None = None, lease: NodeLease | None = None):
+        """`lease`: every commit carries the holder's fencing token, and fails (LeaseLost)
+        once another holder's commit is in the table (node_lease.py)."""
         self.path = object_store.as_path(path)
+        self.lease = lease
         self.tdef = tdef
         self.schema = tdef.arrow_schema()
         self.refresh_every = refresh_every
@@ -111,17 +129,30 @@ class DeltaAppendTarget:
     def inline_ok(self) -> bool:
         return False    # a delta-rs commit: ~10-20 ms, or a network round trip
 
+    def _fenced(self, dt: DeltaTable) -> None:
+        if (dt.transaction_version(LEASE_APP) or 0) > self.lease.epoch:
+            raise self._lost()
+
     def commit(self, table: pa.Table) -> CommitResult:
         t0 = time.perf_counter()
+        props = None
+        if self.lease is not None:
+            self.lease.check()
+            props = CommitProperties(app_transactions=[Transaction(LEASE_APP, self.lease.epoch)])
         for attempt in range(COMMIT_ATTEMPTS):
             dt = self._handle()
+            if self.lease is not None:
+                self._fenced(dt)
             try:
-                write_deltalake(dt, table, mode="append")
+                write_deltalake(dt, table, mode="append", commit_properties=props)
                 break
-            except CommitFailedError:
-                if attempt == COMMIT_ATTEMPTS - 1:
+            except DeltaError as exc:
+                # a lost race, or a handle older than the log compaction kept
+                # (log_retention.py): reopen at the newest version and try again
+                if attempt == COMMIT_ATTEMPTS - 1 or not (
+                        isinstance(exc, CommitFailedError) or log_retention.outlived(exc)):
                     raise
-                self._dt = None   # reopen at the newest version and try again
+                self._dt = None
         version = dt.version()
         if self.fsync:
             fsync_version(self.path, version)
@@ -130,26 +161,50 @@ class DeltaAppendTarget:
         return CommitResult(self.key, version, table.num_rows, time.perf_counter() - t0)
 
 
-class DirectAppendTarget:
+class DirectAppendTarget(_Fencing):
     """`DeltaAppendTarget`'s interface over `DirectAppender`: a blind append in ~2 ms that does
     not slow as the log grows (direct_append.py says why not delta-rs here)."""
 
     def __init__(self, path: Path, tdef: TableDef, *, fsync: bool = True,
-                 key: str | None = None, stats_columns: tuple[str, ...] = ()):
+                 key: str | None = None, stats_columns: tuple[str, ...] = (),
+                 lease: NodeLease | None = None):
         self.path = Path(path)
+        self.lease = lease
         self.schema = tdef.arrow_schema()
         self.key = key or str(self.path)
-        ensure_table(self.path, tdef)
+        dt = ensure_table(self.path, tdef)
+        version = None
+        if lease is not None:
+            # from this version on, a commit we did not make is seen by `_taken`; up to it,
+            # the snapshot says whether a newer holder fenced the table already
+            version = dt.version()
+            if (dt.transaction_version(LEASE_APP) or 0) > lease.epoch:
+                raise self._lost()
         self._appender = DirectAppender(self.path, self.schema, fsync=fsync,
-                                        stats_columns=stats_columns)
+                                        stats_columns=stats_columns, version=version)
         self.commits = 0
 
     def inline_ok(self) -> bool:
         return True     # four fsyncs on a local disk, no log reading
 
+    def _taken(self, version: int) -> int:
+        """A version another writer took: fenced if its commit carries a newer holder's
+        token (node_lease.py), else the next version is tried (appends do not conflict)."""
+        log_file = self.path / "_delta_log" / f"{version:020d}.json"
+        for line in log_file.read_text().splitlines():
+            txn = json.loads(line).get("txn")
+            if txn and txn["appId"] == LEASE_APP and txn["version"] > self.lease.epoch:
+                raise self._lost()
+        return version + 1
+
     def commit(self, table: pa.Table) -> CommitResult:
         t0 = time.perf_counter()
-        version = self._appender.append(table)
+        if self.lease is None:
+            version = self._appender.append(table)
+        else:
+            self.lease.check()
+            version = self._appender.append(table, txns={LEASE_APP: self.lease.epoch},
+                                            on_taken=self._taken)
         self.commits += 1
         return CommitResult(self.key, version, table.num_rows, time.perf_counter() - t0)
 
@@ -163,17 +218,25 @@ class LandingTarget:
     table, flat at 13-21 ms with 250 per generation)."""
 
     def __init__(self, layout: Layout, node: str, *, commits_per_generation: int = 250,
-                 fsync: bool = True, max_age_seconds: float = 0):
+                 fsync: bool = True, max_age_seconds: float = 0,
+                 lease: NodeLease | None = None):
         """`max_age_seconds` (> 0): a generation holding rows is also sealed this long after it
         opened, on the next commit or, idle, by `seal_if_old`, so the envelope copies it holds
-        can be dropped within the retention bound (docs/operating/retention.md)."""
+        can be dropped within the retention bound (docs/operating/retention.md).
+        `lease`: the node's lease, taken (node_lease.py). Its holder fences the node's newest
+        generation and each one it opens before writing there, and every commit carries its
+        token: a former holder of the id, paused or cloned, cannot write after this one
+        started."""
         self.layout = layout
         self.node = node
         self.commits_per_generation = commits_per_generation
         self.max_age_seconds = max_age_seconds
         self.fsync = fsync
+        self.lease = lease
         self.schema = LANDING.arrow_schema()
         gens = layout.generations(node)
+        if lease is not None and gens:
+            self._target_of(gens[-1]).fence()
         # Always start a new generation: the previous one is sealed and can be dropped once
         # the stream consumed it, and we never need to count a dead process's commits.
         self.generation = (gens[-1] + 1) if gens else 1
@@ -182,18 +245,27 @@ class LandingTarget:
         # (stream.wait_for_data_ms, landing_source.py).
         self.signal = InboxSignalSender(landing_signal_dir(layout.root))
 
-    def _open(self, generation: int) -> DirectAppendTarget | DeltaAppendTarget:
-        self._opened = time.monotonic()
+    def _target_of(self, generation: int) -> DirectAppendTarget | DeltaAppendTarget:
         path = self.layout.landing_generation(self.node, generation)
         key = f"{self.node}/g{generation:06d}"
         if self.layout.remote:
             # A direct append creates its commit with link(), which S3 lacks; delta-rs commits
             # there with a conditional PUT (object_store.py).
-            return DeltaAppendTarget(path, LANDING, fsync=self.fsync, key=key)
+            return DeltaAppendTarget(path, LANDING, fsync=self.fsync, key=key, lease=self.lease)
         # Each commit's protocols in its stats: the stream's source paces commits whose
         # recipients were served at once differently (landing_source.py, early_batch_gap_ms).
         return DirectAppendTarget(path, LANDING, fsync=self.fsync, key=key,
-                                  stats_columns=(C.PROTOCOL,))
+                                  stats_columns=(C.PROTOCOL,), lease=self.lease)
+
+    def _open(self, generation: int) -> DirectAppendTarget | DeltaAppendTarget:
+        if self.lease is not None:
+            self.lease.check()      # a generation is opened by the lease's holder only
+        self._opened = time.monotonic()
+        target = self._target_of(generation)
+        if self.lease is not None:
+            target.fence()
+            self.lease.generation = generation
+        return target
 
     @property
     def current_key(self) -> str:

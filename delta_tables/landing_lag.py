@@ -72,14 +72,23 @@ def checkpoint_offsets(checkpoint: Path) -> dict[str, int]:
     return {}
 
 
-def landing_lag(layout: Layout, checkpoint: Path | None = None,
-                now: float | None = None) -> LandingLag:
-    """`checkpoint`: the stream's (default `<data>/checkpoints/inbox_stream`)."""
-    now = time.time() if now is None else now
+def consumed_versions(layout: Layout, checkpoint: Path | None = None) -> dict[str, int]:
+    """Per landing table, the newest version the stream has committed to the inbox: from
+    `state/landing_consumed.json` or the stream's checkpoint (`checkpoint`, default
+    `<data>/checkpoints/inbox_stream`), whichever is further on. The JSON file alone lags a
+    batch behind, and at idle for good (module docstring)."""
     consumed = layout.read_landing_consumed()
     ckpt = checkpoint_offsets(checkpoint or layout.root / "checkpoints" / "inbox_stream")
     for key, version in ckpt.items():
         consumed[key] = max(version, consumed.get(key, -1))
+    return consumed
+
+
+def landing_lag(layout: Layout, checkpoint: Path | None = None,
+                now: float | None = None) -> LandingLag:
+    """`checkpoint`: the stream's (default `<data>/checkpoints/inbox_stream`)."""
+    now = time.time() if now is None else now
+    consumed = consumed_versions(layout, checkpoint)
     lag = LandingLag()
     oldest: float | None = None
     for key, path in layout.landing_tables().items():

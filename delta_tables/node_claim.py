@@ -95,10 +95,26 @@ class NodeClaim:
         keys.write_secret_file(path, secrets.token_hex(16).encode())
         return path.read_text().strip()
 
+    def lock_identity(self) -> str:
+        """Which lock this process holds: the kernel's boot and the lock file's inode. A
+        process that holds it again (same file, same running kernel) knows the previous
+        holder of that identity is gone: it would hold the lock still (node_lease.py). A copy
+        of the data directory is another inode; a copied machine, another boot."""
+        st = os.fstat(self._lock_fd)
+        return f"{_boot_id()}:{st.st_dev}:{st.st_ino}"
+
     def release(self) -> None:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)     # closing the descriptor drops the flock
             self._lock_fd = -1
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as fh:
+            return fh.read().strip()
+    except OSError:         # not Linux: this process's start stands for the boot
+        return f"pid{os.getpid()}"
 
 
 def _create_once_remote(path, record: str) -> bool:

@@ -78,6 +78,9 @@ class PppControl(ControlTables):
     def push_tokens(self, pubkey: bytes) -> list[tuple[str, bytes]]:
         return self.state.push_tokens(pubkey)
 
+    def has_push(self, pubkey: bytes) -> bool:
+        return bool(self.state.push.get(pubkey))
+
     async def _push_change(self, op: str, pubkey: bytes, platform: str, token: bytes) -> None:
         at = self.next_at(self.state)
         await self.write(PPP_PUSH_TOKENS.name, [{

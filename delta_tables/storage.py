@@ -1,9 +1,18 @@
 """What the tables hold against what is still to deliver (docs/operating/retention.md):
-bytes on disk per table, the live ciphertext, and the oldest delivered byte still on disk.
-Read by `relay status`, the operations notebook and `relay loadgen --retain`."""
+bytes on disk per table, the live ciphertext, the inbox rows' metadata, the storage ratio and
+the oldest delivered byte still on disk. `measure` is the one definition, used by
+`relay status`, `relay loadgen --retain` and the notebooks.
+
+The storage ratio is every byte under the tables directory (every table, with its logs and
+checkpoints, also the tables that hold no ciphertext) over what the relay must keep for the
+envelopes still waiting: their ciphertext, plus the fixed per-row metadata of the inbox's
+rows (every column but `envelope`, at its raw size: 8 bytes a number or time, a key's or
+string's own length), which tombstones keep until they expire. Once
+`compaction.delivered_bound_seconds` has passed it is at most RATIO_BOUND."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 
 import pyarrow as pa
@@ -12,7 +21,36 @@ from deltalake import DeltaTable, QueryBuilder
 from . import removed_files
 from .layout import Layout
 from .object_store import disk_usage
-from .schema import C
+from .schema import INBOX, C
+
+# Once the bound has passed, the tables hold at most this many bytes per byte the relay must
+# keep (the live ciphertext plus the inbox rows' metadata).
+RATIO_BOUND = 2.0
+# The raw size of a fixed-width value (schema kinds); binary and string values count their
+# own length.
+_WIDTH = {"long": 8, "timestamp": 8, "int": 4, "bool": 1}
+
+
+@dataclass
+class Storage:
+    live_bytes: int                   # ciphertext of envelopes not acked, expired or purged
+    row_metadata_bytes: int           # the inbox rows' other columns, at their raw size
+    table_bytes: dict[str, int] = field(default_factory=dict)  # directory -> bytes
+    oldest_delivered_s: float | None = None   # age of the oldest delivered byte on disk
+    on_disk: int = 0                  # sum of table_bytes
+    ratio: float | None = None        # on_disk / (live + metadata); None: nothing to keep
+
+
+def measure(layout: Layout, now: datetime, *, live: int | None = None) -> Storage:
+    """The storage figures of the tables as they are now (`live`: the live ciphertext when
+    the caller already summed it)."""
+    table = table_bytes(layout)
+    on_disk = sum(table.values())
+    live = live_bytes(layout, now) if live is None else live
+    meta = row_metadata_bytes(layout)
+    keep = live + meta
+    return Storage(live, meta, table, oldest_delivered_s(layout, now), on_disk,
+                   on_disk / keep if keep else None)
 
 
 def _sql(tables: dict[str, DeltaTable], sql: str) -> list[dict]:
@@ -48,6 +86,25 @@ def live_bytes(layout: Layout, now: datetime) -> int:
          AND a.{C.MAILBOX} = i.{C.MAILBOX}
         WHERE i.{C.ENVELOPE} IS NOT NULL AND i.{C.EXPIRES_AT} > {ts_literal(now)}
           AND a.{C.SEQ} IS NULL""")
+    return int(row["b"] or 0)
+
+
+def row_metadata_bytes(layout: Layout) -> int:
+    """The inbox rows' values other than the envelope, at their raw size (the fixed per-row
+    metadata a tombstone keeps too): fixed-width columns at their width, keys and strings
+    at their length."""
+    terms = []
+    for col in INBOX.columns:
+        if col.name == C.ENVELOPE:
+            continue
+        if col.kind in _WIDTH:
+            terms.append(f"{_WIDTH[col.kind]} * count(*)")
+        elif col.kind == "binary":
+            terms.append(f"coalesce(sum({byte_length(col.name)}), 0)")
+        else:
+            terms.append(f"coalesce(sum(octet_length({col.name})), 0)")
+    (row,) = _sql({"inbox": DeltaTable(str(layout.inbox))},
+                  f"SELECT {' + '.join(terms)} AS b FROM inbox")
     return int(row["b"] or 0)
 
 

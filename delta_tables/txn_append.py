@@ -33,7 +33,9 @@ from pathlib import Path
 
 import pyarrow as pa
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
+from . import log_retention
 from .direct_append import DirectAppender, stats_columns_of
 from .schema import TableDef
 from .writer_fence import WriterLost
@@ -81,7 +83,15 @@ class TxnAppender:
     def txn_version(self, app_id: str) -> int | None:
         """The version of `app_id`'s newest transaction in the table as this writer knows it."""
         if app_id not in self._txns:
-            self._txns[app_id] = self._dt.transaction_version(app_id)
+            try:
+                self._txns[app_id] = self._dt.transaction_version(app_id)
+            except DeltaError as exc:
+                # the lookup reads the log of the snapshot this writer adopted; compaction
+                # may have deleted that part of it since (log_retention.py): the table now
+                if not log_retention.outlived(exc):
+                    raise
+                self.refresh()
+                self._txns[app_id] = self._dt.transaction_version(app_id)
         return self._txns[app_id]
 
     def _check(self, txns: dict[str, int], fence: str | None) -> None:

@@ -47,6 +47,7 @@ class Session(Protocol):
 class Owners(Protocol):   # delta_tables.heya_control.HeyaControl
     def owner_of(self, token: bytes) -> bytes | None: ...
     def trimmed(self, token: bytes) -> int: ...
+    def push_tokens(self, owner: bytes) -> list: ...
 
 
 class HeyaInbox:   # an inbox_view.InboxView
@@ -57,7 +58,9 @@ class HeyaInbox:   # an inbox_view.InboxView
         self._next: dict[bytes, int] = {}
         self._cache: OrderedDict[tuple[bytes, int], bytes] = OrderedDict()
         self._cached = 0
-        self.sessions: Sessions[Session] = Sessions()     # by owner certificate
+        # by owner certificate; a departure is kept only for an owner with a push token
+        self.sessions: Sessions[Session] = Sessions(
+            lambda owner: bool(owners.push_tokens(owner)))
         self.messages_seen = 0
         self.disk_reads = 0
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from typing import Generic, Hashable, Iterable, Protocol, TypeVar
+from typing import Callable, Generic, Hashable, Iterable, Protocol, TypeVar
 
 from .pending import PendingEnvelope
 
@@ -53,14 +53,28 @@ class LastSeen:
     def get(self, key: Hashable) -> float | None:
         return self._at.get(key)
 
+    def forget(self, key: Hashable) -> None:
+        self._at.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._at)
+
 
 class Sessions(Generic[S]):
     """The connected sessions of each key, to fan news out to, and when each key was last
-    online (`last_seen`)."""
+    online (`last_seen`).
 
-    def __init__(self) -> None:
+    `remember(key)`: whether a key's departure is worth keeping, asked when its last session
+    ends. Only the push job reads `last_seen`, and only for keys with a push registration; a
+    key without one keeps nothing here once its last session is gone. Identities are free on
+    these protocols (any pubkey, any self-signed certificate), so otherwise every fresh one
+    an attacker connected with stayed behind (~170 bytes each, up to `LastSeen`'s cap), and
+    each such small object outliving a flood pinned the allocator page it landed on."""
+
+    def __init__(self, remember: Callable[[bytes], bool] | None = None) -> None:
         self._by_key: dict[bytes, set[S]] = {}
         self.last_seen = LastSeen()
+        self.remember = remember
 
     def register(self, key: bytes, session: S) -> None:
         self._by_key.setdefault(key, set()).add(session)
@@ -71,7 +85,14 @@ class Sessions(Generic[S]):
             mine.discard(session)
             if not mine:
                 del self._by_key[key]
-                self.last_seen.left(key)
+                if self.remember is None or self.remember(key):
+                    self.last_seen.left(key)
+                else:
+                    self.last_seen.forget(key)
+
+    def __len__(self) -> int:
+        """Keys with a session connected now."""
+        return len(self._by_key)
 
     def of(self, key: bytes) -> set[S]:
         """A copy: a session may unregister while it is told."""

@@ -163,14 +163,16 @@ class _Box:
 
 class PppInbox:   # an inbox_view.InboxView
     def __init__(self, inbox_path: Path, acks_path: Path, *, notify_window: float = 30.0,
-                 cache_bytes: int = 256 << 20, early_max_bytes: int = EARLY_MAX_BYTES):
+                 cache_bytes: int = 256 << 20, early_max_bytes: int = EARLY_MAX_BYTES,
+                 remember: Callable[[bytes], bool] | None = None):
+        """`remember(pubkey)`: whether its departure is kept for the push job (`Sessions`)."""
         self.inbox_path = as_path(inbox_path)
         self.acks_path = as_path(acks_path)
         self.envelopes = EnvelopeCache(inbox_path, PROTOCOL, cache_bytes)
         self._notices = NotifyBatcher(notify_window, self._flush_notify)
         self.known: dict[bytes, float] = {}     # event id -> expiry (unix s)
         self._boxes: dict[bytes, _Box] = {}
-        self.sessions: Sessions[Session] = Sessions()     # by recipient pubkey
+        self.sessions: Sessions[Session] = Sessions(remember)     # by recipient pubkey
         self.events_seen = 0
         self.notifies_sent = 0
         self.early_max_bytes = early_max_bytes

@@ -5,34 +5,52 @@ exactly. Memory is one timestamp per allowed hit in the window per key; a key wh
 emptied is dropped by `sweep` (the shell calls it now and then), so idle keys cost nothing.
 A refused hit is not recorded: a client hammering past its budget cannot push its own
 window forward forever.
+
+Keys are bounded too (`max_keys`, `MAX_KEYS` by default): a limiter keyed by PPP pubkey
+would otherwise keep every fresh key that sent one command for the whole window (an hour
+for the backup and discovery budgets), and fresh keys cost an attacker nothing. Past the
+cap the key hit least recently is forgotten, so its next hit starts a fresh window: a
+budget per key cannot hold back an attacker who makes new keys anyway, and what stops
+those is the per-address budgets. A key's hits are a plain list (64 bytes for one hit;
+a deque is 760), so `MAX_KEYS` keys of one hit each are ~20 MB at most.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import bisect
+from collections import OrderedDict
 from typing import Hashable
+
+# Keys one limiter keeps at most (module docstring): far more than the clients of one
+# process hitting one budget within its window.
+MAX_KEYS = 100_000
 
 
 class SlidingWindowLimiter:
-    def __init__(self, max_count: int, window: float):
-        if max_count < 1 or window <= 0:
-            raise ValueError("max_count must be >= 1 and window > 0")
+    def __init__(self, max_count: int, window: float, max_keys: int = MAX_KEYS):
+        if max_count < 1 or window <= 0 or max_keys < 1:
+            raise ValueError("max_count and max_keys must be >= 1 and window > 0")
         self.max_count = max_count
         self.window = window
-        self._hits: dict[Hashable, deque[float]] = {}
+        self.max_keys = max_keys
+        self.forgotten = 0    # keys dropped at the cap with hits still in their window
+        # key -> its hits in the window, oldest first; the keys least recently hit first
+        self._hits: OrderedDict[Hashable, list[float]] = OrderedDict()
 
-    def _trim(self, q: deque[float], now: float) -> None:
-        edge = now - self.window
-        while q and q[0] <= edge:
-            q.popleft()
+    def _trim(self, q: list[float], now: float) -> None:
+        del q[:bisect.bisect_right(q, now - self.window)]
 
     def allow(self, key: Hashable, now: float) -> bool:
         """Record a hit for `key` at `now` and return True, or return False (nothing
         recorded) if `max_count` hits already fall in (now - window, now]."""
         q = self._hits.get(key)
         if q is None:
-            self._hits[key] = deque([now])
+            if len(self._hits) >= self.max_keys:
+                self._hits.popitem(last=False)
+                self.forgotten += 1
+            self._hits[key] = [now]
             return True
+        self._hits.move_to_end(key)
         self._trim(q, now)
         if len(q) >= self.max_count:
             return False
@@ -80,3 +98,7 @@ class KeyedBudgets:
 
     def sweep(self, now: float) -> int:
         return sum(lim.sweep(now) for lim in self._limiters.values())
+
+    def __len__(self) -> int:
+        """Keys held, all budgets together."""
+        return sum(len(lim) for lim in self._limiters.values())

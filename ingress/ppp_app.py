@@ -240,9 +240,11 @@ class PppServer(Listener):
         self.monotonic = monotonic
         self.layout = Layout.of(settings)
         self.control = PppControl(self.layout, fsync=fsync)
+        # a pubkey's departure is kept (for the push job) only if it registered for push
         self.inbox = PppInbox(self.layout.inbox, self.layout.acks,
                               notify_window=self.conf.notify_window_ms / 1000,
-                              cache_bytes=self.conf.cache_bytes)
+                              cache_bytes=self.conf.cache_bytes,
+                              remember=self.control.has_push)
         self.rooms = RoomInbox(self.layout.inbox, self.layout.acks,
                                notify_window=self.conf.notify_window_ms / 1000,
                                cache_bytes=self.conf.room_cache_bytes)

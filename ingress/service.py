@@ -14,7 +14,9 @@ import logging
 from delta_tables.group_commit import GroupCommitAppender, LandingTarget
 from delta_tables.layout import Layout
 from delta_tables.node_claim import NodeClaim
+from delta_tables.node_lease import LeaseLost, NodeLease
 from runtime import keys, metrics, open_files
+from runtime.operator_errors import operator_line
 from runtime.config import INGRESS_PROTOCOLS, Settings, ingress_protocols, ingress_role
 from runtime.role import run_role
 
@@ -26,7 +28,8 @@ log = logging.getLogger("relay.ingress")
 
 
 class IngressNode:
-    def __init__(self, settings: Settings, *, fsync: bool = True, protocol: str | None = None):
+    def __init__(self, settings: Settings, *, fsync: bool = True, protocol: str | None = None,
+                 lease: NodeLease | None = None):
         """Every listener, or only `protocol`'s. A process of one protocol is a node of its
         own (`<node_id>-<protocol>`, its own landing tables: one writer per table) and the
         owner of that protocol's control tables."""
@@ -40,7 +43,7 @@ class IngressNode:
         self.target = LandingTarget(self.layout, self.node_id,
                                     commits_per_generation=conf.commits_per_generation,
                                     max_age_seconds=conf.generation_max_age_seconds,
-                                    fsync=fsync)
+                                    fsync=fsync, lease=lease)
         self.appender = GroupCommitAppender(self.target, max_rows=conf.max_rows_per_commit,
                                             inline_rows=conf.inline_commit_rows)
         wanted = set(ingress_protocols(settings) if protocol is None else [protocol])
@@ -93,15 +96,61 @@ def node_id(settings: Settings, protocol: str | None) -> str:
 
 async def run(settings: Settings, stop: asyncio.Event, ready=None,
               protocol: str | None = None) -> None:
+    """Serve until `stop`; LeaseLost when another process took the node id over (the node
+    stopped writing at once, and stops)."""
     open_files.raise_limit()   # before any socket: the listeners' caps need the descriptors
     layout = Layout.of(settings)
-    # before its first landing generation: the node id is this process's alone
-    claim = NodeClaim(layout.landing_root, layout.state, node_id(settings, protocol)).acquire()
+    node_name = node_id(settings, protocol)
+    # before its first landing generation: the node id is this process's alone, on this host
+    # (the claim) and on every host sharing the tables (the lease)
+    claim = NodeClaim(layout.landing_root, layout.state, node_name).acquire()
+    lease = None
     try:
-        node = IngressNode(settings, protocol=protocol)
+        lease = await asyncio.to_thread(_take_lease, layout, settings, node_name,
+                                        ingress_role(protocol), claim.lock_identity())
+        node = IngressNode(settings, protocol=protocol, lease=lease)
         role = ingress_role(protocol)
-        await run_role(settings, role, node, metrics.ingress_registry(node, role), stop, ready)
+        lost: list[LeaseLost] = []
+        beat = asyncio.create_task(heartbeat(lease, stop, lost), name="lease-heartbeat")
+        try:
+            await run_role(settings, role, node, metrics.ingress_registry(node, role), stop,
+                           ready)
+        finally:
+            beat.cancel()
+        if lost:
+            raise lost[0]
     finally:
+        if lease is not None:
+            await asyncio.to_thread(lease.release)
         claim.release()
     log.info("ingress stopped", extra={"event": "ingress_stopped",
                                        "rows": node.appender.rows_committed})
+
+
+def _take_lease(layout: Layout, settings: Settings, node: str, role: str,
+                lock: str) -> NodeLease:
+    conf = settings.ingress
+    return NodeLease(layout.tables, node, role, seconds=conf.lease_seconds,
+                     renew_seconds=conf.lease_renew_seconds).acquire(
+                         max(layout.generations(node), default=0), lock)
+
+
+async def heartbeat(lease: NodeLease, stop: asyncio.Event, lost: list) -> None:
+    """Renew the lease until `stop`. Lost to another process: stop the node. The store out of
+    reach: keep trying; the node's own commits stop once the lease may have expired
+    (`NodeLease.check`)."""
+    while not stop.is_set():
+        try:
+            await asyncio.wait_for(stop.wait(), lease.renew_seconds)
+            return
+        except asyncio.TimeoutError:
+            pass
+        try:
+            await asyncio.to_thread(lease.renew)
+        except LeaseLost as exc:
+            lost.append(exc)
+            stop.set()
+            return
+        except Exception as exc:   # the store: retried at the next beat
+            log.warning("lease renewal failed: %s", operator_line(exc),
+                        extra={"event": "lease_renew_failed", "node": lease.node})

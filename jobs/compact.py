@@ -13,9 +13,15 @@ One run, in order (each step prints one progress line, counts only):
 3. acks          acks whose inbox row is gone, or older than the max TTL + grace, are deleted.
    push_log      rows older than `push.log_retention_days` are deleted (jobs/compact_push.py).
 4. landing       sealed (not the node's newest) and fully consumed landing generations are
-                 removed as whole directories.
-5. tables        OPTIMIZE (small-file compaction), checkpoint, expired-log cleanup and VACUUM on
-                 inbox, acks, rejects and padding_audit.
+                 removed as whole directories; while a node's lease is live (or expired by
+                 less than one more lease length), from the generation it writes on none is
+                 (delta_tables/node_lease.py).
+5. tables        OPTIMIZE (small-file compaction), VACUUM, checkpoint and log cleanup on
+                 inbox, acks, rejects and padding_audit (the protocols' tables and push_log
+                 in their own steps), all by `vacuum_retention_seconds`.
+6. orphans       files no log names, in every table but landing, deleted once older than
+                 the bound's slack (`runtime.config.orphan_age_seconds`, 300 s by default;
+                 delta_tables/orphan_files.py).
 
 Rows to change are found with DataFusion SQL over a snapshot (delta-rs `QueryBuilder`, no
 pyarrow dataset scan) and changed with one MERGE per step, joined on the relay-wide unique seq
@@ -38,16 +44,18 @@ import logging
 import threading
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Callable
 
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from delta_tables import object_store
+from delta_tables import node_lease, object_store, orphan_files
+from delta_tables.landing_lag import consumed_versions
 from delta_tables.layout import GENERATION_RE, Layout
 from delta_tables.query import sql
 from delta_tables.schema import ACKS, INBOX, PADDING_AUDIT, REJECTS, C
-from runtime.config import Settings
+from runtime.config import Settings, orphan_age_seconds
 
 from .compact_heya import compact_heya
 from .compact_ppp import compact_ppp
@@ -107,7 +115,7 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
         return f"{report.acks_removed} acks removed"
 
     def landing() -> str:
-        report.landing_dropped = _drop_landing(layout)
+        report.landing_dropped = _drop_landing(layout, settings.stream_checkpoint)
         return f"{report.landing_dropped} consumed landing generations dropped"
 
     step("purge acked", purge)
@@ -126,6 +134,7 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
              lambda tdef=tdef: maintain(layout.table(tdef), target,
                                         conf.vacuum_retention_seconds, report))
 
+    step("orphans", lambda: _sweep_orphans(layout, report, orphan_age_seconds(conf)))
     report.bytes_after = object_store.disk_usage(layout.tables)
     report.seconds = time.monotonic() - started
     say(f"done: tables {human_bytes(report.bytes_before)} -> "
@@ -244,21 +253,41 @@ def _clean_acks(layout: Layout, stale_cutoff: datetime) -> int:
     return int(metrics["num_target_rows_deleted"])
 
 
+def _sweep_orphans(layout: Layout, report: CompactionReport, min_age_seconds: int) -> str:
+    """Step 6. The age keeps a write in progress safe (orphan_files.py). A file no log names
+    that holds an acked envelope was written at the latest by the run that purged the row
+    (grace + one interval after the ack), so it goes `min_age_seconds` + one interval after
+    that at the latest: inside the bound (runtime.config.orphan_age_seconds)."""
+    for d in sorted(layout.tables.iterdir()):
+        if d.name != "landing" and (d / "_delta_log").exists():
+            report.orphans_deleted += orphan_files.delete(d, min_age_seconds)
+    return f"{report.orphans_deleted} files no log names deleted (older than {min_age_seconds} s)"
+
+
 def drop_consumed_landing(layout: Layout) -> int:
     """Step 4 alone (the load generator seals its synthetic day with it)."""
-    return _drop_landing(layout)
+    return _drop_landing(layout, None)
 
 
-def _drop_landing(layout: Layout) -> int:
+def _drop_landing(layout: Layout, checkpoint: Path | None) -> int:
     """Remove generations that are sealed (a newer one exists for the node, so ingress no
-    longer writes there) and whose every version the stream has committed."""
-    consumed = layout.read_landing_consumed()
+    longer writes there) and whose every version the stream has committed: by its consumed
+    file or its checkpoint (`checkpoint`, the stream's), whichever is further on; the file
+    alone left the generation of an idle stream's last batch on disk."""
+    consumed = consumed_versions(layout, checkpoint)
     dropped = 0
+    now = datetime.now(timezone.utc)
+    kept_from: dict[str, int | None] = {}    # node -> its lease's generation (node_lease.py)
     for key, path in layout.landing_tables().items():
         node, gen_name = key.split("/")
         gen = int(GENERATION_RE.match(gen_name).group(1))
         if gen >= max(layout.generations(node), default=gen) or key not in consumed:
             continue
+        if node not in kept_from:
+            lease = node_lease.read(layout.tables, node)
+            kept_from[node] = lease.retired_below(now) if lease else None
+        if kept_from[node] is not None and gen >= kept_from[node]:
+            continue    # a live node may still write there: its lease says which it writes
         try:
             version = DeltaTable(str(path)).version()
         except Exception:  # vanished or half-created: not ours to judge

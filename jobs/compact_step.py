@@ -18,7 +18,7 @@ other:
   and mailbox in the clauses instead).
 * `delete_unneeded` / `prune_control_tables`: a control table keeps only the rows its
   protocol's state fold rests on.
-* `maintain`: OPTIMIZE, checkpoint, log cleanup and VACUUM of one table.
+* `maintain`: OPTIMIZE, VACUUM, checkpoint and log cleanup of one table.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import CommitFailedError
 
-from delta_tables import removed_files
+from delta_tables import log_retention, removed_files
 from delta_tables.layout import Layout
 from delta_tables.query import sql
 from delta_tables.schema import C
@@ -46,10 +46,12 @@ Result = TypeVar("Result")
 # A step that loses a commit race is recomputed on fresh handles this many times in total.
 COMMIT_ATTEMPTS = 5
 RETRY_BACKOFF_SECONDS = 0.05
-# Full VACUUM also deletes files no log entry references (failed writes, removes whose
-# tombstones aged out of the checkpoints, which a lite VACUUM can no longer see). It judges
-# those by file age alone, so an in-flight append's file is fair game below this floor.
-FULL_VACUUM_MIN_HOURS = 1
+
+# A checkpoint is written once the commits after the last one hold this many bytes: it then
+# replaces more log than it adds once the retention lets those commits go. A checkpoint of a
+# table with a few short commits (~12 KiB of Parquet for a few KiB of JSON) would make a
+# table bigger than compaction found it; an idle table keeps its checkpoint.
+CHECKPOINT_MIN_LOG_BYTES = 32 * 1024
 
 S, T = "s", "t"  # merge aliases: source, target
 SAME_MAILBOX = " AND ".join(f"{T}.{c} = {S}.{c}" for c in (C.PROTOCOL, C.MAILBOX))
@@ -69,7 +71,9 @@ class CompactionReport:
     sync_control_removed: int = 0  # sync control rows no longer needed (jobs/compact_sync.py)
     push_log_removed: int = 0      # push_log rows past push.log_retention_days
     files_compacted: int = 0      # small files rewritten by OPTIMIZE
-    files_vacuumed: int = 0
+    files_vacuumed: int = 0       # removed files deleted by VACUUM
+    orphans_deleted: int = 0      # files no log names (delta_tables/orphan_files.py)
+    log_entries_removed: int = 0  # commits and checkpoints before the kept checkpoint
     bytes_before: int = 0         # everything under <data>/tables
     bytes_after: int = 0
     conflicts_retried: int = 0    # commit races lost and recomputed
@@ -89,7 +93,8 @@ class CompactionReport:
             f"{self.sync_control_removed}",
             f"push_log rows removed        {self.push_log_removed}",
             f"files compacted              {self.files_compacted}",
-            f"files vacuumed               {self.files_vacuumed}",
+            f"files vacuumed / orphaned    {self.files_vacuumed} / {self.orphans_deleted}",
+            f"log entries removed          {self.log_entries_removed}",
             f"tables on disk               {human_bytes(self.bytes_before)} -> "
             f"{human_bytes(self.bytes_after)}",
             f"commit conflicts retried     {self.conflicts_retried}",
@@ -194,22 +199,29 @@ def prune_control_tables(protocol: str, paths: Mapping[str, Path],
 
 def maintain(path: Path, target_size: int, retention_seconds: int,
              report: CompactionReport) -> str:
-    """OPTIMIZE (small files into `target_size`), checkpoint, log cleanup and VACUUM: files
-    removed more than `retention_seconds` ago leave the disk (`_vacuum_removed`)."""
+    """OPTIMIZE (small files into `target_size`), VACUUM (files removed more than
+    `retention_seconds` ago leave the disk: `_vacuum_removed`), a checkpoint when the log
+    since the last one is long enough to pay for it, and the log's
+    entries before the newest checkpoint older than `retention_seconds` deleted
+    (delta_tables/log_retention.py). VACUUM goes first, while the commits that removed its
+    files are still in the log to tell their removal times. Files no log names are swept
+    after every table is maintained (`orphan_files`, jobs/compact.py)."""
     metrics = retry(report, lambda: DeltaTable(str(path)).optimize.compact(
         target_size=target_size))
     compacted = int(metrics.get("numFilesRemoved", 0))
     report.files_compacted += compacted
 
     dt = DeltaTable(str(path))
-    if _last_checkpoint(path) != dt.version():  # an idle table keeps its checkpoint
-        dt.create_checkpoint()
-    dt.cleanup_metadata()
-
     vacuumed = _vacuum_removed(dt, path, retention_seconds)
-    vacuumed += _vacuum(dt, path, FULL_VACUUM_MIN_HOURS, full=True)
     report.files_vacuumed += vacuumed
-    return f"{compacted} files compacted, checkpoint at v{dt.version()}, {vacuumed} vacuumed"
+    checkpoint = ""
+    if _log_bytes_since_checkpoint(path) >= CHECKPOINT_MIN_LOG_BYTES:
+        dt.create_checkpoint()
+        checkpoint = f", checkpoint at v{dt.version()}"
+    cleaned = log_retention.clean(path, retention_seconds)
+    report.log_entries_removed += cleaned
+    return (f"{compacted} files compacted{checkpoint}, {vacuumed} vacuumed, "
+            f"{cleaned} log entries removed")
 
 
 def _vacuum_removed(dt: DeltaTable, path: Path, retention_seconds: int) -> int:
@@ -230,26 +242,20 @@ def _vacuum_removed(dt: DeltaTable, path: Path, retention_seconds: int) -> int:
     return gone
 
 
-def _vacuum(dt: DeltaTable, path: Path, hours: int, *, full: bool) -> int:
-    """VACUUM, counting only files that were on disk and are gone now. delta-rs 1.6 lite
-    VACUUM keeps returning (and committing VACUUM START/END for) removed files it already
-    deleted, for as long as their remove tombstones stay in the snapshot: a dry run first
-    keeps those phantom runs out of the counts and out of the log."""
-    planned = dt.vacuum(retention_hours=hours, dry_run=True, enforce_retention_duration=False,
-                        full=full)
-    present = [f for f in (path / p for p in planned) if f.exists()]  # p may be absolute
-    if not present:
-        return 0
-    dt.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False,
-              full=full)
-    return sum(not f.exists() for f in present)
-
-
-def _last_checkpoint(path: Path) -> int | None:
+def _log_bytes_since_checkpoint(path: Path) -> int:
+    """Bytes of the commits after the table's newest checkpoint (all of them: none yet)."""
     try:
-        return json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
+        since = json.loads((path / "_delta_log" / "_last_checkpoint").read_text())["version"]
     except (FileNotFoundError, ValueError, KeyError):
-        return None
+        since = -1
+    total = 0
+    for f in (path / "_delta_log").iterdir():
+        if f.name.endswith(".json") and f.name[:20].isdigit() and int(f.name[:20]) > since:
+            try:
+                total += f.stat().st_size
+            except FileNotFoundError:
+                continue
+    return total
 
 
 def human_bytes(n: int) -> str:

@@ -43,9 +43,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
-from deltalake.exceptions import CommitFailedError
+from deltalake.exceptions import CommitFailedError, DeltaError
 
-from delta_tables import writer_fence
+from delta_tables import log_retention, writer_fence
 from delta_tables.group_commit import COMMIT_ATTEMPTS, fsync_version
 from delta_tables.txn_append import AlreadyCommitted, TxnAppender, UnsupportedTable
 from delta_tables.landing_source import SOURCE_NAME, batch_files, read_files
@@ -260,7 +260,18 @@ class InboxSink:
         appender = self._appender(tdef)
         if appender is not None:
             return appender.txn_version(self.app_id)
-        return self._table(tdef).transaction_version(self.app_id)
+        return self._txn_version(tdef, self.app_id)
+
+    def _txn_version(self, tdef: TableDef, app_id: str) -> int | None:
+        """`app_id`'s newest transaction in `tdef` (delta-rs path). A handle older than the
+        log compaction kept (log_retention.py) is reopened: the lookup reads its log."""
+        try:
+            return self._table(tdef).transaction_version(app_id)
+        except DeltaError as exc:
+            if not log_retention.outlived(exc):
+                raise
+            self._handles.pop(tdef.name, None)
+            return self._table(tdef).transaction_version(app_id)
 
     def _write(self, tdef: TableDef, data: pa.Table, batch_id: int) -> bool:
         appender = self._appender(tdef)
@@ -290,8 +301,8 @@ class InboxSink:
     def _write_delta_rs(self, tdef: TableDef, data: pa.Table, batch_id: int) -> bool:
         inbox = tdef is INBOX
         for attempt in range(COMMIT_ATTEMPTS):
+            done = self._txn_version(tdef, self.app_id)
             dt = self._table(tdef)
-            done = dt.transaction_version(self.app_id)
             if done is not None and done >= batch_id:
                 return False
             if data.num_rows == 0:
@@ -304,10 +315,13 @@ class InboxSink:
                 write_deltalake(dt, data, mode="append", commit_properties=CommitProperties(
                     app_transactions=txns))
                 break
-            except CommitFailedError:
-                # compaction removed files since this handle was opened (group_commit.py), or
-                # another stream advanced the writer counter: reopen, re-check the marker
-                # (exactly once) and the counter, retry
+            except DeltaError as exc:
+                # compaction removed files since this handle was opened (group_commit.py) or
+                # the log entries it was loaded from (log_retention.py), or another stream
+                # advanced the writer counter: reopen, re-check the marker (exactly once) and
+                # the counter, retry
+                if not (isinstance(exc, CommitFailedError) or log_retention.outlived(exc)):
+                    raise
                 self._handles.pop(tdef.name, None)
                 if attempt == COMMIT_ATTEMPTS - 1:
                     raise

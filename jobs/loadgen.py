@@ -63,6 +63,7 @@ from deltalake import DeltaTable
 from delta_tables.group_commit import DeltaAppendTarget, LandingTarget
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, C, LANDING, LANDING_SOURCE
+from delta_tables.storage import RATIO_BOUND, Storage
 from engine.heya.ids import event_id as heya_event_id
 from engine.ppp.rooms import ROOM_PROTOCOL
 from engine.trueseal.ids import event_id as trueseal_event_id
@@ -244,23 +245,42 @@ class DayReport:
     landing_dropped: int = 0
     seconds: float = 0.0
     # `retain`: the tables once compaction's retention passed (docs/operating/retention.md)
-    live_bytes: int | None = None         # pending ciphertext
     tables_bytes_before: int | None = None  # all tables before compaction
     tables_bytes_after: int | None = None   # all tables after two runs, retention between
-    table_bytes: dict[str, int] = field(default_factory=dict)
+    storage_before: Storage | None = None   # the day as written, before compaction
+    storage_after: Storage | None = None    # after the second run
+
+    @property
+    def live_bytes(self) -> int | None:     # pending ciphertext
+        return None if self.storage_after is None else self.storage_after.live_bytes
+
+    @property
+    def table_bytes(self) -> dict[str, int]:
+        return {} if self.storage_after is None else self.storage_after.table_bytes
 
     @property
     def storage_ratio(self) -> float | None:
-        if not self.live_bytes or self.tables_bytes_after is None:
-            return None
-        return self.tables_bytes_after / self.live_bytes
+        return None if self.storage_after is None else self.storage_after.ratio
+
+    def storage_results(self) -> dict:
+        """The storage figures before and after, as `--results` writes them (JSON)."""
+        def one(st: Storage) -> dict:
+            return {"live_bytes": st.live_bytes, "row_metadata_bytes": st.row_metadata_bytes,
+                    "on_disk": st.on_disk, "ratio": st.ratio, "table_bytes": st.table_bytes}
+        return {"day": f"{self.start:%Y-%m-%d %H:%M} -> {self.end:%Y-%m-%d %H:%M} UTC",
+                "pushes": self.envelopes, "inbox_rows": self.inbox_rows,
+                "ratio_bound": RATIO_BOUND,
+                "before": one(self.storage_before) if self.storage_before else None,
+                "after": one(self.storage_after) if self.storage_after else None}
 
     def format(self) -> str:
         rej = ", ".join(f"{k} {v}" for k, v in sorted(self.rejected.items())) or "none"
-        retained = [] if self.tables_bytes_after is None else [
+        retained = [] if self.storage_after is None else [
             f"after retention      tables {self.tables_bytes_before} -> "
-            f"{self.tables_bytes_after} bytes, live ciphertext {self.live_bytes} bytes, "
-            f"ratio {self.storage_ratio or 0:.2f}x",
+            f"{self.tables_bytes_after} bytes, live ciphertext {self.live_bytes} + row "
+            f"metadata {self.storage_after.row_metadata_bytes} bytes, storage ratio "
+            f"{self.storage_before.ratio or 0:.2f}x -> {self.storage_ratio or 0:.2f}x "
+            f"(bound {RATIO_BOUND:.0f}x)",
             "  per table          " + ", ".join(f"{k} {v}" for k, v in self.table_bytes.items())]
         return "\n".join(retained + [
             f"day                  {self.start:%Y-%m-%d %H:%M} -> {self.end:%Y-%m-%d %H:%M} UTC",
@@ -432,28 +452,34 @@ def generate_day(settings: Settings, *, day: str | None = None, hours: float = 2
     layout.write_landing_consumed(consumed)
     from .compact import drop_consumed_landing, run_compaction
     report.landing_dropped = drop_consumed_landing(layout)
+    # one moment for every run and measure: the second run then finds nothing new to purge
+    # or expire, and only lets the first's retention pass (VACUUM and the log cleanup go by
+    # the real clock)
+    now = datetime.now(timezone.utc)
+    if retain:
+        from delta_tables import storage
+        report.storage_before = storage.measure(layout, now)
     if compact or retain:
-        first = run_compaction(settings, progress=say)
+        first = run_compaction(settings, now=now, progress=say)
         say(first.format())
         if retain:
-            _let_retention_pass(settings, layout, first, report, say)
+            _let_retention_pass(settings, layout, first, now, report, say)
     report.seconds = time.monotonic() - t_start
     return report
 
 
-def _let_retention_pass(settings: Settings, layout: Layout, first, report: DayReport,
-                        say: Progress) -> None:
+def _let_retention_pass(settings: Settings, layout: Layout, first, now: datetime,
+                        report: DayReport, say: Progress) -> None:
     from delta_tables import storage
 
     from .compact import run_compaction
     wait = settings.compaction.vacuum_retention_seconds + 1
     say(f"waiting {wait} s for compaction's retention, then compacting again")
     time.sleep(wait)
-    second = run_compaction(settings, progress=say)
+    second = run_compaction(settings, now=now, progress=say)
     report.tables_bytes_before = first.bytes_before
     report.tables_bytes_after = second.bytes_after
-    report.live_bytes = storage.live_bytes(layout, datetime.now(timezone.utc))
-    report.table_bytes = storage.table_bytes(layout)
+    report.storage_after = storage.measure(layout, now)
 
 
 def _room_traffic(layout: Layout, rng: np.random.Generator, start: datetime, end: datetime,

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from runtime import config, logs
 from .up import SUPERVISED_ENV, role_env
@@ -105,6 +106,7 @@ def cmd_ingress(args) -> None:
     from ingress import service
     settings = _settings(args)
     from delta_tables.node_claim import NodeIdTaken
+    from delta_tables.node_lease import LeaseLost
     role = config.ingress_role(args.protocol)
     logs.setup(role)
     try:
@@ -113,6 +115,9 @@ def cmd_ingress(args) -> None:
     except NodeIdTaken as exc:
         logging.getLogger("relay.ingress").error(str(exc), extra={"event": "node_id_taken"})
         sys.exit(2)
+    except LeaseLost as exc:
+        logging.getLogger("relay.ingress").error(str(exc), extra={"event": "lease_lost"})
+        sys.exit(1)
 
 
 def cmd_egress(args) -> None:
@@ -287,12 +292,20 @@ def cmd_loadgen(args) -> None:
                                   seed=args.seed, compact=args.compact, retain=args.retain,
                                   progress=lambda m: print(m, flush=True))
     print(report.format())
+    if args.results and report.storage_after is not None:
+        Path(args.results).write_text(json.dumps(report.storage_results(), indent=1) + "\n")
+        print(f"storage figures written to {args.results}")
 
 
 def cmd_up(args) -> None:
     from . import up
     settings = _settings(args)
     logs.setup("up")
+    if settings.tables_dir.startswith("s3://"):
+        # the object store is reachable, the bucket there, the credentials good: or one line
+        # and exit 2 here, before any role starts (runtime/operator_errors.py)
+        from delta_tables.layout import Layout
+        Layout.of(settings).ensure_shared_tables()
     sys.exit(up.run(settings, args.conf))
 
 
@@ -1316,7 +1329,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compact", action="store_true", help="run compaction at the end")
     p.add_argument("--retain", action="store_true",
                    help="compact, let compaction.vacuum_retention_seconds pass, compact again "
-                        "and report the storage ratio (tables / live ciphertext)")
+                        "and report the storage ratio (tables / (live ciphertext + the inbox "
+                        "rows' metadata)) before and after")
+    p.add_argument("--results", default=None, metavar="FILE",
+                   help="with --retain: write the storage figures before and after as JSON "
+                        "(the capacity notebook plots them)")
     p.set_defaults(func=cmd_loadgen)
     p = sub.add_parser("bench", help="benchmarks -> JSON")
     p.add_argument("--quick", action="store_true", help="small sizes: about 6 minutes for 3 rounds, 2-3 for --rounds 1")

@@ -3,14 +3,19 @@
 From the tables (DataFusion through delta-rs; no Spark, no running relay needed):
   per protocol: inbox rows, pending (an envelope, not expired, not acked), the oldest pending
   envelope's age, acks, rejects by reason; landing lag in commits and seconds; bytes on disk.
-  Storage (docs/operating/retention.md): the live ciphertext (envelopes not yet delivered),
-  the bytes on disk per table, and the oldest delivered byte still on disk: the longest an
-  acked envelope has kept its bytes in the inbox, or a file the log removed has waited for
-  VACUUM, whichever is older.
+  Storage (docs/operating/retention.md, delta_tables/storage.py): the live ciphertext
+  (envelopes not yet delivered), the inbox rows' metadata, the bytes on disk per table, the
+  storage ratio, and the oldest delivered byte still on disk: the longest an acked envelope
+  has kept its bytes in the inbox, or a file the log removed has waited for VACUUM,
+  whichever is older.
   PPP room messages (`ppp_room`) are never acked (they stay until their room's expiry), so
   they have no pending count or age ("-").
 From each role's /metrics (`[metrics]` ports), when it answers: what that process counted
 since it started. A role that does not answer is shown as `down` (or `off` with port 0).
+From the lease table (delta_tables/node_lease.py), whatever host it runs on: every node that
+ever held a lease, its host, pid, last heartbeat, `alive` (lease live), `dead` (expired
+without a clean stop) or `stopped` (released), and its landing lag in commits. And where the
+tables are (a directory, or `s3://bucket/prefix` and the endpoint; never credentials).
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
+from urllib.parse import urlsplit
 
 from engine.ppp.rooms import ROOM_PROTOCOL
 
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
-from delta_tables import storage
+from delta_tables import node_lease, storage
 from delta_tables.landing_lag import landing_lag
 from delta_tables.layout import Layout
 from delta_tables.object_store import disk_usage
@@ -47,17 +53,8 @@ class ProtocolStatus:
     rejects: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass
-class StorageStatus:
-    live_bytes: int                       # every protocol's pending ciphertext
-    table_bytes: dict[str, int]           # directory under the tables (landing: all nodes)
-    oldest_delivered_s: float | None      # age of the oldest delivered byte still on disk
-
-    @property
-    def ratio(self) -> float | None:
-        """Bytes on disk per live byte (inf with nothing live but bytes on disk)."""
-        total = sum(self.table_bytes.values())
-        return total / self.live_bytes if self.live_bytes else (float("inf") if total else None)
+# The storage figures (delta_tables/storage.py holds their one definition).
+StorageStatus = storage.Storage
 
 
 @dataclass
@@ -66,6 +63,19 @@ class RoleStatus:
     endpoint: str
     state: str                    # up | down | off | other (another relay's process answers)
     numbers: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class NodeStatus:
+    node: str
+    role: str
+    host: str
+    pid: int
+    epoch: int                    # the lease's fencing token
+    generation: int               # the landing generation it writes (or last wrote)
+    heartbeat_age_s: float
+    state: str                    # alive | dead (expired, no clean stop) | stopped (released)
+    lag_versions: int             # its landing commits the stream has not consumed
 
 
 @dataclass
@@ -79,6 +89,8 @@ class Status:
     landing_tables: int
     roles: list[RoleStatus]
     storage: StorageStatus | None = None
+    tables: str = ""              # where the tables are (directory or s3:// location)
+    nodes: list[NodeStatus] = field(default_factory=list)
 
 
 def _sql(tables: dict[str, DeltaTable], sql: str) -> list[dict]:
@@ -128,9 +140,7 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
 
 def storage_status(layout: Layout, now: datetime,
                    protocols: dict[str, ProtocolStatus]) -> StorageStatus:
-    return StorageStatus(live_bytes=sum(p.live_bytes for p in protocols.values()),
-                         table_bytes=storage.table_bytes(layout),
-                         oldest_delivered_s=storage.oldest_delivered_s(layout, now))
+    return storage.measure(layout, now, live=sum(p.live_bytes for p in protocols.values()))
 
 
 def role_status(settings: Settings, role: str, timeout: float = 1.0) -> RoleStatus:
@@ -180,6 +190,30 @@ def role_status(settings: Settings, role: str, timeout: float = 1.0) -> RoleStat
     return RoleStatus(role, endpoint, "up", n)
 
 
+def node_status(layout: Layout, lag_tables: dict[str, tuple[int, int]],
+                now: datetime) -> list[NodeStatus]:
+    lag: dict[str, int] = {}
+    for key, (latest, done) in lag_tables.items():
+        node = key.split("/")[0]
+        lag[node] = lag.get(node, 0) + max(0, latest - done)
+    return [NodeStatus(n.node, n.role, n.host, n.pid, n.epoch, n.generation,
+                       round((now - n.heartbeat).total_seconds(), 1),
+                       "stopped" if n.released else "alive" if n.live(now) else "dead",
+                       lag.get(n.node, 0))
+            for n in node_lease.read_all(layout.tables)]
+
+
+def tables_location(settings: Settings, layout: Layout) -> str:
+    """The tables' location as an operator names it; an endpoint without any user:password."""
+    if layout.s3 is None:
+        return str(layout.tables)
+    endpoint = "AWS"
+    if settings.object_store.endpoint:
+        url = urlsplit(settings.object_store.endpoint)
+        endpoint = f"{url.scheme}://{url.hostname}" + (f":{url.port}" if url.port else "")
+    return f"{settings.tables_dir} (endpoint {endpoint})"
+
+
 def collect(settings: Settings, now: datetime | None = None) -> Status:
     now = now or datetime.now(timezone.utc)
     layout = Layout.of(settings)
@@ -191,7 +225,8 @@ def collect(settings: Settings, now: datetime | None = None) -> Status:
         landing_lag_versions=lag.versions, landing_lag_seconds=round(lag.seconds, 3),
         landing_tables=len(lag.tables),
         roles=[role_status(settings, r) for r in process_roles(settings)],
-        storage=storage_status(layout, now, protocols))
+        storage=storage_status(layout, now, protocols),
+        tables=tables_location(settings, layout), nodes=node_status(layout, lag.tables, now))
 
 
 # --- printing ---------------------------------------------------------------------------------
@@ -261,12 +296,20 @@ def format_status(st: Status) -> str:
         lines.append("  (no envelopes yet)")
     if st.storage is not None:
         g = st.storage
-        ratio = "-" if g.ratio in (None, float("inf")) else f"{g.ratio:.1f}x"
-        lines += ["", f"  storage  live ciphertext {_bytes(g.live_bytes)}, on disk "
-                      f"{_bytes(sum(g.table_bytes.values()))} ({ratio}), oldest delivered "
-                      f"byte on disk {_age(g.oldest_delivered_s)}",
+        ratio = "-" if g.ratio is None else f"{g.ratio:.1f}x"
+        lines += ["", f"  storage  live ciphertext {_bytes(g.live_bytes)} + row metadata "
+                      f"{_bytes(g.row_metadata_bytes)}, on disk {_bytes(g.on_disk)} ({ratio}), "
+                      f"oldest delivered byte on disk {_age(g.oldest_delivered_s)}",
                   "    " + "  ".join(f"{name} {_bytes(n)}"
                                      for name, n in g.table_bytes.items())]
+    lines += ["", f"  tables  {st.tables}", "",
+              f"  {'node':<20} {'role':<17} {'host':<20} {'pid':>6}  {'heartbeat':>9}  "
+              f"{'state':<8} {'lag':>5}"]
+    for n in st.nodes:
+        lines.append(f"  {n.node:<20} {n.role:<17} {n.host[:20]:<20} {n.pid:>6}  "
+                     f"{_age(n.heartbeat_age_s) + ' ago':>9}  {n.state:<8} {n.lag_versions:>5}")
+    if not st.nodes:
+        lines.append("  (no node has held a lease)")
     lines += ["", f"  landing lag  {st.landing_lag_versions} commits, "
                   f"{st.landing_lag_seconds:.1f} s  ({st.landing_tables} landing tables)", "",
               "  role             metrics          state"]

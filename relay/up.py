@@ -51,6 +51,7 @@ import time
 from typing import Mapping
 
 from runtime import logs
+from runtime.operator_errors import CONFIG
 from runtime.config import Settings, process_roles
 from .zygote import SUPERVISED_ENV, Zygote
 
@@ -238,11 +239,20 @@ def run(settings: Settings, conf: str | None) -> int:
             if child.proc is None:
                 child.start()
     backoff: dict[str, float] = {}
+    config_error = False
     while not stopping.is_set():
         for child in children.values():
             if child.proc is None:
                 continue
             code = child.proc.poll()
+            if code == CONFIG and not stopping.is_set():
+                # its one line says what to change (runtime/operator_errors.py); a restart
+                # would only say it again
+                out.say("role_config_error", f"{child.role} exited with {code}: its "
+                        f"configuration must change; stopping", role=child.role, code=code)
+                config_error = True
+                stopping.set()
+                break
             if code is not None and not stopping.is_set():
                 delay = min(30.0, backoff.get(child.role, 0.5) * 2)
                 backoff[child.role] = delay
@@ -272,4 +282,4 @@ def run(settings: Settings, conf: str | None) -> int:
                 role=role, code=code)
     if zygote is not None:
         zygote.stop()
-    return 0 if clean else 1
+    return CONFIG if config_error else 0 if clean else 1

@@ -90,8 +90,14 @@ class TruesealConf:
 @dataclass
 class IngressConf:
     # This ingress node's name: its landing tables are its own (landing/<node_id>), and two
-    # processes may not run under one id (delta_tables/node_claim.py).
+    # processes may not run under one id, even from a copied data directory
+    # (delta_tables/node_claim.py, delta_tables/node_lease.py).
     node_id: str = "node-0"
+    # The node's lease in the store (tables_dir): renewed every lease_renew_seconds. A process
+    # starting under a node id whose lease is live is refused; a node that could not renew for
+    # lease_seconds stops writing, and its id can be taken over. A clean stop releases it.
+    lease_seconds: float = 15.0
+    lease_renew_seconds: float = 3.0
     # `relay up` runs one ingress process per protocol (`relay ingress --protocol P`, node id
     # `<node_id>-<P>`): an attack on one listener, or its CPU, cannot stall another's event
     # loop, and the protocols spread over the cores. false: one process runs every listener.
@@ -831,20 +837,41 @@ def validate(data: dict[str, Any], sources: dict[str, str] | None = None) -> "Se
                               f"{_source(sources, dotted)}): must be "
                               f"{allowed(dotted)}")
     _check_retention(settings.compaction, sources)
+    if settings.ingress.lease_renew_seconds * 2 > settings.ingress.lease_seconds:
+        raise ConfigError(
+            f"setting ingress.lease_renew_seconds = {settings.ingress.lease_renew_seconds} (from "
+            f"{_source(sources, 'ingress.lease_renew_seconds')}): must be at most half of "
+            f"ingress.lease_seconds ({settings.ingress.lease_seconds:g}): a lease must survive "
+            f"a missed renewal")
     return settings
+
+
+# Files no log names are deleted once older than the bound's slack (delivered_bound_seconds
+# - ack_grace_seconds - 2 x interval_seconds, jobs/compact.py): a write in progress commits
+# its files within seconds, so the slack may not be shorter than this.
+ORPHAN_MIN_AGE_SECONDS = 10
+
+
+def orphan_age_seconds(conf: CompactionConf) -> int:
+    """How old a file no log names must be before compaction deletes it: the bound's slack
+    once an ack has waited the grace and one interval for the run that purges its row (a
+    failed write of that run may hold the envelope), and one more interval for the sweep."""
+    return conf.delivered_bound_seconds - conf.ack_grace_seconds - 2 * conf.interval_seconds
 
 
 def _check_retention(conf: CompactionConf, sources: dict[str, str]) -> None:
     """The compaction schedule must keep the delivered-bytes bound: an ack waits the grace,
-    then up to one interval for the run that rewrites its files, then the retention, then up
-    to one more interval for the run that vacuums them."""
-    need = conf.ack_grace_seconds + 2 * conf.interval_seconds + conf.vacuum_retention_seconds
+    then up to one interval for the run that rewrites its files, then the retention (for a
+    file no log names, `orphan_age_seconds`, at least ORPHAN_MIN_AGE_SECONDS), then up to one
+    more interval for the run that deletes them."""
+    need = conf.ack_grace_seconds + 2 * conf.interval_seconds + max(
+        conf.vacuum_retention_seconds, ORPHAN_MIN_AGE_SECONDS)
     if need > conf.delivered_bound_seconds:
         raise ConfigError(
             f"setting compaction.delivered_bound_seconds = {conf.delivered_bound_seconds} "
             f"(from {_source(sources, 'compaction.delivered_bound_seconds')}): must be at "
             f"least ack_grace_seconds + 2 x interval_seconds + vacuum_retention_seconds "
-            f"= {need}")
+            f"(at least {ORPHAN_MIN_AGE_SECONDS}) = {need}")
 
 
 def _source(sources: dict[str, str], dotted: str) -> str:
@@ -872,6 +899,9 @@ RANGES: dict[str, tuple[float | None, float | None, str]] = {
     # the pepper id is floor(unix time / period): under a second it would divide by zero
     "ppp.discovery_pepper_rotation_hours": (1 / 3600, None, "at least 1/3600 (one second)"),
     "sync.new_connection_cpu_share": (0, 1, "from 0 to 1"),
+    # a lease must outlive a few renewals (node_lease.py)
+    "ingress.lease_seconds": (1, None, "at least 1"),
+    "ingress.lease_renew_seconds": (0.1, None, "at least 0.1"),
 }
 
 

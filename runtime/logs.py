@@ -101,8 +101,13 @@ EVENTS: dict[str, str] = {
     "ingress_stopped": "ingress finished its last commits and stopped (rows)",
     "landing_seal_failed": "sealing an idle landing generation by age failed; the next commit "
                            "or tick retries (error)",
-    "node_id_taken": "an ingress process refused to start: its node id is another's or "
-                     "already running (delta_tables/node_claim.py)",
+    "node_id_taken": "an ingress process refused to start: its node id is another's, already "
+                     "running, or leased by a live process on any host "
+                     "(delta_tables/node_claim.py, node_lease.py)",
+    "lease_lost": "another process took this node's lease over: the node stopped writing "
+                  "and stops (delta_tables/node_lease.py)",
+    "lease_renew_failed": "a node's lease heartbeat failed; retried at the next one (node, "
+                          "error)",
     # heya (ingress process)
     "heya_timeout": "a Heya connection timed out (waiting_for)",
     "heya_closed": "a Heya connection is closing (reason; debug)",

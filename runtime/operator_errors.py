@@ -116,6 +116,12 @@ def explain(exc: BaseException, store: str = "") -> Failure | None:
     return None
 
 
+def operator_line(exc: BaseException, store: str = "") -> str:
+    """`explain`'s line, or the exception's text made safe for a log (redacted, no ANSI)."""
+    failure = explain(exc, store)
+    return failure.line if failure else _text(exc)[:400]
+
+
 def report(failure: Failure, exc: BaseException) -> None:
     """One ERROR record (event `operator_error`); the traceback only at DEBUG."""
     debug = logging.getLogger().isEnabledFor(logging.DEBUG)

@@ -48,6 +48,26 @@ def test_a_dead_ingress_node_loses_nothing_it_acked(two_nodes):
     asyncio.run(_scenario(*two_nodes))
 
 
+async def every_landing_row_in_the_inbox_once(data) -> None:
+    """Every landing row of every node reached the inbox (or rejects), each event once,
+    cursors gap-free per mailbox (waits up to a minute for the stream)."""
+    deadline = time.monotonic() + 60
+    while True:
+        landed = len(landing_rows(data))
+        inbox = read_table(tables_dir(data) / "inbox", ["event_id", "mailbox", "cursor"])
+        rejects = read_table(tables_dir(data) / "rejects", ["event_id"]).num_rows
+        if landed == inbox.num_rows + rejects or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1.0)
+    assert landed == inbox.num_rows + rejects
+    ids = inbox.column("event_id").to_pylist()
+    assert len(ids) == len(set(ids))
+    per: dict[bytes, list[int]] = {}
+    for r in inbox.to_pylist():
+        per.setdefault(r["mailbox"], []).append(r["cursor"])
+    assert all(sorted(c) == list(range(1, len(c) + 1)) for c in per.values())
+
+
 async def _scenario(relay: Relay, other: RoleProc, env_b: dict, push_port_b: int) -> None:
     pub_a = relay.relay_pub()
     out = subprocess.run([sys.executable, "-m", "relay.cli", *relay.prefix, "keys"],
@@ -94,21 +114,7 @@ async def _scenario(relay: Relay, other: RoleProc, env_b: dict, push_port_b: int
     data = relay.data
     nodes = {p.name for p in (tables_dir(data) / "landing").iterdir() if p.is_dir()}
     assert {"node-0", "node-b-trueseal"} <= nodes
-    deadline = time.monotonic() + 60
-    while True:
-        landed = len(landing_rows(data))
-        inbox = read_table(tables_dir(data) / "inbox", ["event_id", "mailbox", "cursor"])
-        rejects = read_table(tables_dir(data) / "rejects", ["event_id"]).num_rows
-        if landed == inbox.num_rows + rejects or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(1.0)
-    assert landed == inbox.num_rows + rejects
-    ids = inbox.column("event_id").to_pylist()
-    assert len(ids) == len(set(ids))
-    per: dict[bytes, list[int]] = {}
-    for r in inbox.to_pylist():
-        per.setdefault(r["mailbox"], []).append(r["cursor"])
-    assert all(sorted(c) == list(range(1, len(c) + 1)) for c in per.values())
+    await every_landing_row_in_the_inbox_once(data)
     for role in ("ingress", "stream", "egress"):
         assert await procs[role].term(90) == 0
     log(f"delivered {len(acked)} acked envelopes ({len(acked_b)} from the dead node)")

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 
@@ -78,11 +79,21 @@ def test_pushes_reach_receivers_exactly_once_in_order(spark, settings):
     assert sorted(acks.column(C.SEQ).to_pylist()) == sorted(inbox.column(C.SEQ).to_pylist())
 
 
-async def _scenario(settings):
+@contextlib.asynccontextmanager
+async def relay_nodes(settings):
+    """An ingress and an egress node on `settings`, started, closed on the way out."""
     ingress, egress = IngressNode(settings, fsync=False), EgressNode(settings, fsync=False)
     await ingress.start()
     await egress.start()
     try:
+        yield ingress, egress
+    finally:
+        await ingress.close()
+        await egress.close()
+
+
+async def _scenario(settings):
+    async with relay_nodes(settings) as (ingress, egress):
         relay_pub = ingress.key.public
         push_port, recv_port = ingress.trueseal.bound_port, egress.trueseal.bound_port
         (a_priv, a_pub), (b_priv, b_pub) = keypair(), keypair()
@@ -124,6 +135,3 @@ async def _scenario(settings):
             pass
         c2.close()
         b_conn.close()
-    finally:
-        await ingress.close()
-        await egress.close()

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.notebooks
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 CAPACITY_FIGURES = ["cap_traffic_per_hour", "cap_inbox_depth", "cap_latency", "cap_padding",
-                    "cap_ttl_vs_delivery", "cap_storage", "cap_mailbox_skew", "cap_rooms", "cap_push"]
+                    "cap_ttl_vs_delivery", "cap_storage", "cap_storage_ratio",
+                    "cap_mailbox_skew", "cap_rooms", "cap_push"]
 OPERATIONS_FIGURES = ["ops_stream_progress", "ops_rejects_padding", "ops_compaction"]
 SCALE = 0.25          # ~5,000 pushes: enough for every plot, quick on 2 cores
 CELL_TIMEOUT = 300
@@ -100,6 +101,10 @@ def test_capacity_notebook(day, tmp_path, monkeypatch):
     assert images >= len(CAPACITY_FIGURES)          # shown inline too, not only saved
     text = outputs_text(nb)
     assert "no binary column in any view" in text
+    # the storage ratio of the data directory, and of the recorded loadgen --retain runs
+    assert re.search(r"this data directory: .* storage ratio \d+\.\d\dx", text)
+    assert re.search(r"relay loadgen --retain \d{4}-\d\d-\d\d: \d+ pushes, storage ratio "
+                     r"\d+\.\d\dx -> \d+\.\d\dx", text)
     assert "mailboxes per UTC day" in text and re.search(r"\d{4}-\d\d-\d\d  ppp\s+\d+ "
                                                          r"mailboxes", text)
     assert re.search(r"\d+ rooms \(\d+ active as of .*\), 0 groups; [1-9]\d* room messages "

@@ -96,8 +96,9 @@ def test_status_with_an_endpoint_nobody_listens_on(tmp_path):
              "the object store cannot be reached")
 
 
-def test_status_with_wrong_credentials(tmp_path):
-    """moto checks signatures once INITIAL_NO_AUTH_ACTION_COUNT is 0: these keys are not its."""
+@pytest.fixture(scope="module")
+def s3_auth():
+    """An S3 server that checks signatures (moto, once INITIAL_NO_AUTH_ACTION_COUNT is 0)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -116,17 +117,61 @@ def test_status_with_wrong_credentials(tmp_path):
             except OSError:
                 assert time.monotonic() < deadline and proc.poll() is None
                 time.sleep(0.2)
-        secret = "wJalrXUtnFEMIK7MDENGbPxRfiCYwrongKEY12"
-        env = dict(RELAY_TABLES_DIR=f"s3://{BUCKET}/relay",
-                   RELAY_S3_ENDPOINT=f"http://127.0.0.1:{port}",
-                   AWS_ACCESS_KEY_ID="AKIAWRONGWRONGWRONG1", AWS_SECRET_ACCESS_KEY=secret)
-        one_line(relay(tmp_path, "status", **env), 2, "the object store refused the credentials")
-        p = relay(tmp_path, "status", fmt="json", level="debug", **env)
-        as_json(p, "credentials", 2, debug=True)
-        assert secret not in p.stderr and secret[:16] not in p.stderr
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+WRONG_SECRET = "wJalrXUtnFEMIK7MDENGbPxRfiCYwrongKEY12"
+
+
+def _wrong_credentials(endpoint: str) -> dict:
+    """Keys the server does not know."""
+    return dict(RELAY_TABLES_DIR=f"s3://{BUCKET}/relay", RELAY_S3_ENDPOINT=endpoint,
+                AWS_ACCESS_KEY_ID="AKIAWRONGWRONGWRONG1", AWS_SECRET_ACCESS_KEY=WRONG_SECRET)
+
+
+def test_status_with_wrong_credentials(tmp_path, s3_auth):
+    env = _wrong_credentials(s3_auth)
+    one_line(relay(tmp_path, "status", **env), 2, "the object store refused the credentials")
+    p = relay(tmp_path, "status", fmt="json", level="debug", **env)
+    as_json(p, "credentials", 2, debug=True)
+    assert WRONG_SECRET not in p.stderr and WRONG_SECRET[:16] not in p.stderr
+
+
+def _unreachable() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+# every process a host runs: `relay up`, and each role alone
+COMMANDS = [["up"], ["ingress", "--protocol", "trueseal"], ["egress"], ["stream"],
+            ["compact"], ["push"]]
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: c[0])
+def test_each_process_with_a_misconfigured_object_store(tmp_path, s3, s3_auth, command):
+    """A missing bucket, an endpoint nobody listens on, credentials the store refuses: each
+    one line and exit status 2 (no traceback, no ANSI), from `relay up` before any role
+    starts and from every role alone; never the secret."""
+    ports = {f"RELAY_METRICS_PORT_{r}": "0" for r in ("INGRESS", "EGRESS", "STREAM",
+                                                       "COMPACT", "PUSH")}
+    cases = [
+        (dict(RELAY_TABLES_DIR="s3://no-such-bucket/relay", RELAY_S3_ENDPOINT=s3,
+              AWS_ACCESS_KEY_ID="relay-test", AWS_SECRET_ACCESS_KEY="relay-test-secret"),
+         "the object store has no such bucket (s3://no-such-bucket/relay)"),
+        (dict(RELAY_TABLES_DIR=f"s3://{BUCKET}/relay", RELAY_S3_ENDPOINT=_unreachable(),
+              AWS_ACCESS_KEY_ID="relay-test", AWS_SECRET_ACCESS_KEY="relay-test-secret"),
+         "the object store cannot be reached"),
+        (_wrong_credentials(s3_auth), "the object store refused the credentials"),
+    ]
+    for i, (env, words) in enumerate(cases):
+        p = relay(tmp_path, *command, data=tmp_path / f"data-{i}", **env, **ports,
+                  RELAY_TRUESEAL_PUSH_PORT="0", RELAY_TRUESEAL_RECEIVE_PORT="0")
+        one_line(p, 2, words)
+        assert WRONG_SECRET not in p.stderr + p.stdout
 
 
 def _ingress_heya(tmp_path, **env):

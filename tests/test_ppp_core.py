@@ -44,6 +44,18 @@ def test_refused_hits_do_not_extend_the_window_and_sweep_drops_idle_keys():
     assert lim.sweep(100) == 1 and len(lim) == 0
 
 
+def test_a_limiter_keeps_at_most_max_keys_forgetting_the_one_hit_least_recently():
+    """Fresh keys (free to an attacker) cannot grow a limiter past its cap; the key hit least
+    recently goes, and its next hit starts a fresh window."""
+    lim = SlidingWindowLimiter(1, 3600, max_keys=3)
+    for key in ("a", "b", "c"):
+        assert lim.allow(key, 0)
+    assert not lim.allow("a", 1)              # a is now the most recently hit
+    assert lim.allow("d", 2) and len(lim) == 3 and lim.forgotten == 1
+    assert lim.remaining("b", 2) == 1         # b (least recent) was forgotten
+    assert lim.remaining("a", 2) == 0 and lim.remaining("c", 2) == 0
+
+
 def test_command_budgets_are_appendix_c3():
     b = KeyedBudgets(limits.command_budget)
     assert (limits.command_budget("STORE"), limits.command_budget("STORE_BACKUP"),

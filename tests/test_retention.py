@@ -12,6 +12,7 @@ survived the vacuums under them)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -23,13 +24,11 @@ import pytest
 
 from delta_tables.heya_control import mint_inbox_tokens
 from delta_tables.layout import Layout
-from egress.service import EgressNode
-from ingress.service import IngressNode
 from jobs.compact import compaction_loop
 from jobs.inbox_stream import start_inbox_stream
 
 from heya_client import Cert, HeyaClient, recv_line, register_and_mint, send_line
-from test_end_to_end import push_all, receive
+from test_end_to_end import push_all, receive, relay_nodes
 from trueseal_client import keypair
 
 END = 2220385707
@@ -83,6 +82,15 @@ def found(markers: dict[str, bytes], roots: list[Path]) -> dict[str, list[str]]:
 def test_delivered_markers_leave_every_file_within_the_bound(spark, settings, tmp_path):
     if settings.tables_dir:
         pytest.skip("scans a local data directory")
+    runs: list = []
+    with shortened_clock(spark, settings, runs):
+        asyncio.run(_scenario(settings, tmp_path, spark, runs))
+
+
+@contextlib.contextmanager
+def shortened_clock(spark, settings, runs: list):
+    """The relay's stream and compaction loop (its reports into `runs`) on the shortened
+    clock: 1 + 2 x 2 + 3 = 8 s of schedule inside BOUND_S."""
     settings.stream.trigger_interval_ms = 100
     settings.ingress.generation_max_age_seconds = 1
     c = settings.compaction
@@ -90,13 +98,12 @@ def test_delivered_markers_leave_every_file_within_the_bound(spark, settings, tm
     c.delivered_bound_seconds = BOUND_S
     query, _sink = start_inbox_stream(spark, settings, fsync=False)
     stop = threading.Event()
-    runs: list = []
     loop = threading.Thread(target=compaction_loop, args=(settings, stop),
                             kwargs={"progress": lambda _: None, "on_report": runs.append},
                             daemon=True)
     try:
         loop.start()
-        asyncio.run(_scenario(settings, tmp_path, spark, runs))
+        yield
     finally:
         stop.set()
         loop.join(timeout=120)
@@ -105,12 +112,9 @@ def test_delivered_markers_leave_every_file_within_the_bound(spark, settings, tm
 
 async def _scenario(settings, tmp_path, spark, runs):
     (inbox_token,) = mint_inbox_tokens(Layout.of(settings), fsync=False)
-    ingress, egress = IngressNode(settings, fsync=False), EgressNode(settings, fsync=False)
-    await ingress.start()
-    await egress.start()
     delivered: dict[str, bytes] = {}
     waiting: dict[str, bytes] = {}
-    try:
+    async with relay_nodes(settings) as (ingress, egress):
         relay_pub = ingress.key.public
         push_port, recv_port = ingress.trueseal.bound_port, egress.trueseal.bound_port
         (a_priv, a_pub), (_b_priv, b_pub) = keypair(), keypair()
@@ -172,9 +176,6 @@ async def _scenario(settings, tmp_path, spark, runs):
         a_conn.close()
         a.close()
         b.close()
-    finally:
-        await ingress.close()
-        await egress.close()
 
 
 def test_a_schedule_that_cannot_keep_the_bound_is_refused():
@@ -234,3 +235,171 @@ def test_expired_envelopes_leave_every_file_too(tmp_path):
     report = run_compaction(settings, now=now, progress=lambda _: None)
     assert (report.expired_deleted, report.tombstones_kept) == (1, 1)
     assert set(found(markers, [tmp_path])) == {"live"}
+
+
+# The storage ratio's run: a few large envelopes wait (the live ciphertext outweighs the
+# tables' fixed footprint, a log entry or two each), many small ones are delivered, each in
+# a commit of its own, as a day's traffic is: kept for the log's default day, their commits
+# alone would take the ratio past 2x.
+RATIO_ENVELOPES = 20
+RATIO_ENVELOPE_BYTES = 16 * 1024
+DELIVERED_COMMITS = 150
+
+
+def test_after_the_bound_the_tables_hold_at_most_twice_what_is_undelivered(spark, settings):
+    """A real relay run on the shortened clock: many small envelopes delivered and acked, each
+    in commits of its own, a few large ones waiting. Once the bound has passed, every table's
+    bytes on disk (data, logs, checkpoints) are at most RATIO_BOUND x the live ciphertext plus the inbox rows' metadata, as
+    delta_tables/storage.py measures it for `relay status`; the day's many small commits left
+    no log behind them."""
+    from delta_tables import storage
+    with shortened_clock(spark, settings, []):
+        measured = asyncio.run(_ratio_scenario(settings))
+    layout = Layout.of(settings)
+    print(f"after the bound: live {measured.live_bytes}, row metadata "
+          f"{measured.row_metadata_bytes}, on disk {measured.on_disk}, ratio "
+          f"{measured.ratio:.2f}x; per table {measured.table_bytes}")
+    assert measured.live_bytes == RATIO_ENVELOPES * (RATIO_ENVELOPE_BYTES + 4)  # b"env|"
+    assert measured.oldest_delivered_s is None, "a delivered byte is still on disk"
+    assert measured.ratio <= storage.RATIO_BOUND, measured
+    inbox_log = list((layout.inbox / "_delta_log").glob("*.json"))
+    assert len(inbox_log) < 20, "the inbox's commits stayed in its log past the retention"
+
+
+async def _ratio_scenario(settings):
+    from datetime import datetime, timezone
+
+    from delta_tables import storage
+    async with relay_nodes(settings) as (ingress, egress):
+        relay_pub = ingress.key.public
+        push_port, recv_port = ingress.trueseal.bound_port, egress.trueseal.bound_port
+        (a_priv, a_pub), (_b_priv, b_pub) = keypair(), keypair()
+        await push_all(push_port, relay_pub, [(b_pub, b"env|" + os.urandom(RATIO_ENVELOPE_BYTES))
+                                              for _ in range(RATIO_ENVELOPES)])
+        for _ in range(DELIVERED_COMMITS):     # one push session, one landing commit each
+            await push_all(push_port, relay_pub, [(a_pub, b"env|" + os.urandom(1024))])
+        a_conn, got = await receive(recv_port, relay_pub, a_priv, DELIVERED_COMMITS,
+                                    timeout=120)
+        acked_at = time.monotonic()
+        a_conn.close()
+        # Acked at the latest when the device session ends; then the bound passes.
+        await asyncio.sleep(max(0.0, BOUND_S - (time.monotonic() - acked_at)))
+        return await asyncio.to_thread(storage.measure, Layout.of(settings),
+                                       datetime.now(timezone.utc))
+
+
+def test_a_compaction_run_never_leaves_the_tables_bigger_once_its_retention_passed(tmp_path):
+    """The case where compaction can only add: every row live (nothing to purge or expire),
+    in many small commits, and a small table of two commits. OPTIMIZE rewrites, checkpoints
+    are written; once the retention passed and the next run vacuumed and cleaned the logs,
+    no table is bigger than the first run found it."""
+    from datetime import datetime, timedelta, timezone
+
+    from deltalake import write_deltalake
+
+    from delta_tables.object_store import disk_usage
+    from delta_tables.storage import table_bytes
+    from jobs.compact import run_compaction
+    from runtime.config import Settings
+    from test_compaction import MB_A, inbox_rows
+    settings = Settings(data_dir=str(tmp_path))
+    settings.compaction.vacuum_retention_seconds = 1
+    layout = Layout(tmp_path)
+    layout.ensure_shared_tables()
+    later = datetime.now(timezone.utc) + timedelta(days=1)
+    for n in range(60):
+        write_deltalake(str(layout.inbox), inbox_rows([(MB_A, n + 1, n + 1, later, True)]),
+                        mode="append")
+    write_deltalake(str(layout.rejects), _reject_rows(), mode="append")
+    before = table_bytes(layout)
+    first = run_compaction(settings, progress=lambda _: None)
+    assert first.files_compacted >= 60
+    time.sleep(1.2)
+    second = run_compaction(settings, progress=lambda _: None)
+    after = table_bytes(layout)
+    print(f"tables before {before}, after {after}")
+    for name, n in after.items():
+        assert n <= before.get(name, 0), (name, before.get(name), n)
+    assert second.bytes_after == disk_usage(layout.tables) <= first.bytes_before
+    assert len(list((layout.inbox / "_delta_log").glob("*.json"))) < 5   # of 61 commits
+
+
+def _reject_rows() -> pa.Table:
+    from datetime import datetime, timezone
+
+    from delta_tables.schema import REJECTS, C
+    now = datetime.now(timezone.utc)
+    row = {C.EVENT_ID: b"\x01" * 32, C.PROTOCOL: "trueseal", C.MAILBOX: b"\x02" * 32,
+           C.SIZE: 100, C.REASON: "duplicate", C.RECEIVED_AT: now, C.REJECTED_AT: now,
+           C.LANDING_TABLE: "node-0/g000001", C.LANDING_VERSION: 1, C.BATCH_ID: 0}
+    return pa.Table.from_pylist([row], schema=REJECTS.arrow_schema())
+
+
+def test_files_no_log_names_go_once_older_than_the_slack_and_no_sooner(tmp_path):
+    """A write that failed between its Parquet file and its commit leaves a file no log
+    names. Compaction deletes it once it is older than the bound's slack (by its age: a write
+    in progress commits within seconds); a younger one stays, and so does an old file the log
+    removed a moment ago (it waits for VACUUM's retention: a reader may hold a snapshot
+    naming it), and every file the snapshot names."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from jobs.compact import run_compaction
+    from runtime.config import Settings, orphan_age_seconds
+    settings = Settings(data_dir=str(tmp_path))
+    c = settings.compaction
+    c.ack_grace_seconds, c.interval_seconds, c.vacuum_retention_seconds = 1, 2, 30
+    c.delivered_bound_seconds = 60
+    slack = orphan_age_seconds(c)
+    layout = Layout(tmp_path)
+    layout.ensure_shared_tables()
+    path = layout.rejects
+    write_deltalake(str(path), _reject_rows(), mode="append")
+    (removed,) = [Path(u.removeprefix("file://")) for u in DeltaTable(str(path)).file_uris()]
+    write_deltalake(str(path), _reject_rows(), mode="overwrite")    # removes the first file
+    old = time.time() - slack - 5
+    os.utime(removed, (old, old))
+    failed_write = path / "part-00001-0badc0de-failed-write-c000.zstd.parquet"
+    failed_write.write_bytes(b"PAR1 half a file")
+    os.utime(failed_write, (old, old))
+    in_flight = path / "part-00002-0badc0de-in-flight-c000.zstd.parquet"
+    in_flight.write_bytes(b"PAR1 being written")
+    report = run_compaction(settings, progress=lambda _: None)
+    assert report.orphans_deleted == 1
+    assert not failed_write.exists()
+    assert in_flight.exists(), "younger than the slack: maybe a write in progress"
+    assert removed.exists(), "removed under vacuum_retention_seconds ago: VACUUM decides"
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 1
+
+
+def test_a_writer_whose_handle_outlived_the_log_reopens_it(tmp_path):
+    """A long-lived appender (egress's acks, a protocol's control tables, the stream's
+    direct appender) holds a handle loaded from a checkpoint; compaction then writes a newer one and deletes the older with
+    the commits before it. The next append finds its handle's log gone, reopens the table
+    and commits: no append is lost."""
+    from deltalake import DeltaTable, write_deltalake
+
+    from delta_tables.group_commit import DeltaAppendTarget
+    from delta_tables.schema import REJECTS
+    from delta_tables.txn_append import TxnAppender
+    from jobs.compact_step import CompactionReport, maintain
+    path = tmp_path / "rejects"
+    report = CompactionReport()
+
+    def many_commits():
+        for _ in range(40):          # past CHECKPOINT_MIN_LOG_BYTES of commits
+            write_deltalake(str(path), _reject_rows(), mode="append")
+
+    many_commits()
+    maintain(path, 1 << 20, 0, report)
+    target = DeltaAppendTarget(path, REJECTS, fsync=False)
+    target.commit(_reject_rows())   # the handle now rests on that checkpoint
+    stream = TxnAppender(path, REJECTS, fsync=False)   # the stream's direct appender too
+    first_checkpoint = sorted((path / "_delta_log").glob("*.checkpoint.parquet"))
+    many_commits()
+    maintain(path, 1 << 20, 0, report)
+    assert not any(p.exists() for p in first_checkpoint), "the handle's checkpoint is gone"
+    target.commit(_reject_rows())
+    assert stream.txn_version("stream-app") is None     # looked up in its log: reopened
+    stream.append(_reject_rows(), {"stream-app": 1})
+    assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 83
+    assert DeltaTable(str(path)).transaction_version("stream-app") == 1

@@ -42,12 +42,6 @@ def _params() -> list:
     for listener in ("trueseal_receive", "heya", "ppp", "sync"):
         for identity, n in (("one", 1100), ("per_connection", 1100),
                             ("per_connection", 10000)):
-            if (listener, identity, n) == ("ppp", "per_connection", 10000):
-                # Out until fixed: the client is served (0 failed, p50 0.13 s) but the PPP
-                # ingress keeps ~12% more memory after 8,831 fresh pubkeys than before
-                # (247.6 against 220.3 MiB, bound +10%; 2026-12-02): state per identity
-                # that is not given back. Remove this `if` to run it again.
-                continue
             out.append(pytest.param(listener, identity, n, id=f"{listener}-{identity}-{n}"))
     return out
 
