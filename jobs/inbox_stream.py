@@ -69,6 +69,21 @@ class InboxWriterLost(writer_fence.WriterLost):
     """Another stream committed to this inbox since this one built its cursor cache."""
 
 
+def landing_marks(batch: pa.Table) -> dict[str, int]:
+    """App transactions for the inbox's and the rejects' commits of a batch: per landing
+    table, the newest version the batch took rows from (`landing_lag.LANDING_MARK`). Every row
+    lands in one of the two, so their logs say how far the stream got, to any host that can
+    read the tables (relay status), with no access to the stream's checkpoint."""
+    from delta_tables.landing_lag import LANDING_MARK
+    if batch.num_rows == 0:
+        return {}
+    top = batch.group_by(C.LANDING_TABLE, use_threads=False).aggregate(
+        [(C.LANDING_VERSION, "max")])
+    return {LANDING_MARK + k: int(v) for k, v in zip(
+        top.column(C.LANDING_TABLE).to_pylist(),
+        top.column(f"{C.LANDING_VERSION}_max").to_pylist())}
+
+
 def last_seq(dt: DeltaTable) -> int:
     """The newest seq the inbox was given: its `SEQ_MARK` transaction, or for an inbox written
     before that marker, the largest `seq` in its files' statistics; from the log, no row read."""
@@ -201,6 +216,7 @@ class InboxSink:
         self.state = None if spark_state else load_state(layout.inbox, dt=inbox)
         self.last_seq = last_seq(inbox) if spark_state else self.state.last_seq
         self._batch_last_seq = self.last_seq
+        self._landing_marks: dict[str, int] = {}
         self.fence_id = writer_fence.fence_id(app_id_prefix)
         self.fence = writer_fence.read(inbox, self.fence_id)   # as of self.state
         # Direct appenders per table on a local disk, None where delta-rs commits (an object
@@ -288,6 +304,8 @@ class InboxSink:
             fence = self.fence_id
             txns[fence] = self.fence + 1
             txns[SEQ_MARK] = self._batch_last_seq
+        if tdef is INBOX or tdef is REJECTS:
+            txns.update(self._landing_marks)
         try:
             appender.append(data, txns, fence=fence)
         except AlreadyCommitted:
@@ -311,6 +329,8 @@ class InboxSink:
             if inbox:
                 txns.append(self._fence_transaction(dt))
                 txns.append(Transaction(SEQ_MARK, self._batch_last_seq))
+            if inbox or tdef is REJECTS:
+                txns.extend(Transaction(k, v) for k, v in self._landing_marks.items())
             try:
                 write_deltalake(dt, data, mode="append", commit_properties=CommitProperties(
                     app_transactions=txns))
@@ -426,6 +446,7 @@ class InboxSink:
             result = (finish(table, self.last_seq, self.rules, batch_id) if self.spark_state
                       else transform(table, self.state, self.rules, batch_id, batch_ts))
             self._batch_last_seq = result.last_seq
+            self._landing_marks = landing_marks(table)
             self._write(REJECTS, result.rejects, batch_id)
             if (self._write(INBOX, result.inbox, batch_id) and result.inbox.num_rows
                     and self.on_inbox_commit):

@@ -322,6 +322,9 @@ def cmd_bench(args) -> None:
     if args.object_store:
         from .bench import object_store
         sys.exit(object_store.main(args))
+    if args.state:
+        from .bench import state
+        sys.exit(state.main(args))
     from .bench import run   # the benchmark is loaded by its command only
     sys.exit(run.main(args))
 
@@ -1364,6 +1367,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="landing commit latency and stream throughput with the tables on "
                         "local disk and on an S3 server (moto, loopback), alternating "
                         "-> bench-object-store.json")
+    p.add_argument("--state", action="store_true",
+                   help="the stream's state store at 1 M and 5 M live event ids (--quick: "
+                        "0.2 M and 1 M): memory of the stream's process tree and the time "
+                        "from a restart to its first batch -> bench-state.json")
     p.set_defaults(func=cmd_bench)
     _add_ppp_parser(sub)
     return parser

@@ -149,3 +149,21 @@ def test_a_new_checkpoint_starts_from_the_inbox(spark, settings, layout, tmp_pat
     for cursors in _per_mailbox(inbox).values():
         assert sorted(cursors) == list(range(1, 21))
     assert sorted(inbox.column(C.SEQ).to_pylist()) == list(range(1, 41))
+
+
+def test_landing_lag_is_read_from_the_tables_alone(spark, settings, layout, tmp_path):
+    """`relay status` on a host without the stream's checkpoint or consumed file: the inbox's
+    and rejects' logs say which landing versions the stream took, so the lag is right there."""
+    from delta_tables.landing_lag import landing_lag, table_marks
+    rows = [landing_row(MB[i % 2], envelope(i)) for i in range(30)]
+    land(layout, rows[:20] + rows[:5], node="node-a", per_commit=5)    # 5 commits
+    land(layout, rows[20:], node="node-b", per_commit=10)              # 1 commit
+    _run(spark, settings)
+    layout.landing_consumed_file.unlink(missing_ok=True)
+    elsewhere = tmp_path / "no-checkpoint-here"
+    marks = table_marks(layout)
+    assert sorted(marks.values()) == [1, 5]        # node-b's one commit, node-a's five
+    assert landing_lag(layout, elsewhere).versions == 0
+    land(layout, [landing_row(MB[0], envelope(99))], node="node-b")
+    lag = landing_lag(layout, elsewhere)
+    assert lag.versions == 1 and lag.seconds >= 0
