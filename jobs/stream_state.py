@@ -79,3 +79,22 @@ def seed(spark, layout, now_us: int | None):
             .select("protocol", "mailbox", "event_id",
                     F.unix_micros("expires_at").alias("value")))
     return cursors.unionByName(live)
+
+
+def state_locations(spark, query, partitions: int) -> dict[int, str]:
+    """Which executor holds each state partition of the processor now (Spark's state store
+    coordinator, in the driver): where the stream's state lives on a cluster. Partitions no
+    executor holds (before the first batch, after a stop) are left out."""
+    jvm = spark._jvm
+    states = jvm.org.apache.spark.sql.execution.streaming.state
+    coordinator = spark._jsparkSession.streams().stateStoreCoordinator()
+    root = query._jsq.streamingQuery().resolvedCheckpointRoot() + "/state"
+    run_id = jvm.java.util.UUID.fromString(str(query.runId))
+    where = {}
+    for part in range(partitions):
+        provider = states.StateStoreProviderId(states.StateStoreId(root, 0, part, "default"),
+                                               run_id)
+        found = coordinator.getLocation(provider)
+        if found.isDefined():
+            where[part] = str(found.get())
+    return where
