@@ -519,7 +519,11 @@ def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
     called with each batch's BatchStats (metrics), set before the first batch can run."""
     layout = Layout.of(settings)
     layout.ensure_shared_tables()
-    checkpoint = Path(checkpoint or settings.stream_checkpoint)
+    checkpoint = checkpoint or settings.stream_checkpoint
+    checkpoint = checkpoint if "://" in str(checkpoint) else Path(checkpoint)
+    if layout.remote:   # the seed's reads and a checkpoint beside the tables go through s3a
+        from delta_tables import spark_delta
+        spark_delta.configure_s3(spark, layout.s3)
     rules = StreamRules.from_conf(settings.stream,
                                   max_envelope={"trueseal": settings.trueseal.max_envelope})
     sink = InboxSink(layout, rules, checkpoint, settings.stream.app_id, fsync=fsync,
