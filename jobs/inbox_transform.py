@@ -167,7 +167,8 @@ def order_rows(batch: pa.Table) -> pa.Table:
 
 
 def dedup_keys(batch: pa.Table) -> pa.Array:
-    """event id + mailbox + NUL + protocol: the dedup key (module docstring) as one value."""
+    """event id, mailbox and protocol joined by NULs: the dedup key (module docstring) as one
+    value (the event id has a fixed length and the protocol no NUL, so it is unambiguous)."""
     return pc.binary_join_element_wise(
         _one_chunk(batch.column(C.EVENT_ID)), _one_chunk(batch.column(C.MAILBOX)),
         _one_chunk(batch.column(C.PROTOCOL)).cast(pa.binary()), b"\0")
