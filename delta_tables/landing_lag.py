@@ -1,8 +1,10 @@
 """How far the inbox stream is behind the landing tables, from the files alone.
 
 Landing lag = the landing commits that exist but the stream has not committed yet: per table,
-its newest version minus the last version the stream committed. That comes from the stream's
-Spark checkpoint (the end offsets of its newest committed batch: `offsets/<N>` once
+its newest version minus the last version the stream committed. That comes from the inbox's
+and the rejects' own logs (the stream marks, in the commits of each batch, the newest landing
+version it took rows from: right on every host that reads the tables), and where this host
+has them, from the stream's Spark checkpoint (the end offsets of its newest committed batch: `offsets/<N>` once
 `commits/<N>` exists), or from `<data>/state/landing_consumed.json` if that is further on.
 The JSON file alone would overstate the lag: Spark tells a source that batch N is committed
 only when it plans batch N+1, so at idle the last batch is never recorded there.
@@ -57,8 +59,20 @@ def commit_time(table_path: Path, version: int) -> float | None:
         return None   # cleaned up or dropped meanwhile
 
 
-def checkpoint_offsets(checkpoint: Path) -> dict[str, int]:
-    """End offsets `{"<node>/g<N>": version}` of the newest batch the stream committed."""
+def has_rows(table_path: Path, version: int) -> bool:
+    """Does commit `version` add a file? (Cleaned up or unreadable: assume it does.)"""
+    try:
+        text = (table_path / "_delta_log" / f"{version:020d}.json").read_text()
+    except (FileNotFoundError, OSError):
+        return True
+    return '"add"' in text
+
+
+def checkpoint_offsets(checkpoint: Path | str) -> dict[str, int]:
+    """End offsets `{"<node>/g<N>": version}` of the newest batch the stream committed, from
+    a local checkpoint (one on S3 is not read here: the tables' marks say the same)."""
+    if "://" in str(checkpoint):
+        return {}
     try:
         done = [int(n) for n in os.listdir(Path(checkpoint) / "commits") if n.isdigit()]
     except FileNotFoundError:
@@ -72,15 +86,39 @@ def checkpoint_offsets(checkpoint: Path) -> dict[str, int]:
     return {}
 
 
+LANDING_MARK = "relay-landing:"   # + "<node>/g<N>": app transactions the stream commits
+
+
+def table_marks(layout: Layout) -> dict[str, int]:
+    """Per landing table, the newest version whose rows the stream committed, from the app
+    transactions of the inbox's and the rejects' logs (jobs/inbox_stream.landing_marks): the
+    tables alone say it, on any host that reads them."""
+    from deltalake import DeltaTable
+    keys = list(layout.landing_tables())
+    marks: dict[str, int] = {}
+    for path in (layout.inbox, layout.rejects):
+        try:
+            dt = DeltaTable(str(path))
+        except Exception:   # not created yet
+            continue
+        for key in keys:
+            v = dt.transaction_version(LANDING_MARK + key)
+            if v is not None:
+                marks[key] = max(int(v), marks.get(key, -1))
+    return marks
+
+
 def consumed_versions(layout: Layout, checkpoint: Path | None = None) -> dict[str, int]:
-    """Per landing table, the newest version the stream has committed to the inbox: from
-    `state/landing_consumed.json` or the stream's checkpoint (`checkpoint`, default
-    `<data>/checkpoints/inbox_stream`), whichever is further on. The JSON file alone lags a
-    batch behind, and at idle for good (module docstring)."""
+    """Per landing table, the newest version the stream has committed to the inbox: from the
+    tables' own logs (`table_marks`), `state/landing_consumed.json` or the stream's
+    checkpoint (`checkpoint`, default `<data>/checkpoints/inbox_stream`) where this host has
+    them, whichever is further on. The JSON file alone lags a batch behind, and at idle for
+    good (module docstring)."""
     consumed = layout.read_landing_consumed()
     ckpt = checkpoint_offsets(checkpoint or layout.root / "checkpoints" / "inbox_stream")
-    for key, version in ckpt.items():
-        consumed[key] = max(version, consumed.get(key, -1))
+    for source in (ckpt, table_marks(layout)):
+        for key, version in source.items():
+            consumed[key] = max(version, consumed.get(key, -1))
     return consumed
 
 
@@ -98,6 +136,8 @@ def landing_lag(layout: Layout, checkpoint: Path | None = None,
         # version 0 is the table's creation (layout.ensure_table), never data: a generation
         # the stream has not seen yet lags by its commits after that
         done = consumed.get(key, 0)
+        while done < latest and not has_rows(path, done + 1):
+            done += 1   # a commit without rows (a lease's fencing marker) is nothing to take
         lag.tables[key] = (latest, done)
         if latest > done:
             lag.versions += latest - done

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -52,15 +53,49 @@ from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX, LANDING_SOURCE, PADDING_AUDIT, REJECTS, TableDef
 from runtime.inbox_signal import InboxSignalSender, signal_dir
 
-from .inbox_transform import InboxState, StreamRules, order_rows, padding_audit, transform
+from .inbox_transform import (InboxState, StreamRules, finish, order_rows, padding_audit,
+                              transform)
+from .stream_state import checkpoint_started, decided, seed
 
 log = logging.getLogger("relay.stream")
 BATCH_TS = "__batch_ts"
+# An app transaction in every inbox commit whose version is the last seq it assigned: the next
+# seq survives compaction purging the newest rows, and a restart reads it from the log.
+SEQ_MARK = "relay-inbox-seq"
 QUERY_NAME = "inbox_stream"
 
 
 class InboxWriterLost(writer_fence.WriterLost):
     """Another stream committed to this inbox since this one built its cursor cache."""
+
+
+def landing_marks(batch: pa.Table) -> dict[str, int]:
+    """App transactions for the inbox's and the rejects' commits of a batch: per landing
+    table, the newest version the batch took rows from (`landing_lag.LANDING_MARK`). Every row
+    lands in one of the two, so their logs say how far the stream got, to any host that can
+    read the tables (relay status), with no access to the stream's checkpoint."""
+    from delta_tables.landing_lag import LANDING_MARK
+    if batch.num_rows == 0:
+        return {}
+    top = batch.group_by(C.LANDING_TABLE, use_threads=False).aggregate(
+        [(C.LANDING_VERSION, "max")])
+    return {LANDING_MARK + k: int(v) for k, v in zip(
+        top.column(C.LANDING_TABLE).to_pylist(),
+        top.column(f"{C.LANDING_VERSION}_max").to_pylist())}
+
+
+def last_seq(dt: DeltaTable) -> int:
+    """The newest seq the inbox was given: its `SEQ_MARK` transaction, or for an inbox written
+    before that marker, the largest `seq` in its files' statistics; from the log, no row read."""
+    marked = dt.transaction_version(SEQ_MARK)
+    if marked is not None:
+        return int(marked)
+    adds = dt.get_add_actions(flatten=True)
+    col = f"max.{C.SEQ}"
+    if adds.num_rows == 0 or col not in adds.column_names:
+        return 0
+    top = pc.max(adds.column(col)).as_py()
+    return int(top or 0)
 
 
 def load_state(inbox_path: Path, now: datetime | None = None,
@@ -150,24 +185,38 @@ class InboxSink:
     def __init__(self, layout: Layout, rules: StreamRules, checkpoint: Path,
                  app_id_prefix: str = "relay-inbox-stream", fsync: bool = True,
                  refresh_every: int = 50, start_versions: str | None = None,
-                 driver_read_max_bytes: int = 64 << 20, landing: Layout | None = None):
+                 driver_read_max_bytes: int = 64 << 20, landing: Layout | None = None,
+                 spark_state: bool = False):
         self.layout = layout
         # Where the batch's landing files are: the sink's own data directory, except for an
         # incident replay, which reads the relay's landing into another inbox (jobs/replay.py).
         self.landing = landing or layout
         self.rules = rules
-        self.checkpoint = Path(checkpoint)
+        self.checkpoint = checkpoint if str(checkpoint).startswith(("s3a:", "s3:")) \
+            else Path(checkpoint)
         self.app_id_prefix = app_id_prefix
         self.fsync = fsync
         self.refresh_every = refresh_every
         self._app_id: str | None = None
+        self._query_id = threading.Event()
+        self._query_id_value: str | None = None
+        if not str(checkpoint).startswith(("s3a:", "s3:")):
+            self.bind(None)
         self.start_versions = start_versions
         self.driver_read_max_bytes = driver_read_max_bytes
         self.driver_reads = 0
         self._handles: dict[str, DeltaTable] = {}
         self._uses = 0
         inbox = DeltaTable(str(layout.inbox))
-        self.state = load_state(layout.inbox, dt=inbox)
+        # Spark's state store decides (jobs/stream_state.py) and batches come decided: the
+        # sink keeps one integer, read from the inbox's log, and reads no inbox row. A sink
+        # fed undecided batches (loadgen, test harnesses) decides with InboxState, rebuilt
+        # from the inbox's rows.
+        self.spark_state = spark_state
+        self.state = None if spark_state else load_state(layout.inbox, dt=inbox)
+        self.last_seq = last_seq(inbox) if spark_state else self.state.last_seq
+        self._batch_last_seq = self.last_seq
+        self._landing_marks: dict[str, int] = {}
         self.fence_id = writer_fence.fence_id(app_id_prefix)
         self.fence = writer_fence.read(inbox, self.fence_id)   # as of self.state
         # Direct appenders per table on a local disk, None where delta-rs commits (an object
@@ -185,9 +234,18 @@ class InboxSink:
     @property
     def app_id(self) -> str:
         if self._app_id is None:
-            meta = json.loads((self.checkpoint / "metadata").read_text())
-            self._app_id = f"{self.app_id_prefix}:{meta['id']}"
+            if self._query_id.wait(timeout=120) and self._query_id_value:
+                self._app_id = f"{self.app_id_prefix}:{self._query_id_value}"
+            else:
+                meta = json.loads((self.checkpoint / "metadata").read_text())
+                self._app_id = f"{self.app_id_prefix}:{meta['id']}"
         return self._app_id
+
+    def bind(self, query_id: str | None) -> None:
+        """The query's id (its checkpoint's), once `start()` returned: a checkpoint on an
+        object store has no local `metadata` file to read it from. None: read that file."""
+        self._query_id_value = query_id
+        self._query_id.set()
 
     def _table(self, tdef: TableDef) -> DeltaTable:
         if self._uses >= self.refresh_every:
@@ -245,6 +303,9 @@ class InboxSink:
         if tdef is INBOX:
             fence = self.fence_id
             txns[fence] = self.fence + 1
+            txns[SEQ_MARK] = self._batch_last_seq
+        if tdef is INBOX or tdef is REJECTS:
+            txns.update(self._landing_marks)
         try:
             appender.append(data, txns, fence=fence)
         except AlreadyCommitted:
@@ -267,6 +328,9 @@ class InboxSink:
             txns = [Transaction(self.app_id, batch_id)]
             if inbox:
                 txns.append(self._fence_transaction(dt))
+                txns.append(Transaction(SEQ_MARK, self._batch_last_seq))
+            if inbox or tdef is REJECTS:
+                txns.extend(Transaction(k, v) for k, v in self._landing_marks.items())
             try:
                 write_deltalake(dt, data, mode="append", commit_properties=CommitProperties(
                     app_transactions=txns))
@@ -336,6 +400,14 @@ class InboxSink:
         row of each event id the inbox holds for that batch (read from landing, not the inbox,
         whose envelopes may be tombstones by now)."""
         audit_done = self._done(PADDING_AUDIT)
+        if self.spark_state:
+            # Spark replays the batch's decisions from the state store's previous version;
+            # the DataFrame is always run, so that the state store commits this version
+            decided = batch_df.toArrow()
+            if audit_done is None or audit_done < batch_id:
+                self._write(PADDING_AUDIT, finish(decided, 0, self.rules, batch_id).audit,
+                            batch_id)
+            return
         if audit_done is not None and audit_done >= batch_id:
             return
         table, batch_ts = self._read_batch(batch_df, batch_id)
@@ -365,18 +437,26 @@ class InboxSink:
             log.info("batch already committed", extra={"event": "stream_batch_replay_skipped",
                                                        "batch_id": batch_id})
             return
-        table, batch_ts = self._read_batch(batch_df, batch_id)
+        if self.spark_state:
+            table = batch_df.toArrow()
+        else:
+            table, batch_ts = self._read_batch(batch_df, batch_id)
         stats.rows_in = table.num_rows
         if table.num_rows:
-            result = transform(table, self.state, self.rules, batch_id, batch_ts)
+            result = (finish(table, self.last_seq, self.rules, batch_id) if self.spark_state
+                      else transform(table, self.state, self.rules, batch_id, batch_ts))
+            self._batch_last_seq = result.last_seq
+            self._landing_marks = landing_marks(table)
             self._write(REJECTS, result.rejects, batch_id)
             if (self._write(INBOX, result.inbox, batch_id) and result.inbox.num_rows
                     and self.on_inbox_commit):
                 self.on_inbox_commit(batch_id)
             self._write(PADDING_AUDIT, result.audit, batch_id)   # after: off the critical path
             self._checkpoints()
-            self.state.apply(result)
-            self.state.evict(int(batch_ts.timestamp() * 1_000_000))
+            self.last_seq = result.last_seq
+            if self.state is not None:
+                self.state.apply(result)
+                self.state.evict(int(batch_ts.timestamp() * 1_000_000))
             stats.accepted = result.inbox.num_rows
             stats.accepted_by_protocol = _counts(result.inbox.column(C.PROTOCOL))
             stats.rejected = _counts(result.rejects.column(C.REASON))
@@ -439,17 +519,27 @@ def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
     called with each batch's BatchStats (metrics), set before the first batch can run."""
     layout = Layout.of(settings)
     layout.ensure_shared_tables()
-    checkpoint = Path(checkpoint or settings.stream_checkpoint)
+    checkpoint = checkpoint or settings.stream_checkpoint
+    checkpoint = checkpoint if "://" in str(checkpoint) else Path(checkpoint)
+    if layout.remote:   # the seed's reads and a checkpoint beside the tables go through s3a
+        from delta_tables import spark_delta
+        spark_delta.configure_s3(spark, layout.s3)
     rules = StreamRules.from_conf(settings.stream,
                                   max_envelope={"trueseal": settings.trueseal.max_envelope})
     sink = InboxSink(layout, rules, checkpoint, settings.stream.app_id, fsync=fsync,
                      start_versions=start_versions,
-                     driver_read_max_bytes=settings.stream.driver_read_max_bytes)
+                     driver_read_max_bytes=settings.stream.driver_read_max_bytes,
+                     spark_state=True)
     sink.on_batch = on_batch
     if settings.egress.inbox_signal:
         sink.on_inbox_commit = InboxSignalSender(signal_dir(settings.data_dir)).notify
-    writer = (landing_stream(spark, layout, settings.stream, start_versions,
-                             early_protocols=early_protocols(settings)).writeStream
+    landing = landing_stream(spark, layout, settings.stream, start_versions,
+                             early_protocols=early_protocols(settings))
+    # a new checkpoint over an inbox with rows starts from the inbox, read once; a restart
+    # from its checkpoint reads no inbox row (jobs/stream_state.py)
+    fresh = not checkpoint_started(spark, str(checkpoint))
+    initial = seed(spark, layout, int(time.time() * 1_000_000) if fresh else None)
+    writer = (decided(landing, rules, initial).writeStream
               .queryName(QUERY_NAME)
               .foreachBatch(sink)
               .option("checkpointLocation", str(checkpoint)))
@@ -458,4 +548,6 @@ def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
     interval = 0 if settings.stream.wait_for_data_ms > 0 else settings.stream.trigger_interval_ms
     writer = (writer.trigger(availableNow=True) if available_now else
               writer.trigger(processingTime=f"{interval} milliseconds"))
-    return writer.start(), sink
+    query = writer.start()
+    sink.bind(query.id)
+    return query, sink

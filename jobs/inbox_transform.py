@@ -1,13 +1,21 @@
 """One micro-batch of landing rows -> inbox rows, rejects and padding-audit rows.
 
-Pure: Arrow tables and an `InboxState` in, a `BatchResult` out; nothing is written and the
-state is only changed by `InboxState.apply` once the caller's commits returned. Arrow/numpy
-here instead of Spark SQL: the same dedup + cursor work costs ~2 s per 100k rows in Spark SQL on
-2 cores and tens of ms here (DESIGN.md).
+Two steps. **Decide**: each landing row's cursor (accepted) or reject reason (duplicate,
+expired, oversize), with the batch time. The stream decides in Spark's state store
+(`jobs/jvm/relay/stream/MailboxState.java`, wired by `jobs/stream_state.py`); `decide` here
+is the same rules in Arrow/numpy over an `InboxState` in memory, for the processes that feed
+the sink batches without Spark (`relay loadgen`, test harnesses) and as the executable
+statement of the rules the JVM processor is checked against (tests/test_stream_state.py).
+**Finish** (`finish`, shared): seqs, the TTL clamp, and the inbox, rejects and audit tables.
 
-Determinism is what makes replays exact: the order of rows is fixed by (received_at,
-landing_table, landing_version, row position in its file), and "now" is the micro-batch
-timestamp Spark keeps in its offset log, so a replayed batch yields the same result.
+Dedup is per (protocol, mailbox, event id): an id is a duplicate within the mailbox it was
+sent to, so the dedup state is partitioned by mailbox with the cursors, and one mailbox's
+traffic can never suppress another's (PPP's event id does not bind the recipient).
+
+Determinism is what makes replays exact: rows are in the fixed arrival order (received_at,
+landing_table, landing_version, event_id, then protocol, mailbox and the bytes), and "now" is
+the micro-batch timestamp Spark keeps in its offset log, so a replayed batch yields the same
+result.
 """
 
 from __future__ import annotations
@@ -52,10 +60,10 @@ class StreamRules:
 
 @dataclass
 class InboxState:
-    """What the stream must remember between batches, all derivable from the inbox table:
-    event ids still within TTL (dedup), the last cursor per mailbox, the last relay-wide seq.
-    Memory: ~120 B per live event id and ~100 B per mailbox."""
-    seen: dict[bytes, int] = field(default_factory=dict)          # event_id -> expires_at µs
+    """`decide`'s memory between batches: dedup keys still within TTL, the last cursor per
+    mailbox, the last relay-wide seq. ~170 B per live key in a Python dict: fine for a
+    harness, the reason the stream keeps this in Spark's state store instead."""
+    seen: dict[bytes, int] = field(default_factory=dict)   # dedup_keys() -> expires_at µs
     last_cursor: dict[tuple[str, bytes], int] = field(default_factory=dict)
     last_seq: int = 0
     _by_hour: dict[int, list[bytes]] = field(default_factory=lambda: defaultdict(list))
@@ -110,7 +118,7 @@ class BatchResult:
     audit: pa.Table
     cursors: dict[tuple[str, bytes], int]
     last_seq: int
-    event_ids: list[bytes]   # the inbox's, in its order (transform has them as Python bytes)
+    event_ids: list[bytes]   # dedup_keys() of the inbox rows (transform fills them)
 
 
 def _micros(col) -> np.ndarray:
@@ -138,17 +146,18 @@ def _per_protocol(col, values: dict[str, int], default: int) -> np.ndarray:
     return np.array([values.get(p, default) for p in protocols], np.int64)[idx]
 
 
+ARRIVAL = (C.RECEIVED_AT, C.LANDING_TABLE, C.LANDING_VERSION, C.EVENT_ID, C.PROTOCOL, C.MAILBOX,
+           C.ENVELOPE, C.META)
+BATCH_MS = "batch_ms"     # the decided rows' batch time (ms), as Spark's offset log has it
+
+
 def _arrival_order(batch: pa.Table) -> np.ndarray | None:
     """Indices that put `batch` in the fixed arrival order (module docstring); None when it is
     in that order already, as it usually is: then nothing is copied to reorder it."""
-    n = batch.num_rows
-    pos = np.arange(n, dtype=np.int64)
-    keys = pa.table({"r": batch.column(C.RECEIVED_AT), "t": batch.column(C.LANDING_TABLE),
-                     "v": batch.column(C.LANDING_VERSION), "p": pos})
-    order = pc.sort_indices(keys, sort_keys=[("r", "ascending"), ("t", "ascending"),
-                                             ("v", "ascending"), ("p", "ascending")])
+    order = pc.sort_indices(batch.select(list(ARRIVAL)),
+                            sort_keys=[(k, "ascending") for k in ARRIVAL])
     order = order.to_numpy(zero_copy_only=False)
-    return None if np.array_equal(order, pos) else order
+    return None if np.array_equal(order, np.arange(batch.num_rows)) else order
 
 
 def order_rows(batch: pa.Table) -> pa.Table:
@@ -157,14 +166,22 @@ def order_rows(batch: pa.Table) -> pa.Table:
     return batch if order is None else batch.take(pa.array(order, pa.int64()))
 
 
+def dedup_keys(batch: pa.Table) -> pa.Array:
+    """event id, mailbox and protocol joined by NULs: the dedup key (module docstring) as one
+    value (the event id has a fixed length and the protocol no NUL, so it is unambiguous)."""
+    return pc.binary_join_element_wise(
+        _one_chunk(batch.column(C.EVENT_ID)), _one_chunk(batch.column(C.MAILBOX)),
+        _one_chunk(batch.column(C.PROTOCOL)).cast(pa.binary()), b"\0")
+
+
 def _cursors(protocol_idx: np.ndarray, protocols: list, mailbox_col, state: InboxState,
-             rules: StreamRules) -> tuple[np.ndarray, dict[tuple[str, bytes], int]]:
-    """Each accepted row's cursor, in arrival order, and each mailbox's last: gap-free per
-    (protocol, mailbox), continuing from `state`. The rows of one mailbox are ranked with
-    numpy; only the start of each distinct mailbox is looked up in Python."""
+             rules: StreamRules) -> np.ndarray:
+    """Each accepted row's cursor, in arrival order: gap-free per (protocol, mailbox),
+    continuing from `state`. The rows of one mailbox are ranked with numpy; only the start of
+    each distinct mailbox is looked up in Python."""
     n = len(protocol_idx)
     if n == 0:
-        return np.empty(0, np.int64), {}
+        return np.empty(0, np.int64)
     mailbox_idx, mailboxes = _codes(mailbox_col)
     width = len(mailboxes)
     key = protocol_idx * width + mailbox_idx
@@ -176,37 +193,31 @@ def _cursors(protocol_idx: np.ndarray, protocols: list, mailbox_col, state: Inbo
     by_key = np.argsort(inverse, kind="stable")     # arrival order within each mailbox
     rank = np.empty(n, np.int64)
     rank[by_key] = np.arange(n, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
-    return last[inverse] + rank + 1, dict(zip(names, (last + counts).tolist()))
+    return last[inverse] + rank + 1
 
 
-def transform(batch: pa.Table, state: InboxState, rules: StreamRules, batch_id: int,
-              batch_ts: datetime) -> BatchResult:
-    """Dedup, cursors, seqs, TTL clamp and the padding audit of one micro-batch. The
-    per-row decisions read only the small columns; the rows (envelopes) are copied once, to
-    the inbox's and the rejects' tables, and not at all when every row is accepted as it came."""
+def decide(batch: pa.Table, state: InboxState, rules: StreamRules,
+           batch_ts: datetime) -> pa.Table:
+    """`batch` in arrival order with each row's cursor or reason and the batch time: the
+    rules of MailboxState.java over `state` (which is not changed)."""
     now_us = int(batch_ts.timestamp() * 1_000_000)
+    batch = order_rows(batch)
     n = batch.num_rows
-    order = _arrival_order(batch)
-    keys = batch.select([C.EVENT_ID, C.PROTOCOL, C.MAILBOX, C.RECEIVED_AT, C.EXPIRES_AT])
     size = pc.binary_length(batch.column(C.ENVELOPE)).to_numpy(
         zero_copy_only=False).astype(np.int64)
-    if order is not None:
-        keys = keys.take(pa.array(order, pa.int64()))
-        size = size[order]
-    protocol_idx, protocols = _codes(keys.column(C.PROTOCOL))
-    recv = _micros(keys.column(C.RECEIVED_AT))
-    exp = _micros(keys.column(C.EXPIRES_AT))
+    protocol_idx, protocols = _codes(batch.column(C.PROTOCOL))
+    exp = _micros(batch.column(C.EXPIRES_AT))
 
     code = np.zeros(n, np.int8)
     if rules.max_envelope:
         limit = np.array([rules.max_envelope.get(p, _INT64_MAX) for p in protocols], np.int64)
         code[size > limit[protocol_idx]] = _OVERSIZE
     code[(code == _OK) & (exp <= now_us)] = _EXPIRED
-    # Duplicates: a later row of an id this batch accepts, or any row of an id the state
-    # holds unexpired (an expired id is forgotten). Arrow hashes the ids; Python looks up
-    # each distinct id once, in the order of its first row.
+    # Duplicates: a later row of a key this batch accepts, or any row of a key the state
+    # holds unexpired (an expired id is forgotten). Arrow hashes the keys; Python looks up
+    # each distinct key once, in the order of its first row.
     ok = np.flatnonzero(code == _OK)
-    first_of, distinct = _codes(keys.column(C.EVENT_ID).take(pa.array(ok, pa.int64())))
+    first_of, distinct = _codes(dedup_keys(batch).take(pa.array(ok, pa.int64())))
     first = np.unique(first_of, return_index=True)[1]     # ascending: codes follow first rows
     seen = state.seen
     live = np.fromiter((seen.get(e, 0) > now_us for e in distinct), np.bool_, len(distinct)) \
@@ -214,52 +225,64 @@ def transform(batch: pa.Table, state: InboxState, rules: StreamRules, batch_id: 
     acc = ok[first[~live]]
     code[ok] = _DUP
     code[acc] = _OK
-    accepted_ids = [e for e, old in zip(distinct, live.tolist()) if not old] \
-        if live.any() else distinct
 
-    na = len(acc)
-    cursor, cursors = _cursors(protocol_idx[acc], protocols,
-                               _one_chunk(keys.column(C.MAILBOX)).take(pa.array(acc)),
-                               state, rules)
-    seq = state.last_seq + 1 + np.arange(na, dtype=np.int64)
-    clamped = np.minimum(exp[acc], recv[acc] + rules.max_ttl_us)
+    cursor = np.zeros(n, np.int64)
+    cursor[acc] = _cursors(protocol_idx[acc], protocols,
+                           _one_chunk(batch.column(C.MAILBOX)).take(pa.array(acc)), state, rules)
+    reason = pa.array([_REASONS.get(int(c)) for c in code], pa.string())
+    return (batch.append_column(C.CURSOR, pa.array(cursor, pa.int64(), mask=code != _OK))
+            .append_column(C.REASON, reason)
+            .append_column(BATCH_MS, pa.array(np.full(n, now_us // 1000, np.int64))))
 
-    def rows(i: np.ndarray) -> pa.Table:
-        """The batch's rows at arrival positions `i` (ascending). `take` on a table of many
-        chunks first concatenates each column (pyarrow 26: ~60 ms for 100k envelopes even
-        for no rows); a filter works chunk by chunk, and keeps the order when there is no
-        reordering to do."""
-        if len(i) == 0:
-            return batch.slice(0, 0)
-        if order is not None:
-            return batch.take(pa.array(order[i], pa.int64()))
-        if len(i) == n:
-            return batch
-        mask = np.zeros(n, np.bool_)
-        mask[i] = True
-        return batch.filter(pa.array(mask))
 
-    a = rows(acc)
+def finish(decided: pa.Table, last_seq: int, rules: StreamRules, batch_id: int) -> BatchResult:
+    """Seqs (relay-wide, in arrival order, after `last_seq`), the TTL clamp and the three
+    tables, from decided rows in any order. The rows (envelopes) are copied once, to the
+    inbox's and the rejects' tables, and not at all when every row came accepted in order."""
+    n = decided.num_rows
+    now_us = int(decided.column(BATCH_MS)[0].as_py()) * 1000 if n else 0
+    order = _arrival_order(decided)
+    if order is not None:
+        decided = decided.take(pa.array(order, pa.int64()))
+    accepted = pc.is_null(decided.column(C.REASON)).to_numpy(zero_copy_only=False)
+    a = decided if accepted.all() else decided.filter(pa.array(accepted))
+    r = decided.filter(pa.array(~accepted)) if not accepted.all() else decided.slice(0, 0)
+    na, nr = a.num_rows, r.num_rows
+    seq = last_seq + 1 + np.arange(na, dtype=np.int64)
+    clamped = np.minimum(_micros(a.column(C.EXPIRES_AT)),
+                         _micros(a.column(C.RECEIVED_AT)) + rules.max_ttl_us)
     inbox = pa.Table.from_arrays([
         a.column(C.EVENT_ID), a.column(C.PROTOCOL), a.column(C.MAILBOX), a.column(C.ENVELOPE),
         a.column(C.META), a.column(C.RECEIVED_AT), _ts(clamped),
-        pa.array(cursor, pa.int64()), pa.array(seq, pa.int64()),
+        a.column(C.CURSOR), pa.array(seq, pa.int64()),
         _ts(np.full(na, now_us, np.int64)), a.column(C.LANDING_TABLE),
         a.column(C.LANDING_VERSION), pa.array(np.full(na, batch_id, np.int64)),
     ], schema=INBOX.arrow_schema())
-
-    rej = np.flatnonzero(code != _OK)
-    r = rows(rej)
     rejects = pa.Table.from_arrays([
         r.column(C.EVENT_ID), r.column(C.PROTOCOL), r.column(C.MAILBOX),
-        pa.array(size[rej], pa.int64()), pa.array([_REASONS[int(c)] for c in code[rej]], pa.string()),
-        r.column(C.RECEIVED_AT), _ts(np.full(len(rej), now_us, np.int64)),
+        pc.cast(pc.binary_length(r.column(C.ENVELOPE)), pa.int64()), r.column(C.REASON),
+        r.column(C.RECEIVED_AT), _ts(np.full(nr, now_us, np.int64)),
         r.column(C.LANDING_TABLE), r.column(C.LANDING_VERSION),
-        pa.array(np.full(len(rej), batch_id, np.int64)),
+        pa.array(np.full(nr, batch_id, np.int64)),
     ], schema=REJECTS.arrow_schema())
+    size = pc.binary_length(a.column(C.ENVELOPE)).to_numpy(zero_copy_only=False).astype(np.int64)
+    return BatchResult(inbox, rejects, padding_audit(a, size, rules, batch_id, now_us),
+                       {}, int(seq[-1]) if na else last_seq, [])
 
-    return BatchResult(inbox, rejects, padding_audit(a, size[acc], rules, batch_id, now_us),
-                       cursors, int(seq[-1]) if na else state.last_seq, accepted_ids)
+
+def transform(batch: pa.Table, state: InboxState, rules: StreamRules, batch_id: int,
+              batch_ts: datetime) -> BatchResult:
+    """`decide` over `state`, then `finish`; with what `InboxState.apply` needs to remember."""
+    result = finish(decide(batch, state, rules, batch_ts), state.last_seq, rules, batch_id)
+    inbox = result.inbox
+    if inbox.num_rows:
+        last = inbox.group_by([C.PROTOCOL, C.MAILBOX], use_threads=False).aggregate(
+            [(C.CURSOR, "max")])
+        result.cursors = dict(zip(zip(last.column(C.PROTOCOL).to_pylist(),
+                                      last.column(C.MAILBOX).to_pylist()),
+                                  last.column(f"{C.CURSOR}_max").to_pylist()))
+        result.event_ids = dedup_keys(inbox).to_pylist()
+    return result
 
 
 def padding_audit(accepted: pa.Table, size: np.ndarray, rules: StreamRules, batch_id: int,

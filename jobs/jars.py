@@ -14,6 +14,7 @@ must match them exactly); the AWS SDK version is whatever that hadoop-aws declar
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import re
 import shutil
@@ -136,7 +137,38 @@ def spark_jars() -> list[str]:
                            "(it fetches them once)")
     import pyspark
     shipped = {_artifact(j.name) for j in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
-    return sorted(str(j) for j in folder.glob("*.jar") if _artifact(j.name) not in shipped)
+    return sorted(str(j) for j in folder.glob("*.jar")
+                  if _artifact(j.name) not in shipped) + [str(relay_jar())]
+
+
+JVM_SOURCES = Path(__file__).parent / "jvm"
+
+
+def relay_jar() -> Path:
+    """The relay's own JVM classes (`jobs/jvm/`: the stream's stateful processor, the local file
+    system without .crc files), compiled against pyspark's jars into the cache, once per source
+    and Spark version (the name carries a hash of both); `javac` is local, nothing is fetched.
+    Built by set-up, and here again if the sources changed since."""
+    sources = sorted(JVM_SOURCES.rglob("*.java"))
+    digest = hashlib.sha256(spark_version().encode())
+    for src in sources:
+        digest.update(src.relative_to(JVM_SOURCES).as_posix().encode() + src.read_bytes())
+    jar = cache_dir().parent / f"relay-jvm-{digest.hexdigest()[:16]}.jar"
+    if jar.exists():
+        return jar
+    import pyspark
+    classpath = str(Path(pyspark.__file__).parent / "jars" / "*")
+    jar.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = subprocess.run(["javac", "-nowarn", "-source", "17", "-target", "17", "-cp",
+                              classpath, "-d", tmp, *map(str, sources)],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"javac failed on jobs/jvm: {out.stderr.strip()[-2000:]}")
+        staged = Path(tmp) / "relay.jar"
+        subprocess.run(["jar", "cf", str(staged), "-C", tmp, "relay"], check=True)
+        os.replace(staged, jar)   # atomic: a concurrent start sees no half-written jar
+    return jar
 
 
 def _artifact(jar_name: str) -> str:
@@ -147,6 +179,7 @@ def _artifact(jar_name: str) -> str:
 if __name__ == "__main__":
     try:
         print(fetch())
+        print(relay_jar())
     except RuntimeError as exc:
         print(f"setup: {exc}", file=sys.stderr)
         sys.exit(1)

@@ -105,8 +105,12 @@ def delta_conf() -> dict[str, str]:
     it serve. And the state store any stateful operator of ours uses: RocksDB, off the JVM heap,
     with changelog checkpointing (each batch uploads what changed, not a snapshot)."""
     from . import jars
+    relay_jar = str(jars.relay_jar())
     return {
         "spark.jars": ",".join(jars.spark_jars()),
+        # Hadoop loads the file system class from the JVM's own class path, before spark.jars
+        "spark.driver.extraClassPath": relay_jar,
+        "spark.executor.extraClassPath": relay_jar,
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # delta-rs writes the landing tables and reads what Spark writes: Spark must not raise
@@ -116,6 +120,16 @@ def delta_conf() -> dict[str, str]:
         "spark.sql.streaming.stateStore.providerClass":
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        # RocksDB's block cache and memtables share one budget for every state partition of
+        # the JVM, so the process does not grow with the number of live event ids: the state
+        # is on local disk and in the checkpoint, its hot part in memory (relay bench --state)
+        "spark.sql.streaming.stateStore.rocksdb.boundedMemoryUsage": "true",
+        "spark.sql.streaming.stateStore.rocksdb.maxMemoryUsageMB": "128",
+        # A restart loads the newest snapshot and replays the changelogs after it: a snapshot
+        # every 5 batches (Spark's default 10), uploaded by the maintenance task every 15 s
+        # (default 60), keeps that replay short however large the state
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot": "5",
+        "spark.sql.streaming.stateStore.maintenanceInterval": "15s",
     }
 
 
@@ -144,9 +158,11 @@ def get_spark(master: str = "local[2]", app_name: str = "relay", extra: dict | N
                # Local checkpoints without Hadoop's .crc side files: each offset and commit
                # log write is one file and one rename instead of two, ~50 ms less per
                # micro-batch on 2 cores (push->deliver latency). Object stores are unaffected.
+               # A LocalFileSystem subclass (jobs/jvm), not RawLocalFileSystem: the RocksDB
+               # state store casts what FileSystem.getLocal returns to LocalFileSystem.
                .config("spark.hadoop.fs.AbstractFileSystem.file.impl",
                        "org.apache.hadoop.fs.local.RawLocalFs")
-               .config("spark.hadoop.fs.file.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
+               .config("spark.hadoop.fs.file.impl", "relay.fs.NoChecksumLocalFileSystem")
                # ... and written through Hadoop's FileSystem API, not FileContext: the offset
                # and commit log writes of a micro-batch took ~22 ms each through FileContext
                # on 2 cores, ~6 ms this way (jobs/batch_profile.py: Spark's floor per small

@@ -23,6 +23,7 @@ from runtime.config import Settings
 
 from . import python_daemons, spark_cluster
 from .inbox_stream import start_inbox_stream
+from .stream_state import state_locations
 from .spark_session import get_spark
 
 log = logging.getLogger("relay.stream")
@@ -42,6 +43,21 @@ def wait_first_batch(query, stop: threading.Event, timeout: float = WARM_UP_TIME
             raise RuntimeError(f"inbox stream ran no batch in {timeout:.0f} s")
         stop.wait(0.05)
     return False
+
+
+def _log_state_locations(spark, query, known: dict[int, str]) -> dict[int, str]:
+    """Log where the state partitions are when that changes (a cluster's executors came or
+    went): an operator sees which executors hold the stream's state."""
+    try:
+        where = state_locations(spark, query, int(spark.conf.get("spark.sql.shuffle.partitions")))
+    except Exception:   # the query stopping meanwhile: nothing to tell
+        return known
+    if where and where != known:
+        log.info("state partitions placed", extra={
+            "event": "stream_state_partitions",
+            "executors": {str(k): v for k, v in sorted(where.items())}})
+        return where
+    return known
 
 
 def run(settings: Settings, stop: threading.Event, *, available_now: bool = False,
@@ -71,9 +87,15 @@ def run(settings: Settings, stop: threading.Event, *, available_now: bool = Fals
                 metrics.announce(ready, exporter, settings.metrics.bind)(
                     {"checkpoint": str(settings.stream_checkpoint),
                      "spark": settings.stream.master})
+        located: dict[int, str] = {}
+        seen_batch = None
         while query.isActive and not stop.is_set():
             stop.wait(0.5)
-            stream_metrics.observe_progress(query.lastProgress)
+            progress = query.lastProgress
+            stream_metrics.observe_progress(progress)
+            if progress and progress.get("batchId") != seen_batch:   # once a batch
+                seen_batch = progress.get("batchId")
+                located = _log_state_locations(spark, query, located)
         if query.exception():
             raise RuntimeError(f"inbox stream failed: {query.exception()}")
     finally:

@@ -325,6 +325,9 @@ def cmd_bench(args) -> None:
     if args.sync_transports:
         from .bench import sync_transports
         sys.exit(sync_transports.main(args))
+    if args.state:
+        from .bench import state
+        sys.exit(state.main(args))
     from .bench import run   # the benchmark is loaded by its command only
     sys.exit(run.main(args))
 
@@ -1372,6 +1375,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cursor-sync over aioquic and over iroh, alternating: requests "
                         "without the stream, PUSH_ACKs with it, the iroh bindings' cost per "
                         "call and per request -> bench-sync-transports.json")
+    p.add_argument("--state", action="store_true",
+                   help="the stream's state store at 1 M and 5 M live event ids (--quick: "
+                        "0.2 M and 1 M): memory of the stream's process tree and the time "
+                        "from a restart to its first batch -> bench-state.json")
     p.set_defaults(func=cmd_bench)
     _add_ppp_parser(sub)
     return parser

@@ -615,9 +615,17 @@ class Settings:
         return Path(self.data_dir).resolve()
 
     @property
-    def stream_checkpoint(self) -> Path:
-        return Path(self.stream.checkpoint_dir) if self.stream.checkpoint_dir else (
-            self.data_path / "checkpoints" / "inbox_stream")
+    def stream_checkpoint(self) -> Path | str:
+        """`stream.checkpoint_dir`, else beside the tables: `<tables>/_checkpoints/inbox_stream`
+        as an `s3a://` URI when they are on S3 (so a stream started on any host takes over
+        from it), else `<data>/checkpoints/inbox_stream`."""
+        if self.stream.checkpoint_dir:
+            return self.stream.checkpoint_dir if "://" in self.stream.checkpoint_dir \
+                else Path(self.stream.checkpoint_dir)
+        if self.tables_dir and self.tables_dir.startswith("s3://"):
+            return "s3a://" + self.tables_dir[len("s3://"):].rstrip("/") + \
+                "/_checkpoints/inbox_stream"
+        return self.data_path / "checkpoints" / "inbox_stream"
 
 
 INGRESS_PROTOCOLS = ("trueseal", "heya", "ppp", "sync")   # `relay ingress --protocol P`

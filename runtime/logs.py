@@ -180,6 +180,7 @@ EVENTS: dict[str, str] = {
     "stream_direct_append_off": "a table's protocol asks more of writers than a direct append "
                                 "does: the sink commits to it through delta-rs (table, reason)",
     "stream_stopped": "the stream stopped (batches)",
+    "stream_state_partitions": "which executor holds each state partition (executors)",
     "python_daemons_stopped": "the Python daemons Spark used only to start the query were "
                               "stopped (modules; jobs/python_daemons.py)",
     "python_daemons_kept": "they could not be stopped (Spark's internals differ): the stream "

@@ -118,29 +118,37 @@ def test_an_expired_id_is_not_a_duplicate_even_before_eviction():
     assert [r[C.CURSOR] for r in out.inbox.to_pylist()] == [2]
 
 
+def dedup_key(r: dict) -> bytes:
+    """jobs.inbox_transform.dedup_keys for one row: event id, mailbox and protocol, NUL between."""
+    return b"\0".join((r[C.EVENT_ID], r[C.MAILBOX], r[C.PROTOCOL].encode()))
+
+
 def _reference(rows: list[dict], state: InboxState, rules: StreamRules, now_us: int):
     """The rules one row at a time, as plainly as they can be said: what the vectorised
     transform must agree with."""
     def us(t):
         return int(t.timestamp() * 1_000_000)
     ordered = sorted(enumerate(rows), key=lambda ir: (
-        ir[1][C.RECEIVED_AT], ir[1][C.LANDING_TABLE], ir[1][C.LANDING_VERSION], ir[0]))
+        ir[1][C.RECEIVED_AT], ir[1][C.LANDING_TABLE], ir[1][C.LANDING_VERSION],
+        ir[1][C.EVENT_ID], ir[1][C.PROTOCOL], ir[1][C.MAILBOX], ir[1][C.ENVELOPE],
+        ir[1][C.META] or b"", ir[0]))
     seen, last = dict(state.seen), dict(state.last_cursor)
     seq, inbox, rejects = state.last_seq, [], []
     for _, r in ordered:
         p, e = r[C.PROTOCOL], r[C.EVENT_ID]
+        key = dedup_key(r)               # a duplicate within its own mailbox only
         if len(r[C.ENVELOPE]) > rules.max_envelope.get(p, float("inf")):
             rejects.append((e, "oversize"))
         elif us(r[C.EXPIRES_AT]) <= now_us:
             rejects.append((e, "expired"))
-        elif seen.get(e, 0) > now_us:
+        elif seen.get(key, 0) > now_us:
             rejects.append((e, "duplicate"))
         else:
-            seen[e] = 1 << 62
-            key = (p, r[C.MAILBOX])
-            last[key] = last.get(key, rules.first_cursor(p) - 1) + 1
+            seen[key] = 1 << 62
+            box = (p, r[C.MAILBOX])
+            last[box] = last.get(box, rules.first_cursor(p) - 1) + 1
             seq += 1
-            inbox.append((e, p, r[C.MAILBOX], r[C.ENVELOPE], last[key], seq, min(
+            inbox.append((e, p, r[C.MAILBOX], r[C.ENVELOPE], last[(p, r[C.MAILBOX])], seq, min(
                 us(r[C.EXPIRES_AT]), us(r[C.RECEIVED_AT]) + rules.max_ttl_us)))
     cursors = {k: v for k, v in last.items() if state.last_cursor.get(k) != v}
     return inbox, rejects, cursors, seq
@@ -177,7 +185,9 @@ def test_the_vectorised_transform_agrees_with_the_rules_row_by_row():
         for m in rnd.sample(mailboxes, len(mailboxes) // 2):
             state.last_cursor[(rnd.choice(("trueseal", "heya")), m)] = rnd.randrange(1, 9)
         for e in rnd.sample(ids, len(ids) // 3):
-            state.remember(e, now_us + rnd.choice((-1, 0, 1)) * 10**6)
+            state.remember(dedup_key({C.EVENT_ID: e, C.MAILBOX: rnd.choice(mailboxes),
+                                      C.PROTOCOL: rnd.choice(("trueseal", "heya", "ppp"))}),
+                           now_us + rnd.choice((-1, 0, 1)) * 10**6)
         t = pa.Table.from_pylist(rows, schema=LANDING_SOURCE.arrow_schema())
         if len(rows) > 2:   # several chunks, as read_files hands them over
             t = pa.concat_tables([t.slice(0, len(rows) // 2), t.slice(len(rows) // 2)])
@@ -200,8 +210,8 @@ def test_the_vectorised_transform_agrees_with_the_rules_row_by_row():
         one_by_one = InboxState(seen=dict(state.seen))
         for h, v in state._by_hour.items():
             one_by_one._by_hour[h] = list(v)
-        for e, *_, exp in inbox:
-            one_by_one.remember(e, exp)
+        for e, p, m, *_, exp in inbox:
+            one_by_one.remember(dedup_key({C.EVENT_ID: e, C.MAILBOX: m, C.PROTOCOL: p}), exp)
         state.apply(out)
         assert state.seen == one_by_one.seen, trial
         assert {h: sorted(v) for h, v in state._by_hour.items()} == \

@@ -47,11 +47,14 @@ def cluster(tmp_path_factory):
     with open(logs[0], "w") as mlog, open(logs[1], "w") as wlog:
         procs.append(_daemon(["master", "--port", str(port), "--webui-port", str(ui)],
                              data, mlog))
-        procs.append(_daemon(["worker", f"spark://127.0.0.1:{port}", "--cores", "2",
-                              "--memory", "1g", "--webui-port", str(worker_ui)], data, wlog))
+        # two workers of one core each: two executors, between which the stream's two state
+        # partitions are placed
+        for w in (worker_ui, free_port()):
+            procs.append(_daemon(["worker", f"spark://127.0.0.1:{port}", "--cores", "1",
+                                  "--memory", "1g", "--webui-port", str(w)], data, wlog))
         try:
             deadline = time.monotonic() + 90
-            while _alive_workers(ui) < 1:
+            while _alive_workers(ui) < 2:
                 assert time.monotonic() < deadline, logs[1].read_text()[-3000:]
                 assert all(p.poll() is None for p in procs), logs[0].read_text()[-3000:]
                 time.sleep(0.5)
@@ -70,8 +73,8 @@ def test_stream_on_a_standalone_cluster(cluster, tmp_path):
     rows = [landing_row(MB[i % 3], envelope(i)) for i in range(90)]
     land(layout, rows, node="node-a", per_commit=15)
     land(layout, rows[:30], node="node-b", per_commit=10)   # re-landed elsewhere: duplicates
-    conf = tmp_path / "relay.toml"    # every batch read by the executors, not the driver
-    conf.write_text("[stream]\ndriver_read_max_bytes = 0\nmax_files_per_trigger = 3\n")
+    conf = tmp_path / "relay.toml"
+    conf.write_text("[stream]\nmax_files_per_trigger = 3\n")
     proc = subprocess.run([sys.executable, "-m", "relay.cli", "--conf", str(conf),
                            "--data-dir", str(data), "stream", "--master", master,
                            "--available-now"], capture_output=True, text=True, timeout=600)
@@ -80,6 +83,11 @@ def test_stream_on_a_standalone_cluster(cluster, tmp_path):
     assert inbox.num_rows == 90
     assert_gap_free(inbox)
     assert read(layout.rejects).num_rows == 30
+    # the state store's partitions were held by the two workers' executors
+    placed = [json.loads(line)["executors"] for line in proc.stdout.splitlines() + \
+              proc.stderr.splitlines() if '"stream_state_partitions"' in line]
+    assert placed, proc.stdout[-2000:]
+    assert len(set(placed[-1].values())) == 2, placed
     # the executors ran on the worker (its work directory holds the application's)
     assert any((data / "spark-work").iterdir())
     # the daemons ran with authentication; the secret is on no command line

@@ -1,0 +1,182 @@
+"""`relay bench --state`: the stream's state in Spark's state store as it grows.
+
+The stateful part of the stream (jobs/stream_state.decided: the JVM processor over the RocksDB
+state store, the checkpoint on local disk) is fed synthetic landing rows (32-byte random event
+ids, 50,000 mailboxes, 16-byte envelopes, 100,000 rows a micro-batch) until the state holds
+each size of live event ids, in a process of its own; then:
+
+- `stream_rss_mib`: the resident memory of that process's whole tree (the Python driver, the
+  JVM with its executors' RocksDB) once the state holds the size and the state store's
+  maintenance has run once (20 s: it uploads the snapshot a restart loads);
+- `restart_to_first_batch_s`: a new process on the same checkpoint, from its start to the end
+  of its first micro-batch (one new file), the state restored from the checkpoint.
+
+The batches are consumed by Spark's `noop` sink, not the inbox sink: what is measured is the
+state, not the Delta writes (which `relay bench` measures). Results -> bench-state.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROWS_PER_FILE = 100_000
+MAILBOXES = 50_000
+
+
+def _tree_rss_mib(pid: int) -> float:
+    """RSS of `pid` and every descendant (from /proc), in MiB."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(entry))
+            rss[int(entry)] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, IndexError, ValueError):
+            continue
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        todo.extend(children.get(p, []))
+    return total / (1 << 20)
+
+
+def _write_files(src: Path, start: int, count: int) -> None:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from delta_tables.schema import C, LANDING_SOURCE
+    schema = LANDING_SOURCE.arrow_schema()
+    rng = np.random.default_rng(start)
+    now = int(time.time() * 1_000_000)
+    for i in range(start, start + count):
+        n = ROWS_PER_FILE
+        ids = rng.integers(0, 256, (n, 32), dtype=np.uint8)
+        mbx = rng.integers(0, MAILBOXES, n)
+        cols = {
+            C.EVENT_ID: pa.array([r.tobytes() for r in ids], pa.binary()),
+            C.PROTOCOL: pa.array(["trueseal"] * n),
+            C.MAILBOX: pa.array([b"m%09d" % m for m in mbx], pa.binary()),
+            C.ENVELOPE: pa.array([b"e" * 16] * n, pa.binary()),
+            C.RECEIVED_AT: pa.array(np.full(n, now), pa.int64()).cast(pa.timestamp("us", "UTC")),
+            C.EXPIRES_AT: pa.array(np.full(n, now + 86400 * 10**6), pa.int64())
+            .cast(pa.timestamp("us", "UTC")),
+            C.LANDING_TABLE: pa.array(["bench/g000001"] * n),
+            C.LANDING_VERSION: pa.array(np.full(n, i), pa.int64()),
+        }
+        table = pa.table({f.name: cols.get(f.name, pa.nulls(n, f.type)) for f in schema},
+                         schema=schema)
+        pq.write_table(table, src / f".part-{i:06d}.parquet")
+        os.rename(src / f".part-{i:06d}.parquet", src / f"part-{i:06d}.parquet")
+
+
+def _child(workdir: str, files: int, start: int) -> None:
+    """Add `files` files from `start` on, run the stream over what is new, print figures."""
+    t0 = time.perf_counter()
+    from jobs.inbox_transform import StreamRules
+    from jobs.spark_session import get_spark
+    from jobs.stream_state import decided
+    from delta_tables.schema import LANDING_SOURCE
+
+    work = Path(workdir)
+    src = work / "in"
+    src.mkdir(exist_ok=True)
+    _write_files(src, start, files)
+    write_s = time.perf_counter() - t0
+    spark = get_spark("local[2]", "relay-bench-state")
+    rules = StreamRules(max_ttl_us=7 * 86400 * 10**6)
+    first: list[float] = []
+
+    def batch(df, _batch_id):
+        df.write.format("noop").mode("overwrite").save()
+        if not first:
+            first.append(time.perf_counter() - t0 - write_s)
+
+    stream = (spark.readStream.schema(LANDING_SOURCE.spark_schema())
+              .option("maxFilesPerTrigger", 1).parquet(str(src)))
+    t1 = time.perf_counter()
+    query = (decided(stream, rules).writeStream.foreachBatch(batch)
+             .option("checkpointLocation", str(work / "ckpt"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    run_s = time.perf_counter() - t1
+    if files > 1:
+        # a running stream's state store maintenance uploads a snapshot every
+        # stateStore.maintenanceInterval: let it run once, as it does in a relay that stays up
+        time.sleep(20)
+    progress = query.lastProgress or {}
+    state = (progress.get("stateOperators") or [{}])[0]
+    out = {"rss_mib": round(_tree_rss_mib(os.getpid()), 1),
+           "first_batch_s": round(first[0], 2) if first else None,
+           "rows": files * ROWS_PER_FILE, "run_s": round(run_s, 2),
+           "rows_per_s": round(files * ROWS_PER_FILE / run_s),
+           "state_rows": state.get("numRowsTotal"),
+           "state_memory_mib": round((state.get("memoryUsedBytes") or 0) / (1 << 20), 1)}
+    spark.stop()
+    print("STATE-RESULT " + json.dumps(out), flush=True)
+
+
+def _run_child(workdir: Path, files: int, start: int) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "relay.bench.state", str(workdir), str(files),
+                           str(start)], capture_output=True, text=True, timeout=3600)
+    for line in proc.stdout.splitlines():
+        if line.startswith("STATE-RESULT "):
+            return json.loads(line[len("STATE-RESULT "):])
+    raise RuntimeError(f"bench --state child failed: {proc.stderr[-2000:]}")
+
+
+def measure(sizes: tuple[int, ...]) -> dict:
+    """state_scaling for each size (live event ids), in one checkpoint that grows."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="relay-bench-state-") as tmp:
+        work = Path(tmp)
+        have = 0
+        for size in sizes:
+            files = (size - have) // ROWS_PER_FILE
+            fill = _run_child(work, files, have // ROWS_PER_FILE)
+            have = size
+            restart = _run_child(work, 1, have // ROWS_PER_FILE)   # one new file: 100k more
+            have += ROWS_PER_FILE
+            rows.append({"live_event_ids": size, "stream_rss_mib": fill["rss_mib"],
+                         "restart_to_first_batch_s": restart["first_batch_s"],
+                         "restart_rss_mib": restart["rss_mib"],
+                         "fill_rows_per_s": fill["rows_per_s"],
+                         "state_rows": fill["state_rows"],
+                         "state_memory_mib": fill["state_memory_mib"]})
+            print(json.dumps(rows[-1]), flush=True)
+            shutil.rmtree(work / "in", ignore_errors=True)   # read already; keep the disk
+            (work / "in").mkdir()
+    first, last = rows[0], rows[-1]
+    millions = (last["live_event_ids"] - first["live_event_ids"]) / 1e6
+    return {"state_scaling": rows,
+            "rss_growth_mib_per_million_ids": round(
+                (last["stream_rss_mib"] - first["stream_rss_mib"]) / millions, 1),
+            "restart_ratio_last_to_first": round(
+                last["restart_to_first_batch_s"] / first["restart_to_first_batch_s"], 2)}
+
+
+def main(args) -> int:
+    sizes = (200_000, 1_000_000) if args.quick else (1_000_000, 5_000_000)
+    result = {"section": "state", "sizes": list(sizes), **measure(sizes),
+              "targets": {"rss_growth_mib_per_million_ids": 20,
+                          "restart_ratio_last_to_first": 1.5}}
+    out = Path(args.out or "bench-state.json")
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"bench --state: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
