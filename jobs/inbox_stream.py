@@ -526,10 +526,11 @@ def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
         spark_delta.configure_s3(spark, layout.s3)
     rules = StreamRules.from_conf(settings.stream,
                                   max_envelope={"trueseal": settings.trueseal.max_envelope})
+    in_spark = settings.stream.state_store
     sink = InboxSink(layout, rules, checkpoint, settings.stream.app_id, fsync=fsync,
                      start_versions=start_versions,
                      driver_read_max_bytes=settings.stream.driver_read_max_bytes,
-                     spark_state=True)
+                     spark_state=in_spark)
     sink.on_batch = on_batch
     if settings.egress.inbox_signal:
         sink.on_inbox_commit = InboxSignalSender(signal_dir(settings.data_dir)).notify
@@ -537,9 +538,13 @@ def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
                              early_protocols=early_protocols(settings))
     # a new checkpoint over an inbox with rows starts from the inbox, read once; a restart
     # from its checkpoint reads no inbox row (jobs/stream_state.py)
-    fresh = not checkpoint_started(spark, str(checkpoint))
-    initial = seed(spark, layout, int(time.time() * 1_000_000) if fresh else None)
-    writer = (decided(landing, rules, initial).writeStream
+    # (an inbox that never had a row, as at a relay's first start, has nothing to seed: no
+    # Spark job for it, so the first batch is not held up by delta-spark's first read)
+    if in_spark:
+        fresh = not checkpoint_started(spark, str(checkpoint)) and sink.last_seq > 0
+        initial = seed(spark, layout, int(time.time() * 1_000_000) if fresh else None)
+        landing = decided(landing, rules, initial)
+    writer = (landing.writeStream
               .queryName(QUERY_NAME)
               .foreachBatch(sink)
               .option("checkpointLocation", str(checkpoint)))

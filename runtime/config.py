@@ -121,6 +121,14 @@ class IngressConf:
 
 @dataclass
 class StreamConf:
+    # Keep the dedup index and cursors in Spark's state store (a JVM transformWithState over
+    # RocksDB, checkpointed; jobs/stream_state.py) instead of the driver's memory, and the
+    # checkpoint beside the tables on S3 so that any host can take the stream over. Off by
+    # default until three costs are won back (docs/operating/stream-state.md): every batch is
+    # a Spark job (~0.3-0.5 s on 2 cores, where the driver path takes tens of ms), the shuffle
+    # carries envelopes into Spark's local directories (outside the ciphertext retention
+    # bound), and ~25k rows/s against the driver path's 100k. Set it on a new checkpoint.
+    state_store: bool = False
     # At most one micro-batch start per interval (batches run back to back under backlog).
     # A Heya or cursor-sync reply waits on average half of it for its batch to start: at
     # 100 messages/s, 60 ms measured HAVE p50 ~80 ms against ~100 ms at 100, for ~0.25 more
@@ -616,13 +624,13 @@ class Settings:
 
     @property
     def stream_checkpoint(self) -> Path | str:
-        """`stream.checkpoint_dir`, else beside the tables: `<tables>/_checkpoints/inbox_stream`
-        as an `s3a://` URI when they are on S3 (so a stream started on any host takes over
-        from it), else `<data>/checkpoints/inbox_stream`."""
+        """`stream.checkpoint_dir`, else with `stream.state_store` and the tables on S3 beside
+        them, `s3a://<tables>/_checkpoints/inbox_stream` (a stream started on any host takes
+        over from it), else `<data>/checkpoints/inbox_stream`."""
         if self.stream.checkpoint_dir:
             return self.stream.checkpoint_dir if "://" in self.stream.checkpoint_dir \
                 else Path(self.stream.checkpoint_dir)
-        if self.tables_dir and self.tables_dir.startswith("s3://"):
+        if self.stream.state_store and self.tables_dir and self.tables_dir.startswith("s3://"):
             return "s3a://" + self.tables_dir[len("s3://"):].rstrip("/") + \
                 "/_checkpoints/inbox_stream"
         return self.data_path / "checkpoints" / "inbox_stream"

@@ -1,7 +1,7 @@
 """The stream's host dies; the stream is started on another (its own data directory, the same
 tables and, beside them, the same checkpoint: on the S3 server with RELAY_TEST_TABLES=s3, where
-the checkpoint is `s3a://<tables>/_checkpoints/inbox_stream` by default; a shared directory
-otherwise). The new stream restores the state store from the checkpoint and goes on: every
+with `stream.state_store` the checkpoint is `s3a://<tables>/_checkpoints/inbox_stream`; a shared
+directory otherwise). The new stream restores the state store from the checkpoint and goes on: every
 acked push is delivered, the inbox holds each once, cursors gap-free."""
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ def relay(tmp_path, s3_endpoint):
 
 def test_a_stream_on_another_host_takes_over_from_the_checkpoint(relay, tmp_path, s3_endpoint):
     (metrics_port,) = free_ports(1)
+    # the state in Spark's state store, on both hosts
+    relay.procs["stream"].env = dict(relay.env, RELAY_STREAM__STATE_STORE="true")
     env = dict(relay.env, RELAY_DATA_DIR=str(tmp_path / "data-b"),
-               RELAY_METRICS_PORT_STREAM=str(metrics_port))
+               RELAY_METRICS_PORT_STREAM=str(metrics_port), RELAY_STREAM__STATE_STORE="true")
     if not s3_endpoint:     # a shared disk: the other host sees the first one's tables
         env["RELAY_TABLES_DIR"] = str(tables_dir(relay.data))
         env["RELAY_STREAM__CHECKPOINT_DIR"] = str(relay.data / "checkpoints" / "inbox_stream")

@@ -24,7 +24,7 @@ MB = [bytes([i]) * 32 for i in range(1, 6)]
 
 def run_available_now(spark, settings):
     query, sink = start_inbox_stream(spark, settings, available_now=True, fsync=False)
-    query.awaitTermination(300)
+    query.awaitTermination(120)
     assert query.exception() is None
     return sink
 
@@ -73,12 +73,36 @@ def test_two_nodes_dedup_gap_free_and_restart(spark, settings, layout):
     assert layout.read_landing_consumed()
 
 
+def test_driver_and_executor_reads_build_the_same_inbox(spark, settings, tmp_path):
+    """Small batches are read by the driver from the files the offsets name, large ones by
+    the executors: the same landing must give the same inbox either way."""
+    from runtime import config
+    from delta_tables.layout import Layout
+    rows = [landing_row(MB[i % 4], envelope(i)) for i in range(90)]
+    rows += rows[:10]                                  # retries
+    inboxes, sinks = [], []
+    for name, limit in (("driver", 64 << 20), ("executors", 0)):
+        s = config.load(None, env={}, data_dir=str(tmp_path / name))
+        s.stream.driver_read_max_bytes = limit
+        s.stream.max_files_per_trigger = 3             # several batches
+        lay = Layout(s.data_dir)
+        lay.ensure_shared_tables()
+        land(lay, rows, per_commit=7)
+        sinks.append(run_available_now(spark, s))
+        inboxes.append(read(lay.inbox).select(
+            [C.EVENT_ID, C.MAILBOX, C.CURSOR, C.SEQ, C.ENVELOPE, C.EXPIRES_AT]).sort_by(C.SEQ))
+    assert sinks[0].driver_reads == len(sinks[0].history) > 1
+    assert sinks[1].driver_reads == 0
+    assert inboxes[0].num_rows == 90
+    assert inboxes[0].equals(inboxes[1])
+
+
 def test_a_backlog_is_taken_in_batches_bounded_by_bytes(spark, tmp_path):
     """Under a backlog a batch grows over many commits up to `max_bytes_per_trigger` (here
-    about two and a half commits' files) whatever `max_files_per_trigger` allows: unbounded,
-    a 1M-row backlog was one batch the executors collected into the driver JVM, which died of
-    OutOfMemoryError. A commit larger than the bound is a batch of its own, so the stream
-    still moves."""
+    about two and a half commits' files) whatever `max_files_per_trigger` allows, so it stays
+    on the driver's read path: unbounded, a 1M-row backlog was one batch the executors
+    collected into the driver JVM, which died of OutOfMemoryError. A commit larger than the
+    bound is a batch of its own, so the stream still moves."""
     from runtime import config
     from delta_tables.landing_source import version_adds
     rows = [landing_row(MB[i % 4], envelope(i)) for i in range(80)]
@@ -94,9 +118,9 @@ def test_a_backlog_is_taken_in_batches_bounded_by_bytes(spark, tmp_path):
         s.stream.max_bytes_per_trigger = bound or max(sizes) * 5 // 2
         sink = run_available_now(spark, s)
         batches = [b.rows_in for b in sink.history if b.rows_in]
-        print("HISTORY", name, [(b.batch_id, b.rows_in, b.skipped_replay) for b in sink.history])
         assert sum(batches) == 80
         assert batches == ([20] * 4 if bound is None else [10] * 8)
+        assert sink.driver_reads == len(sink.history)
         inbox = read(lay.inbox)
         assert inbox.num_rows == 80
         assert_gap_free(inbox)

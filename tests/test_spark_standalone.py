@@ -74,7 +74,7 @@ def test_stream_on_a_standalone_cluster(cluster, tmp_path):
     land(layout, rows, node="node-a", per_commit=15)
     land(layout, rows[:30], node="node-b", per_commit=10)   # re-landed elsewhere: duplicates
     conf = tmp_path / "relay.toml"
-    conf.write_text("[stream]\nmax_files_per_trigger = 3\n")
+    conf.write_text("[stream]\nstate_store = true\nmax_files_per_trigger = 3\n")
     proc = subprocess.run([sys.executable, "-m", "relay.cli", "--conf", str(conf),
                            "--data-dir", str(data), "stream", "--master", master,
                            "--available-now"], capture_output=True, text=True, timeout=600)

@@ -88,6 +88,7 @@ def _inbox(layout):
 
 
 def _run(spark, settings):
+    settings.stream.state_store = True
     query, sink = start_inbox_stream(spark, settings, available_now=True, fsync=False)
     query.awaitTermination(300)
     assert query.exception() is None
