@@ -12,6 +12,7 @@ One run, in order (each step prints one progress line, counts only):
                  keeps the relay-wide max seq).
 3. acks          acks whose inbox row is gone, or older than the max TTL + grace, are deleted.
    push_log      rows older than `push.log_retention_days` are deleted (jobs/compact_push.py).
+   audit         rejects and padding_audit rows older than `audit_retention_days` are deleted.
 4. landing       sealed (not the node's newest) and fully consumed landing generations are
                  removed as whole directories; while a node's lease is live (or expired by
                  less than one more lease length), from the generation it writes on none is
@@ -61,7 +62,8 @@ from .compact_heya import compact_heya
 from .compact_ppp import compact_ppp
 from .compact_push import compact_push
 from .compact_step import (COMMIT_ATTEMPTS, SAME_MAILBOX, CompactionReport, LostRace,
-                           ProtocolStep, S, T, human_bytes, maintain, merge, retry)
+                           ProtocolStep, S, T, delete_older, human_bytes, maintain, merge,
+                           retry)
 from .compact_sync import compact_sync
 
 log = logging.getLogger("relay.compaction")
@@ -114,6 +116,16 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
         report.acks_removed = retry(report, lambda: _clean_acks(layout, stale_ack_cutoff))
         return f"{report.acks_removed} acks removed"
 
+    def audit() -> str:
+        # What the tables kept for operators and capacity analysts, once past its retention:
+        # without this they grow with traffic for as long as the relay runs.
+        cutoff = now - timedelta(days=conf.audit_retention_days)
+        report.rejects_removed = delete_older(layout.rejects, C.REJECTED_AT, cutoff, report)
+        report.padding_audit_removed = delete_older(layout.padding_audit, C.AUDITED_AT,
+                                                    cutoff, report)
+        return (f"{report.rejects_removed} rejects and {report.padding_audit_removed} "
+                f"padding_audit rows older than {conf.audit_retention_days:g} days deleted")
+
     def landing() -> str:
         report.landing_dropped = _drop_landing(layout, settings.stream_checkpoint)
         return f"{report.landing_dropped} consumed landing generations dropped"
@@ -128,6 +140,7 @@ def run_compaction(settings: Settings, *, now: datetime | None = None,
     step("push_log", lambda: compact_push(layout, report, target,
                                           conf.vacuum_retention_seconds,
                                           settings.push.log_retention_days, now))
+    step("audit", audit)
     step("landing", landing)
     for tdef in (INBOX, ACKS, REJECTS, PADDING_AUDIT):
         step(f"tables/{tdef.name}",

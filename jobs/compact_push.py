@@ -5,19 +5,17 @@ log grows with traffic for ever. The job itself reads back only its last window 
 egress/push/job.py) and the app-transaction marker, which lives in the Delta log and its
 checkpoints, not in rows; the capacity notebook reads what is kept. The predicate names only
 a time, never a device. A DELETE that loses to the job's append is recomputed
-(`compact_step.retry`); the job's own append retries on the next step.
+(`compact_step.delete_older`); the job's own append retries on the next step.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
 
-from deltalake import DeltaTable
-
 from delta_tables.layout import Layout
 from delta_tables.schema_push import PL, PUSH_LOG
 
-from .compact_step import CompactionReport, maintain, retry
+from .compact_step import CompactionReport, delete_older, maintain
 
 
 def compact_push(layout: Layout, report: CompactionReport, target_size: int,
@@ -26,12 +24,7 @@ def compact_push(layout: Layout, report: CompactionReport, target_size: int,
     if not (path / "_delta_log").exists():
         return "no push_log"
     cutoff = (now or datetime.now(timezone.utc)) - timedelta(days=keep_days)
-
-    def delete() -> int:
-        metrics = DeltaTable(str(path)).delete(
-            f"{PL.AT} < '{cutoff.strftime('%Y-%m-%dT%H:%M:%S.%fZ')}'")
-        return int(metrics.get("num_deleted_rows", 0) or 0)
-    removed = retry(report, delete)
+    removed = delete_older(path, PL.AT, cutoff, report)
     report.push_log_removed += removed
     maintain(path, target_size, retention_seconds, report)
     return f"{removed} push_log rows older than {keep_days:g} days deleted"

@@ -18,6 +18,8 @@ other:
   and mailbox in the clauses instead).
 * `delete_unneeded` / `prune_control_tables`: a control table keeps only the rows its
   protocol's state fold rests on.
+* `delete_older`: a table kept for a while (push_log, rejects, padding_audit) loses its rows
+  older than its retention.
 * `maintain`: OPTIMIZE, VACUUM, checkpoint and log cleanup of one table.
 """
 
@@ -27,6 +29,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Mapping, TypeVar
 
@@ -70,6 +73,8 @@ class CompactionReport:
     ppp_control_removed: int = 0   # PPP control rows no longer needed (jobs/compact_ppp.py)
     sync_control_removed: int = 0  # sync control rows no longer needed (jobs/compact_sync.py)
     push_log_removed: int = 0      # push_log rows past push.log_retention_days
+    rejects_removed: int = 0       # rejects rows past compaction.audit_retention_days
+    padding_audit_removed: int = 0  # padding_audit rows past compaction.audit_retention_days
     files_compacted: int = 0      # small files rewritten by OPTIMIZE
     files_vacuumed: int = 0       # removed files deleted by VACUUM
     orphans_deleted: int = 0      # files no log names (delta_tables/orphan_files.py)
@@ -92,6 +97,8 @@ class CompactionReport:
             f"ppp / sync control removed   {self.ppp_control_removed} / "
             f"{self.sync_control_removed}",
             f"push_log rows removed        {self.push_log_removed}",
+            f"rejects / audit rows removed {self.rejects_removed} / "
+            f"{self.padding_audit_removed}",
             f"files compacted              {self.files_compacted}",
             f"files vacuumed / orphaned    {self.files_vacuumed} / {self.orphans_deleted}",
             f"log entries removed          {self.log_entries_removed}",
@@ -161,6 +168,20 @@ def delete_unneeded(target: DeltaTable, rows: pa.Table, needed, identity: tuple[
     except RuntimeError:   # two rows share an `at` (never written so): leave them
         return 0
     return int(m.when_matched_delete(same).execute()["num_target_rows_deleted"])
+
+
+def delete_older(path: Path, column: str, cutoff: datetime,
+                 report: CompactionReport) -> int:
+    """Delete the rows of the table at `path` whose time `column` is before `cutoff`, with
+    one DELETE whose predicate names only a time, never a mailbox or a device. A DELETE that
+    loses to a concurrent append (the writer's new rows are younger) is recomputed on a fresh
+    handle (`retry`). Returns the rows deleted."""
+    at = cutoff.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+    def delete() -> int:
+        metrics = DeltaTable(str(path)).delete(f"{column} < '{at}'")
+        return int(metrics.get("num_deleted_rows", 0) or 0)
+    return retry(report, delete)
 
 
 def prune_control_tables(protocol: str, paths: Mapping[str, Path],

@@ -204,6 +204,12 @@ class CompactionConf:
     # that hold an older snapshot; they recover when one goes. 0 removes them at once.
     vacuum_retention_seconds: int = 120
     target_file_mb: int = 64
+    # `rejects` (why the stream turned an envelope away: its size, never its bytes) and
+    # `padding_audit` (how traffic sits in the padding buckets) rows are deleted once this
+    # old. They are for operators looking into a client's complaint and for capacity
+    # reviews, which a week covers; kept for ever they grow with traffic and take the
+    # storage ratio past 2x on a relay that runs for weeks.
+    audit_retention_days: float = 7.0
 
 
 @dataclass
@@ -918,6 +924,8 @@ RANGES: dict[str, tuple[float | None, float | None, str]] = {
     # a lease must outlive a few renewals (node_lease.py)
     "ingress.lease_seconds": (1, None, "at least 1"),
     "ingress.lease_renew_seconds": (0.1, None, "at least 0.1"),
+    # 0 would delete every reject and audit row as it is written
+    "compaction.audit_retention_days": (1 / 86400, None, "at least 1/86400 (one second)"),
 }
 
 

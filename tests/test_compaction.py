@@ -110,8 +110,8 @@ def test_acked_rows_tombstoned_only_after_grace(tmp_path, layout):
 
     # One progress line per step, counts only: no envelope or mailbox bytes.
     assert [line.split(":")[0] for line in lines] == [
-        "purge acked", "expire", "acks", "heya", "ppp", "sync", "push_log", "landing", "tables/inbox",
-        "tables/acks", "tables/rejects", "tables/padding_audit", "orphans", "done"]
+        "purge acked", "expire", "acks", "heya", "ppp", "sync", "push_log", "audit", "landing",
+        "tables/inbox", "tables/acks", "tables/rejects", "tables/padding_audit", "orphans", "done"]
     text = "\n".join(lines) + report.format()
     for secret in (MB_A.hex(), MB_B.hex(), "CIPHERTEXT", repr(MB_A)):
         assert secret not in text

@@ -70,6 +70,10 @@ def test_every_setting_has_an_environment_variable_and_old_names_still_work():
      "setting ppp.discovery_pepper_rotation_hours = 0.0001 (from "
      "RELAY_PPP__DISCOVERY_PEPPER_ROTATION_HOURS): must be a number at least 1/3600 (one "
      "second)"),
+    ({"RELAY_COMPACTION__AUDIT_RETENTION_DAYS": "0"},
+     "setting compaction.audit_retention_days = 0.0 (from "
+     "RELAY_COMPACTION__AUDIT_RETENTION_DAYS): must be a number at least 1/86400 (one "
+     "second)"),
     ({"RELAY_HEYA_PORT": "99999"},
      "setting heya.port = 99999 (from RELAY_HEYA_PORT): must be an integer from 0 to 65535"),
     ({"RELAY_TRUESEAL__MAX_CONNECTIONS": "-1"},

@@ -16,6 +16,7 @@ import contextlib
 import os
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pyarrow as pa
@@ -324,15 +325,72 @@ def test_a_compaction_run_never_leaves_the_tables_bigger_once_its_retention_pass
     assert len(list((layout.inbox / "_delta_log").glob("*.json"))) < 5   # of 61 commits
 
 
-def _reject_rows() -> pa.Table:
-    from datetime import datetime, timezone
-
+def _reject_rows(*ages: timedelta) -> pa.Table:
+    """One rejects row per age (rejected that long ago; default one, now), each with an
+    event id of its own: the age in seconds."""
     from delta_tables.schema import REJECTS, C
     now = datetime.now(timezone.utc)
-    row = {C.EVENT_ID: b"\x01" * 32, C.PROTOCOL: "trueseal", C.MAILBOX: b"\x02" * 32,
-           C.SIZE: 100, C.REASON: "duplicate", C.RECEIVED_AT: now, C.REJECTED_AT: now,
-           C.LANDING_TABLE: "node-0/g000001", C.LANDING_VERSION: 1, C.BATCH_ID: 0}
-    return pa.Table.from_pylist([row], schema=REJECTS.arrow_schema())
+    rows = [{C.EVENT_ID: int(age.total_seconds()).to_bytes(32, "big"), C.PROTOCOL: "trueseal",
+             C.MAILBOX: b"\x02" * 32, C.SIZE: 100, C.REASON: "duplicate",
+             C.RECEIVED_AT: now - age, C.REJECTED_AT: now - age,
+             C.LANDING_TABLE: "node-0/g000001", C.LANDING_VERSION: 1, C.BATCH_ID: 0}
+            for age in ages or (timedelta(0),)]
+    return pa.Table.from_pylist(rows, schema=REJECTS.arrow_schema())
+
+
+def _audit_rows(*ages: timedelta) -> pa.Table:
+    """One padding_audit row per age (audited that long ago), its payload size the age in
+    seconds."""
+    from delta_tables.schema import PADDING_AUDIT, C
+    now = datetime.now(timezone.utc)
+    rows = [{C.BATCH_ID: 0, C.PROTOCOL: "ppp", C.PAYLOAD_SIZE: int(age.total_seconds()),
+             C.BUCKET: None, C.CONFORMING: False, C.ENVELOPES: 1, C.BYTES: 600,
+             C.AUDITED_AT: now - age} for age in ages]
+    return pa.Table.from_pylist(rows, schema=PADDING_AUDIT.arrow_schema())
+
+
+def test_rejects_and_the_padding_audit_keep_only_their_retention(tmp_path):
+    """Rows older than `compaction.audit_retention_days` leave both tables (and, once the
+    vacuum retention has passed, every file of them), recent rows stay, and so do the app
+    transactions the stream's commits carried (its replay check and the landing lag read
+    them)."""
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+    from delta_tables.schema import C
+    from jobs.compact import run_compaction
+    from runtime.config import Settings
+    settings = Settings(data_dir=str(tmp_path))
+    settings.compaction.audit_retention_days = 7
+    settings.compaction.vacuum_retention_seconds = 0
+    layout = Layout(tmp_path)
+    layout.ensure_shared_tables()
+    old = [timedelta(days=7, seconds=60), timedelta(days=30)]
+    recent = [timedelta(hours=1), timedelta(days=6, hours=23)]
+    marks = CommitProperties(app_transactions=[Transaction("stream-app", 41)])
+    for path, rows in ((layout.rejects, _reject_rows), (layout.padding_audit, _audit_rows)):
+        # old and recent rows in one file, so the delete must rewrite it; then a recent one
+        write_deltalake(str(path), rows(*old, recent[0]), mode="append", commit_properties=marks)
+        write_deltalake(str(path), rows(recent[1]), mode="append")
+
+    lines: list[str] = []
+    report = run_compaction(settings, progress=lines.append)
+    assert (report.rejects_removed, report.padding_audit_removed) == (2, 2)
+    assert not report.skipped
+    assert any(line.startswith("audit: 2 rejects and 2 padding_audit rows older than 7 days "
+                               "deleted") for line in lines)
+    secs = sorted(int(a.total_seconds()) for a in recent)
+    rejects, audit = DeltaTable(str(layout.rejects)), DeltaTable(str(layout.padding_audit))
+    assert sorted(int.from_bytes(e, "big") for e in
+                  rejects.to_pyarrow_table().column(C.EVENT_ID).to_pylist()) == secs
+    assert sorted(audit.to_pyarrow_table().column(C.PAYLOAD_SIZE).to_pylist()) == secs
+    assert rejects.transaction_version("stream-app") == 41
+    assert audit.transaction_version("stream-app") == 41
+    # The vacuum (retention 0) deleted the file that held the old rows with the recent one.
+    on_disk = [pq.read_table(p) for path in (layout.rejects, layout.padding_audit)
+               for p in path.rglob("*.parquet") if "_delta_log" not in p.parts]
+    assert sum(t.num_rows for t in on_disk) == 4
+    again = run_compaction(settings, progress=lambda _: None)
+    assert (again.rejects_removed, again.padding_audit_removed) == (0, 0)
 
 
 def test_files_no_log_names_go_once_older_than_the_slack_and_no_sooner(tmp_path):
