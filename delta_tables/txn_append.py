@@ -114,10 +114,13 @@ class TxnAppender:
         self._dt, self._txns = dt, {}
         self._appender.version = dt.version()
 
-    def append(self, data: pa.Table, txns: dict[str, int], *, fence: str | None = None) -> int:
+    def append(self, data: pa.Table, txns: dict[str, int], *, fence: str | None = None,
+               marks: dict[str, int] | None = None) -> int:
         """Commit `data` with `txns` (app id -> version) once durable; returns the version.
         Each transaction must be newer than the table's, and `fence`'s exactly one newer:
-        otherwise AlreadyCommitted or WriterLost, and nothing was committed."""
+        otherwise AlreadyCommitted or WriterLost, and nothing was committed. `marks`: more
+        app transactions written as they are, unchecked (what a commit records, such as the
+        landing versions it took, not what makes it exactly once)."""
         self._check(txns, fence)
 
         def taken(_version: int) -> int:
@@ -125,8 +128,9 @@ class TxnAppender:
             self._check(txns, fence)
             return self._appender.version + 1
 
-        version = self._appender.append(data, txns=txns, on_taken=taken)
-        self._txns.update(txns)
+        written = {**(marks or {}), **txns}
+        version = self._appender.append(data, txns=written, on_taken=taken)
+        self._txns.update(written)
         return version
 
     def checkpoint_due(self) -> bool:

@@ -53,8 +53,8 @@ from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX, LANDING_SOURCE, PADDING_AUDIT, REJECTS, TableDef
 from runtime.inbox_signal import InboxSignalSender, signal_dir
 
-from .inbox_transform import (InboxState, StreamRules, finish, order_rows, padding_audit,
-                              transform)
+from .inbox_transform import (InboxState, StreamRules, dedup_keys, finish, order_rows,
+                              padding_audit, transform)
 from .stream_state import checkpoint_started, decided, seed
 
 log = logging.getLogger("relay.stream")
@@ -116,9 +116,9 @@ def load_state(inbox_path: Path, now: datetime | None = None,
         last.column(f"{C.CURSOR}_max").to_pylist())}
     exp = pc.cast(t.column(C.EXPIRES_AT), pa.int64())
     live = t.filter(pc.greater(exp, now_us))
-    for e, x in zip(live.column(C.EVENT_ID).to_pylist(),
-                    pc.cast(live.column(C.EXPIRES_AT), pa.int64()).to_pylist()):
-        state.remember(e, x)
+    for key, x in zip(dedup_keys(live).to_pylist(),
+                      pc.cast(live.column(C.EXPIRES_AT), pa.int64()).to_pylist()):
+        state.remember(key, x)
     return state
 
 
@@ -303,11 +303,8 @@ class InboxSink:
         if tdef is INBOX:
             fence = self.fence_id
             txns[fence] = self.fence + 1
-            txns[SEQ_MARK] = self._batch_last_seq
-        if tdef is INBOX or tdef is REJECTS:
-            txns.update(self._landing_marks)
         try:
-            appender.append(data, txns, fence=fence)
+            appender.append(data, txns, fence=fence, marks=self._marks(tdef))
         except AlreadyCommitted:
             return False
         except writer_fence.WriterLost as exc:
@@ -315,6 +312,14 @@ class InboxSink:
         if tdef is INBOX:
             self.fence += 1
         return True
+
+    def _marks(self, tdef: TableDef) -> dict[str, int]:
+        """What a batch's commit records beside its exactly-once marker: the inbox its last
+        seq, the inbox and rejects the landing versions the batch took (landing_marks)."""
+        marks = dict(self._landing_marks) if tdef is INBOX or tdef is REJECTS else {}
+        if tdef is INBOX:
+            marks[SEQ_MARK] = self._batch_last_seq
+        return marks
 
     def _write_delta_rs(self, tdef: TableDef, data: pa.Table, batch_id: int) -> bool:
         inbox = tdef is INBOX
@@ -328,9 +333,7 @@ class InboxSink:
             txns = [Transaction(self.app_id, batch_id)]
             if inbox:
                 txns.append(self._fence_transaction(dt))
-                txns.append(Transaction(SEQ_MARK, self._batch_last_seq))
-            if inbox or tdef is REJECTS:
-                txns.extend(Transaction(k, v) for k, v in self._landing_marks.items())
+            txns.extend(Transaction(k, v) for k, v in self._marks(tdef).items())
             try:
                 write_deltalake(dt, data, mode="append", commit_properties=CommitProperties(
                     app_transactions=txns))

@@ -235,12 +235,14 @@ def decide(batch: pa.Table, state: InboxState, rules: StreamRules,
             .append_column(BATCH_MS, pa.array(np.full(n, now_us // 1000, np.int64))))
 
 
-def finish(decided: pa.Table, last_seq: int, rules: StreamRules, batch_id: int) -> BatchResult:
+def finish(decided: pa.Table, last_seq: int, rules: StreamRules, batch_id: int,
+           now_us: int | None = None) -> BatchResult:
     """Seqs (relay-wide, in arrival order, after `last_seq`), the TTL clamp and the three
     tables, from decided rows in any order. The rows (envelopes) are copied once, to the
     inbox's and the rejects' tables, and not at all when every row came accepted in order."""
     n = decided.num_rows
-    now_us = int(decided.column(BATCH_MS)[0].as_py()) * 1000 if n else 0
+    if now_us is None:   # Spark's batch time is in ms; a caller's own may be finer
+        now_us = int(decided.column(BATCH_MS)[0].as_py()) * 1000 if n else 0
     order = _arrival_order(decided)
     if order is not None:
         decided = decided.take(pa.array(order, pa.int64()))
@@ -273,7 +275,8 @@ def finish(decided: pa.Table, last_seq: int, rules: StreamRules, batch_id: int) 
 def transform(batch: pa.Table, state: InboxState, rules: StreamRules, batch_id: int,
               batch_ts: datetime) -> BatchResult:
     """`decide` over `state`, then `finish`; with what `InboxState.apply` needs to remember."""
-    result = finish(decide(batch, state, rules, batch_ts), state.last_seq, rules, batch_id)
+    result = finish(decide(batch, state, rules, batch_ts), state.last_seq, rules, batch_id,
+                    int(batch_ts.timestamp() * 1_000_000))
     inbox = result.inbox
     if inbox.num_rows:
         last = inbox.group_by([C.PROTOCOL, C.MAILBOX], use_threads=False).aggregate(
