@@ -236,14 +236,14 @@ def decide(batch: pa.Table, state: InboxState, rules: StreamRules,
 
 
 def finish(decided: pa.Table, last_seq: int, rules: StreamRules, batch_id: int,
-           now_us: int | None = None) -> BatchResult:
+           now_us: int | None = None, in_order: bool = False) -> BatchResult:
     """Seqs (relay-wide, in arrival order, after `last_seq`), the TTL clamp and the three
     tables, from decided rows in any order. The rows (envelopes) are copied once, to the
     inbox's and the rejects' tables, and not at all when every row came accepted in order."""
     n = decided.num_rows
     if now_us is None:   # Spark's batch time is in ms; a caller's own may be finer
         now_us = int(decided.column(BATCH_MS)[0].as_py()) * 1000 if n else 0
-    order = _arrival_order(decided)
+    order = None if in_order else _arrival_order(decided)   # `decide` has ordered them
     if order is not None:
         decided = decided.take(pa.array(order, pa.int64()))
     accepted = pc.is_null(decided.column(C.REASON)).to_numpy(zero_copy_only=False)
@@ -276,7 +276,7 @@ def transform(batch: pa.Table, state: InboxState, rules: StreamRules, batch_id: 
               batch_ts: datetime) -> BatchResult:
     """`decide` over `state`, then `finish`; with what `InboxState.apply` needs to remember."""
     result = finish(decide(batch, state, rules, batch_ts), state.last_seq, rules, batch_id,
-                    int(batch_ts.timestamp() * 1_000_000))
+                    int(batch_ts.timestamp() * 1_000_000), in_order=True)
     inbox = result.inbox
     if inbox.num_rows:
         last = inbox.group_by([C.PROTOCOL, C.MAILBOX], use_threads=False).aggregate(
