@@ -124,7 +124,13 @@ def read_all(tables) -> list[Lease]:
 
 
 def _row(dt) -> Lease | None:
-    rows = dt.to_pyarrow_table().to_pylist()
+    from deltalake import QueryBuilder
+    # Read through delta-rs's own engine, not `to_pyarrow_table`: that one scans through
+    # pyarrow over Python file objects, and a scan's reader still being torn down on one of
+    # pyarrow's threads when a short command (`relay status`) exits aborts the process.
+    qb = QueryBuilder()
+    qb.register("lease", dt)
+    rows = pa.table(qb.execute("SELECT * FROM lease").read_all()).to_pylist()
     return Lease(**rows[0]) if rows else None
 
 
