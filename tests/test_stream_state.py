@@ -6,6 +6,7 @@ an inbox with rows starts from the inbox."""
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import time
@@ -60,6 +61,10 @@ def test_the_jvm_processor_agrees_with_the_rules(spark, tmp_path):
     src.mkdir()
     for i, t in enumerate(batches):
         pq.write_table(t, src / f"part-{i:03d}.parquet")
+        # Spark's file source takes files in modification time order, ties in listing order:
+        # a second apart, batch i is file i
+        stamp = time.time() - 10 + i
+        os.utime(src / f"part-{i:03d}.parquet", (stamp, stamp))
     got: list[pa.Table] = []
     stream = (spark.readStream.schema(LANDING_SOURCE.spark_schema())
               .option("maxFilesPerTrigger", 1).parquet(str(src)))

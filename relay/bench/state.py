@@ -118,12 +118,23 @@ def _child(workdir: str, files: int, start: int) -> None:
         time.sleep(20)
     progress = query.lastProgress or {}
     state = (progress.get("stateOperators") or [{}])[0]
+    # where a batch's time went (Spark's durationMs) and the state store's own metrics
+    # (load, lookups, block cache misses, commit): the first batch of a restart is the one
+    # that restores the state
+    shown = [p for p in query.recentProgress if p.get("numInputRows")]
+    first_progress = shown[0] if shown else progress
+    first_state = (first_progress.get("stateOperators") or [{}])[0]
     out = {"rss_mib": round(_tree_rss_mib(os.getpid()), 1),
            "first_batch_s": round(first[0], 2) if first else None,
            "rows": files * ROWS_PER_FILE, "run_s": round(run_s, 2),
            "rows_per_s": round(files * ROWS_PER_FILE / run_s),
-           "state_rows": state.get("numRowsTotal"),
-           "state_memory_mib": round((state.get("memoryUsedBytes") or 0) / (1 << 20), 1)}
+           "state_rows": state.get("numRowsTotal") or None,   # 0: not tracked (spark_session)
+           "state_memory_mib": round((state.get("memoryUsedBytes") or 0) / (1 << 20), 1),
+           "first_batch_duration_ms": first_progress.get("durationMs"),
+           "first_batch_state_metrics": {
+               k: v for k, v in (first_state.get("customMetrics") or {}).items() if v},
+           "first_batch_state_ms": {k: first_state.get(k) for k in (
+               "allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs")}}
     spark.stop()
     print("STATE-RESULT " + json.dumps(out), flush=True)
 
@@ -154,7 +165,10 @@ def measure(sizes: tuple[int, ...]) -> dict:
                          "restart_rss_mib": restart["rss_mib"],
                          "fill_rows_per_s": fill["rows_per_s"],
                          "state_rows": fill["state_rows"],
-                         "state_memory_mib": fill["state_memory_mib"]})
+                         "state_memory_mib": fill["state_memory_mib"],
+                         "restart_batch_duration_ms": restart["first_batch_duration_ms"],
+                         "restart_state_metrics": restart["first_batch_state_metrics"],
+                         "restart_state_ms": restart["first_batch_state_ms"]})
             print(json.dumps(rows[-1]), flush=True)
             shutil.rmtree(work / "in", ignore_errors=True)   # read already; keep the disk
             (work / "in").mkdir()
