@@ -461,3 +461,16 @@ def test_a_writer_whose_handle_outlived_the_log_reopens_it(tmp_path):
     stream.append(_reject_rows(), {"stream-app": 1})
     assert DeltaTable(str(path)).to_pyarrow_table().num_rows == 83
     assert DeltaTable(str(path)).transaction_version("stream-app") == 1
+
+
+def test_with_the_state_in_spark_delivered_markers_leave_every_file_too(spark, settings,
+                                                                        tmp_path):
+    """The same with the dedup index and cursors in Spark's state store: the envelopes then
+    travel through Spark's shuffle, whose files are encrypted with a key held only in the
+    process's memory (spark.io.encryption.enabled) and cleaned up minutes later."""
+    if settings.tables_dir:
+        pytest.skip("scans a local data directory")
+    settings.stream.state_store = True
+    runs: list = []
+    with shortened_clock(spark, settings, runs):
+        asyncio.run(_scenario(settings, tmp_path, spark, runs))
