@@ -37,6 +37,18 @@ Batch size: a micro-batch takes whole commits, in order, up to `maxFilesPerTrigg
 read limit Spark passes) and `maxBytesPerTrigger` bytes of them (ours: Spark's Python sources
 take one limit); the first commit is taken whatever its size, so the stream always moves.
 
+On an object store (tables on S3) every read is a billed round trip: a HEAD and a GET with
+pyarrow, a few ms on a server nearby and tens on S3. So the commits a batch takes, and its data
+files, are fetched READ_THREADS at a time (in order: results are used in version order, and a
+refusal is raised at the version that holds it); and finding what is new costs no LIST while
+nothing changes: each table's next commit and each node's next generation are looked for by
+reading them (one HEAD each when absent; a commit found is kept for the batch), a table's log
+is LISTed only once it has a new commit, a sealed generation never again, and the landing
+prefixes at most once per `listIntervalMs` (stream.landing_list_interval_ms: how long a new
+node's first landing can wait to be seen), or at once when a writer on this host signals a
+commit that no table known explains (UNEXPLAINED_LIST_S bounds that). Locally, listing stays
+as cheap as it is and is done every time.
+
 Rules for the log: landing tables are append-only. An OPTIMIZE add (`dataChange=false`) is
 skipped; any other remove is refused rather than silently re-read or lost. A table that
 disappears was dropped by compaction after the stream consumed it, and is skipped.
@@ -45,8 +57,10 @@ disappears was dropped by compaction after the stream consumed it, and is skippe
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -67,6 +81,27 @@ from .schema import C, LANDING, LANDING_SOURCE
 from .small_parquet import read_small
 
 SOURCE_NAME = "relay_landing"
+# Object stores: reads of one batch in flight at once (commit files, data files). Bounded: the
+# server (and the store's per-prefix rate) is shared with every writer.
+READ_THREADS = 8
+# Object stores: a landing writer's signal that the known tables do not explain lists the
+# landing prefixes at once, but at most once per this many seconds.
+UNEXPLAINED_LIST_S = 1.0
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _map(fn, items, concurrent: bool):
+    """`map(fn, items)`, in order; READ_THREADS at a time when `concurrent` (an object store).
+    An exception is raised where its item is reached, as `map` would."""
+    global _pool
+    items = list(items)
+    if not concurrent or len(items) < 2:
+        return map(fn, items)
+    if _pool is None or _pool[0] != os.getpid():   # a forked Python worker: a pool of its own
+        _pool = (os.getpid(), ThreadPoolExecutor(READ_THREADS,
+                                                 thread_name_prefix="landing-read"))
+    return _pool[1].map(fn, items)
 
 
 class LandingLogError(RuntimeError):
@@ -103,15 +138,28 @@ class LandingPartition(InputPartition):
         self.s3 = s3     # object_store.S3Location when the tables are on S3
 
 
+def _log_file(table_path: Path, version: int) -> Path:
+    return table_path / "_delta_log" / f"{version:020d}.json"
+
+
 def version_adds(table_path: Path, version: int) -> list[DataFile]:
     """The data files a commit adds; see the module docstring for what is refused."""
-    log_file = table_path / "_delta_log" / f"{version:020d}.json"
+    log_file = _log_file(table_path, version)
     try:
         text = log_file.read_text()
     except FileNotFoundError as exc:
         raise LandingLogError(
             f"{log_file} is gone: the stream fell behind the landing log retention "
             "(delta.logRetentionDuration); replay from a newer version") from exc
+    return parse_adds(table_path, version, text)
+
+
+def _adds_or_error(table_path: Path, version: int) -> list[DataFile] | LandingLogError:
+    return _or_error(version_adds, table_path, version)
+
+
+def parse_adds(table_path: Path, version: int, text: str) -> list[DataFile]:
+    """`version_adds` of a commit file's text."""
     adds = []
     for line in text.splitlines():
         action = json.loads(line)
@@ -137,8 +185,18 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.record_consumed = options.get("recordConsumed", "true") == "true"
         self.start_versions = options.get("startVersions", "")
         self._target: dict[str, int] | None = None
-        self._adds_cache: dict[tuple[str, int], list[str]] = {}
+        # (table, version) -> its adds, or the LandingLogError reading it raised
+        self._adds_cache: dict[tuple[str, int], list[DataFile] | LandingLogError] = {}
         self._sealed: dict[str, int] = {}   # generation -> its final version
+        self._reported: dict[str, int] | None = None   # the newest `_latest`, for Spark's report
+        # object stores (module docstring): the tables as last listed, when, and the newest
+        # version seen in each live one (-1: none yet)
+        self.remote = self.layout.remote
+        self.list_interval_s = int(options.get("listIntervalMs", "0")) / 1000.0
+        self._tables: dict[str, Path] = {}
+        self._listed_at = float("-inf")
+        self._known: dict[str, int] = {}
+        self._woken = False     # a landing writer on this host signalled a commit
         self._boot = secrets.token_hex(4)   # see the module docstring: one warm-up batch
         self.wait_s = int(options.get("waitForDataMs", "0")) / 1000.0
         self.min_gap_s = int(options.get("minBatchGapMs", "0")) / 1000.0
@@ -156,6 +214,10 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"v": json.loads(self.start_versions) if self.start_versions else {}}
 
     def _latest(self) -> dict[str, int]:
+        self._reported = self._latest_remote() if self.remote else self._latest_local()
+        return self._reported
+
+    def _latest_local(self) -> dict[str, int]:
         tables = self.layout.landing_tables()
         newest: dict[str, str] = {}
         for key in tables:                      # keys sort by node, then generation
@@ -174,6 +236,69 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             del self._sealed[key]               # dropped by compaction
         return out
 
+    def _latest_remote(self) -> dict[str, int]:
+        """`_latest_local` on an object store, with as few requests as the module docstring
+        says: LISTs only for what changed, HEADs (GET-priced) while nothing does."""
+        now = time.monotonic()
+        woken, self._woken = self._woken, False
+        if now - self._listed_at >= self.list_interval_s:
+            self._tables = self.layout.landing_tables(require_log=False)
+            self._listed_at = now
+            for known in (self._sealed, self._known):
+                for key in [k for k in known if k not in self._tables]:
+                    del known[key]              # dropped by compaction
+        newest: dict[str, str] = {}
+        for key in sorted(self._tables):
+            newest[key.split("/")[0]] = key
+        # each node's next generation (a process starts one, a full one is followed by one)
+        # and each live table's next commit, read at once
+        next_gens = [f"{node}/g{int(key.rsplit('/g', 1)[1]) + 1:06d}"
+                     for node, key in newest.items()]
+        probes = [(key, 0) for key in next_gens] + [
+            (key, v + 1) for key, v in self._known.items() if key not in self._sealed]
+        found = {key for (key, _), hit in zip(probes, _map(self._probe, probes, True)) if hit}
+        if woken and not found and now - self._listed_at >= UNEXPLAINED_LIST_S:
+            # a commit on this host, in no table known: a new node's (or a generation
+            # not numbered next), found by listing now rather than at the interval
+            self._listed_at = float("-inf")
+            return self._latest_remote()
+        for key in next_gens:
+            if key in found:
+                self._tables[key] = self.layout.landing_root / key
+                newest[key.split("/")[0]] = key
+        out = {}
+        for key in sorted(self._tables):
+            v = self._sealed.get(key)
+            if v is None:
+                sealed = newest[key.split("/")[0]] != key
+                v = self._known.get(key)
+                if v is None or key in found or sealed:
+                    v = latest_version(self._tables[key])   # one LIST
+                if sealed and v >= 0:
+                    self._sealed[key] = v
+                    self._known.pop(key, None)
+                else:
+                    self._known[key] = v
+            if v >= 0:
+                out[key] = v
+        return out
+
+    def _probe(self, item: tuple[str, int]) -> bool:
+        """Does commit `version` of `table` exist? Read, and kept for the batch, if so."""
+        key, version = item
+        if (key, version) in self._adds_cache:
+            return True
+        path = self.layout.landing_root / key
+        try:
+            text = _log_file(path, version).read_text()
+        except FileNotFoundError:
+            return False
+        try:
+            self._adds_cache[(key, version)] = parse_adds(path, version, text)
+        except LandingLogError as exc:   # raised when the stream reaches that commit
+            self._adds_cache[(key, version)] = exc
+        return True
+
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxFiles(self.max_files)
 
@@ -181,13 +306,23 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._latest()
 
     def reportLatestOffset(self) -> dict:
-        return {"v": self._latest(), "boot": self._boot}
+        # for Spark's progress report only: what the last look found, not another look
+        latest = self._reported if self._reported is not None else self._latest()
+        return {"v": dict(latest), "boot": self._boot}
 
-    def _adds(self, key: str, version: int) -> list[DataFile]:
+    def _adds(self, key: str, version: int, prefetch: int = 0) -> list[DataFile]:
+        """The adds of a commit; on an object store, the next `prefetch` commits of the table
+        are fetched with it, concurrently."""
         cached = self._adds_cache.get((key, version))
         if cached is None:
-            cached = version_adds(self.layout.landing_root / key, version)
-            self._adds_cache[(key, version)] = cached
+            path = self.layout.landing_root / key
+            wanted = [v for v in range(version, version + max(1, prefetch + 1))
+                      if (key, v) not in self._adds_cache] if self.remote else [version]
+            for v, adds in zip(wanted, _map(lambda v: _adds_or_error(path, v), wanted, True)):
+                self._adds_cache[(key, v)] = adds
+            cached = self._adds_cache[(key, version)]
+        if isinstance(cached, LandingLogError):
+            raise cached
         return cached
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
@@ -202,6 +337,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                               "landing-source")
             if not self._signal.wait(self.wait_s):
                 return end
+            self._woken = True
             end = self._end(start, limit)       # what woke it decides the gap
         gap_s = self._gap_s(start, end)
         while (left := self._last_start + gap_s - time.monotonic()) > 0:
@@ -249,7 +385,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for key in sorted(latest):
             v = begin.get(key, -1)
             while v < latest[key]:
-                adds = self._adds(key, v + 1)
+                adds = self._adds(key, v + 1, prefetch=min(latest[key] - v - 1, 4 * READ_THREADS))
                 n, size = len(adds), sum(f.size for f in adds)
                 if taken > 0 and ((budget is not None and taken + n > budget) or
                                   (max_bytes is not None and taken_bytes + size > max_bytes)):
@@ -286,24 +422,39 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 def batch_files(layout: Layout, start: dict, end: dict, adds=None) -> list[FileRef]:
     """The data files of the versions in (start, end] of every landing table, in table and
-    version order: what one micro-batch reads, wherever it is read."""
+    version order: what one micro-batch reads, wherever it is read. `adds(key, version,
+    prefetch)`: the source's cache (`LandingStreamReader._adds`)."""
     begin = start.get("v", {})
     files: list[FileRef] = []
     for key, last in sorted(end.get("v", {}).items()):
         table_path = layout.landing_root / key
-        if not (table_path / "_delta_log").exists():
-            continue  # dropped by compaction after it was consumed
-        for version in range(begin.get(key, -1) + 1, last + 1):
-            added = adds(key, version) if adds else version_adds(table_path, version)
+        versions = range(begin.get(key, -1) + 1, last + 1)
+        if adds is None:
+            read = list(_map(lambda v: _adds_or_error(table_path, v), versions, layout.remote))
+        else:
+            read = [_or_error(adds, key, v, last - v) for v in versions]
+        failed = next((r for r in read if isinstance(r, LandingLogError)), None)
+        if failed is not None:
+            if not (table_path / "_delta_log").exists():
+                continue  # dropped by compaction after it was consumed
+            raise failed
+        for version, added in zip(versions, read):
             files.extend(FileRef(key, version, f.path, f.size) for f in added)
     return files
+
+
+def _or_error(fn, *args):
+    try:
+        return fn(*args)
+    except LandingLogError as exc:
+        return exc
 
 
 def read_files(files: list[FileRef], chunk_rows: int = 65536) -> Iterator[pa.RecordBatch]:
     """The rows of `files`, tagged with their landing table and version, in their order. A
     landing file is small (a lone client's commit is one row): each is read as
-    `small_parquet.read_small` says, and the files of a chunk (up to `chunk_rows` rows) are
-    tagged together, not one by one. (pyarrow.parquet is imported there, not here: the
+    `small_parquet.read_small` says (on an object store, READ_THREADS at once), and the files
+    of a chunk (up to `chunk_rows` rows) are tagged together, not one by one. (pyarrow.parquet is imported there, not here: the
     source runner, a process of its own that only plans, does without it, ~6 MiB.)"""
     schema = LANDING_SOURCE.arrow_schema()
     names = LANDING.names
@@ -333,8 +484,9 @@ def read_files(files: list[FileRef], chunk_rows: int = 65536) -> Iterator[pa.Rec
         # cast, which refuses a null where the schema has none
         return pa.Table.from_arrays(columns, names=schema.names).cast(schema)
 
-    for ref in files:
-        table = read_small(ref.path, names)
+    remote = bool(files) and "://" in files[0].path
+    for ref, table in zip(files, _map(lambda f: read_small(f.path, names, f.size), files,
+                                      remote)):
         n = table.num_rows
         if n == 0:
             continue

@@ -69,12 +69,31 @@ def _filesystem(s3: S3Location):
     fs = _FILESYSTEMS.get(s3)
     if fs is None:
         from pyarrow import fs as pafs
-        kw = {"region": s3.region}
+        # delayed open: a small object is written with one PUT, not a multipart upload's
+        # three requests (an open, a part, a completion)
+        kw = {"region": s3.region, "allow_delayed_open": True}
         if s3.endpoint:
             scheme, _, host = s3.endpoint.partition("://")
             kw.update(endpoint_override=host.rstrip("/"), scheme=scheme)
         fs = _FILESYSTEMS[s3] = pafs.S3FileSystem(**kw)
     return fs
+
+
+_URI_FILESYSTEMS: dict[str, object] = {}
+
+
+def read_uri(uri: str) -> bytes:
+    """The bytes of the object at `uri` (`s3://bucket/key`), its store configured from the
+    environment (`configure_env`, as in Spark's workers): one file system per bucket, not one
+    made for each read."""
+    scheme, _, rest = uri.partition("://")
+    bucket = f"{scheme}://{rest.split('/', 1)[0]}"
+    fs = _URI_FILESYSTEMS.get(bucket)
+    if fs is None:
+        from pyarrow import fs as pafs
+        fs = _URI_FILESYSTEMS[bucket] = pafs.FileSystem.from_uri(bucket)[0]
+    with fs.open_input_stream(rest) as fh:
+        return fh.read()
 
 
 @dataclass(frozen=True)

@@ -499,6 +499,7 @@ def landing_stream(spark, layout: Layout, stream_conf, start_versions: str | Non
               .option("maxPartitions", str(stream_conf.max_partitions))
               .option("recordConsumed", "true" if record_consumed else "false")
               .option("waitForDataMs", str(stream_conf.wait_for_data_ms))
+              .option("listIntervalMs", str(stream_conf.landing_list_interval_ms))
               .option("minBatchGapMs", str(stream_conf.trigger_interval_ms))
               .option("earlyGapMs", str(stream_conf.early_batch_gap_ms if early_protocols else 0))
               .option("earlyProtocols", ",".join(early_protocols)))
