@@ -88,10 +88,11 @@ def read_uri(uri: str) -> bytes:
     made for each read."""
     scheme, _, rest = uri.partition("://")
     bucket = f"{scheme}://{rest.split('/', 1)[0]}"
-    fs = _URI_FILESYSTEMS.get(bucket)
+    key = f"{bucket} {os.environ.get('AWS_ENDPOINT_URL', '')}"
+    fs = _URI_FILESYSTEMS.get(key)
     if fs is None:
         from pyarrow import fs as pafs
-        fs = _URI_FILESYSTEMS[bucket] = pafs.FileSystem.from_uri(bucket)[0]
+        fs = _URI_FILESYSTEMS[key] = pafs.FileSystem.from_uri(bucket)[0]
     with fs.open_input_stream(rest) as fh:
         return fh.read()
 

@@ -85,12 +85,16 @@ class RequestLog:
         with open(self.path, "rb") as f:
             self.offset = f.seek(0, 2)
 
-    def counts(self) -> dict[str, int]:
+    def requests(self) -> list[tuple[str, str]]:
+        """(kind, target) of each request logged since `mark()`, in order."""
         with open(self.path, "rb") as f:
             f.seek(self.offset)
             text = f.read().decode("utf-8", "replace")
+        return [(request_kind(m.group(1), m.group(2)), m.group(2))
+                for m in _REQUEST.finditer(text)]
+
+    def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        for m in _REQUEST.finditer(text):
-            kind = request_kind(m.group(1), m.group(2))
+        for kind, _ in self.requests():
             out[kind] = out.get(kind, 0) + 1
         return out
