@@ -37,10 +37,13 @@ Batch size: a micro-batch takes whole commits, in order, up to `maxFilesPerTrigg
 read limit Spark passes) and `maxBytesPerTrigger` bytes of them (ours: Spark's Python sources
 take one limit); the first commit is taken whatever its size, so the stream always moves.
 
-On an object store (tables on S3) every read is a billed round trip: a HEAD and a GET with
-pyarrow, a few ms on a server nearby and tens on S3. So the commits a batch takes, and its data
-files, are fetched READ_THREADS at a time (in order: results are used in version order, and a
-refusal is raised at the version that holds it); and finding what is new costs no LIST while
+On an object store (tables on S3) every read is a billed round trip, a few ms on a server
+nearby and tens on S3. So the commits a batch takes and its data files are fetched
+object_store.READ_THREADS at a time, each one GET where its size is known (from the log's
+listing, or the add), in order (results are used in version order, and a refusal is raised at
+the version that holds it); the driver takes the batch's file list from the source's plan on
+this host (`planned_files`) instead of reading the commits again; and finding what is new
+costs no LIST while
 nothing changes: each table's next commit and each node's next generation are looked for by
 reading them (one HEAD each when absent; a commit found is kept for the batch), a table's log
 is LISTed only once it has a new commit, a sealed generation never again, and the landing
@@ -60,7 +63,6 @@ import json
 import os
 import secrets
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -78,30 +80,14 @@ from . import object_store
 from .landing_lag import latest_version
 from .layout import Layout
 from .schema import C, LANDING, LANDING_SOURCE
-from .small_parquet import read_small
+from .small_parquet import read_buffer, read_small
 
 SOURCE_NAME = "relay_landing"
-# Object stores: reads of one batch in flight at once (commit files, data files). Bounded: the
-# server (and the store's per-prefix rate) is shared with every writer.
-READ_THREADS = 8
 # Object stores: a landing writer's signal that the known tables do not explain lists the
 # landing prefixes at once, but at most once per this many seconds.
 UNEXPLAINED_LIST_S = 1.0
-
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-
-
-def _map(fn, items, concurrent: bool):
-    """`map(fn, items)`, in order; READ_THREADS at a time when `concurrent` (an object store).
-    An exception is raised where its item is reached, as `map` would."""
-    global _pool
-    items = list(items)
-    if not concurrent or len(items) < 2:
-        return map(fn, items)
-    if _pool is None or _pool[0] != os.getpid():   # a forked Python worker: a pool of its own
-        _pool = (os.getpid(), ThreadPoolExecutor(READ_THREADS,
-                                                 thread_name_prefix="landing-read"))
-    return _pool[1].map(fn, items)
+# Object stores: the commits of a table fetched ahead, with the one a batch reaches
+PREFETCH = 4 * object_store.READ_THREADS
 
 
 class LandingLogError(RuntimeError):
@@ -142,20 +128,35 @@ def _log_file(table_path: Path, version: int) -> Path:
     return table_path / "_delta_log" / f"{version:020d}.json"
 
 
+def _gone(log_file) -> LandingLogError:
+    return LandingLogError(
+        f"{log_file} is gone: the stream fell behind the landing log retention "
+        "(delta.logRetentionDuration); replay from a newer version")
+
+
 def version_adds(table_path: Path, version: int) -> list[DataFile]:
     """The data files a commit adds; see the module docstring for what is refused."""
     log_file = _log_file(table_path, version)
     try:
         text = log_file.read_text()
     except FileNotFoundError as exc:
-        raise LandingLogError(
-            f"{log_file} is gone: the stream fell behind the landing log retention "
-            "(delta.logRetentionDuration); replay from a newer version") from exc
+        raise _gone(log_file) from exc
     return parse_adds(table_path, version, text)
 
 
-def _adds_or_error(table_path: Path, version: int) -> list[DataFile] | LandingLogError:
-    return _or_error(version_adds, table_path, version)
+def commits_adds(table_path: Path, versions, s3=None,
+                 sizes: dict[int, int] | None = None) -> list[list[DataFile] | LandingLogError]:
+    """`version_adds` of each of `versions`, in order, each a result or the LandingLogError it
+    raised. On an object store (`s3`) READ_THREADS at a time, one GET for a commit file whose
+    size a listing gave (`sizes`)."""
+    versions = list(versions)
+    if s3 is None:
+        return [_or_error(version_adds, table_path, v) for v in versions]
+    files = [_log_file(table_path, v) for v in versions]
+    texts = object_store.read_objects(s3, [(str(f), (sizes or {}).get(v))
+                                           for f, v in zip(files, versions)])
+    return [_gone(f) if text is None else _or_error(parse_adds, table_path, v, text.decode())
+            for f, v, text in zip(files, versions, texts)]
 
 
 def parse_adds(table_path: Path, version: int, text: str) -> list[DataFile]:
@@ -196,6 +197,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._tables: dict[str, Path] = {}
         self._listed_at = float("-inf")
         self._known: dict[str, int] = {}
+        self._log_sizes: dict[tuple[str, int], int] = {}   # commit file bytes, from a listing
         self._woken = False     # a landing writer on this host signalled a commit
         self._boot = secrets.token_hex(4)   # see the module docstring: one warm-up batch
         self.wait_s = int(options.get("waitForDataMs", "0")) / 1000.0
@@ -256,7 +258,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                      for node, key in newest.items()]
         probes = [(key, 0) for key in next_gens] + [
             (key, v + 1) for key, v in self._known.items() if key not in self._sealed]
-        found = {key for (key, _), hit in zip(probes, _map(self._probe, probes, True)) if hit}
+        found = self._probe(probes)
         if woken and not found and now - self._listed_at >= UNEXPLAINED_LIST_S:
             # a commit on this host, in no table known: a new node's (or a generation
             # not numbered next), found by listing now rather than at the interval
@@ -273,7 +275,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 sealed = newest[key.split("/")[0]] != key
                 v = self._known.get(key)
                 if v is None or key in found or sealed:
-                    v = latest_version(self._tables[key])   # one LIST
+                    v = self._list_log(key)
                 if sealed and v >= 0:
                     self._sealed[key] = v
                     self._known.pop(key, None)
@@ -283,21 +285,29 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 out[key] = v
         return out
 
-    def _probe(self, item: tuple[str, int]) -> bool:
-        """Does commit `version` of `table` exist? Read, and kept for the batch, if so."""
-        key, version = item
-        if (key, version) in self._adds_cache:
-            return True
-        path = self.layout.landing_root / key
-        try:
-            text = _log_file(path, version).read_text()
-        except FileNotFoundError:
-            return False
-        try:
-            self._adds_cache[(key, version)] = parse_adds(path, version, text)
-        except LandingLogError as exc:   # raised when the stream reaches that commit
-            self._adds_cache[(key, version)] = exc
-        return True
+    def _probe(self, probes: list[tuple[str, int]]) -> set[str]:
+        """The tables of `(table, version)` pairs whose commit `version` exists, looked for at
+        once (a HEAD each when absent); a commit found is read and kept for the batch (a
+        LandingLogError too: raised when the stream reaches that commit)."""
+        root = self.layout.landing_root
+        todo = [(k, v) for k, v in probes if (k, v) not in self._adds_cache]
+        texts = object_store.read_objects(
+            self.layout.s3, [(str(_log_file(root / k, v)), None) for k, v in todo])
+        for (key, version), text in zip(todo, texts):
+            if text is not None:
+                self._adds_cache[(key, version)] = _or_error(
+                    parse_adds, root / key, version, text.decode())
+        return {key for key, version in probes if (key, version) in self._adds_cache}
+
+    def _list_log(self, key: str) -> int:
+        """A table's newest version (-1: none yet, or gone) and the size of each commit file
+        (a read of known size is one GET), from one LIST of its log."""
+        best = -1
+        for name, size in (self._tables[key] / "_delta_log").sizes().items():
+            if name.endswith(".json") and name[:20].isdigit() and len(name) == 25:
+                best = max(best, int(name[:20]))
+                self._log_sizes[(key, int(name[:20]))] = size
+        return best
 
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxFiles(self.max_files)
@@ -318,7 +328,8 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             path = self.layout.landing_root / key
             wanted = [v for v in range(version, version + max(1, prefetch + 1))
                       if (key, v) not in self._adds_cache] if self.remote else [version]
-            for v, adds in zip(wanted, _map(lambda v: _adds_or_error(path, v), wanted, True)):
+            sizes = {v: self._log_sizes.get((key, v)) for v in wanted}
+            for v, adds in zip(wanted, commits_adds(path, wanted, self.layout.s3, sizes)):
                 self._adds_cache[(key, v)] = adds
             cached = self._adds_cache[(key, version)]
         if isinstance(cached, LandingLogError):
@@ -326,6 +337,12 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return cached
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        end = self._latest_offset(start, limit)
+        if self.remote and end["v"] != start.get("v", {}):
+            write_plan(self.layout, start, end, batch_files(self.layout, start, end, self._adds))
+        return end
+
+    def _latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         if self._target is not None or self.wait_s <= 0:
             return self._end(start, limit)
         # Waiting for data (module docstring): the first batch after a start at once, later
@@ -385,7 +402,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for key in sorted(latest):
             v = begin.get(key, -1)
             while v < latest[key]:
-                adds = self._adds(key, v + 1, prefetch=min(latest[key] - v - 1, 4 * READ_THREADS))
+                adds = self._adds(key, v + 1, prefetch=min(latest[key] - v - 1, PREFETCH))
                 n, size = len(adds), sum(f.size for f in adds)
                 if taken > 0 and ((budget is not None and taken + n > budget) or
                                   (max_bytes is not None and taken_bytes + size > max_bytes)):
@@ -400,8 +417,9 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin = start.get("v", {})
         files = batch_files(self.layout, start, end, self._adds)
-        for k in [k for k in self._adds_cache if k[1] <= begin.get(k[0], -1)]:
-            del self._adds_cache[k]
+        for cache in (self._adds_cache, self._log_sizes):
+            for k in [k for k in cache if k[1] <= begin.get(k[0], -1)]:
+                del cache[k]
         if not files:
             return []
         n = min(self.max_partitions, len(files))
@@ -412,7 +430,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: LandingPartition) -> Iterator[pa.RecordBatch]:
         if partition.s3 is not None:    # an executor's worker: point pyarrow at the store
             object_store.configure_env(partition.s3)
-        return read_files(partition.files)
+        return read_files(partition.files, s3=partition.s3)
 
     def commit(self, end: dict) -> None:
         # Compaction drops a sealed landing generation only once it is consumed (layout.py).
@@ -430,7 +448,7 @@ def batch_files(layout: Layout, start: dict, end: dict, adds=None) -> list[FileR
         table_path = layout.landing_root / key
         versions = range(begin.get(key, -1) + 1, last + 1)
         if adds is None:
-            read = list(_map(lambda v: _adds_or_error(table_path, v), versions, layout.remote))
+            read = commits_adds(table_path, versions, layout.s3)
         else:
             read = [_or_error(adds, key, v, last - v) for v in versions]
         failed = next((r for r in read if isinstance(r, LandingLogError)), None)
@@ -443,6 +461,34 @@ def batch_files(layout: Layout, start: dict, end: dict, adds=None) -> list[FileR
     return files
 
 
+def _plan_file(layout: Layout) -> Path:
+    return Path(layout.root) / "run" / "landing-plan.json"
+
+
+def write_plan(layout: Layout, start: dict, end: dict, files: list[FileRef]) -> None:
+    """The files of the batch (start, end] as the source found them, for the driver's read
+    on this host (`planned_files`): on an object store, two fewer requests per commit."""
+    path = _plan_file(layout)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"start": start.get("v", {}), "end": end.get("v", {}),
+                               "files": [[f.table, f.version, f.path, f.size] for f in files]}))
+    os.replace(tmp, path)
+
+
+def planned_files(layout: Layout, start: dict, end: dict) -> list[FileRef]:
+    """`batch_files`, taken from the source's plan when it is of this very batch (the files
+    of (start, end] never change: a commit file is written once), else read from the log."""
+    if layout.remote:
+        try:
+            plan = json.loads(_plan_file(layout).read_text())
+        except (FileNotFoundError, ValueError):
+            plan = None
+        if plan and plan["start"] == start.get("v", {}) and plan["end"] == end.get("v", {}):
+            return [FileRef(*f) for f in plan["files"]]
+    return batch_files(layout, start, end)
+
+
 def _or_error(fn, *args):
     try:
         return fn(*args)
@@ -450,11 +496,13 @@ def _or_error(fn, *args):
         return exc
 
 
-def read_files(files: list[FileRef], chunk_rows: int = 65536) -> Iterator[pa.RecordBatch]:
+def read_files(files: list[FileRef], chunk_rows: int = 65536,
+               s3=None) -> Iterator[pa.RecordBatch]:
     """The rows of `files`, tagged with their landing table and version, in their order. A
     landing file is small (a lone client's commit is one row): each is read as
-    `small_parquet.read_small` says (on an object store, READ_THREADS at once), and the files
-    of a chunk (up to `chunk_rows` rows) are tagged together, not one by one. (pyarrow.parquet is imported there, not here: the
+    `small_parquet.read_small` says (on an object store, `s3`: fetched whole, one GET each,
+    READ_THREADS at once), and the files of a chunk (up to `chunk_rows` rows) are tagged
+    together, not one by one. (pyarrow.parquet is imported there, not here: the
     source runner, a process of its own that only plans, does without it, ~6 MiB.)"""
     schema = LANDING_SOURCE.arrow_schema()
     names = LANDING.names
@@ -484,9 +532,14 @@ def read_files(files: list[FileRef], chunk_rows: int = 65536) -> Iterator[pa.Rec
         # cast, which refuses a null where the schema has none
         return pa.Table.from_arrays(columns, names=schema.names).cast(schema)
 
-    remote = bool(files) and "://" in files[0].path
-    for ref, table in zip(files, _map(lambda f: read_small(f.path, names, f.size), files,
-                                      remote)):
+    if s3 is not None:
+        fetched = object_store.read_objects(s3, [(f.path, f.size) for f in files])
+        if None in fetched:
+            raise FileNotFoundError(files[fetched.index(None)].path)
+        read = map(lambda data: read_buffer(data, names), fetched)
+    else:
+        read = map(lambda f: read_small(f.path, names), files)
+    for ref, table in zip(files, read):
         n = table.num_rows
         if n == 0:
             continue

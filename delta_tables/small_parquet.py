@@ -10,8 +10,9 @@ suit large files instead (measured here, one `landing` row with a 1,100-byte env
   hand-off is most of the work, 248 -> 117 µs a file without it. Opening a path resolves a
   filesystem and pre-buffers; reading the small file whole into memory first skips both.
   The micro-batch's read of 250 such files (`landing_source.read_files`, which also tags
-  them together instead of one by one) went from 97 to 46 ms. On object stores a file whose
-  size is known is read whole too (one GET), several at once (landing_source.read_files).
+  them together instead of one by one) went from 97 to 46 ms. On object stores the stream
+  reads a landing file whole too, one GET (`object_store.read_objects`, several at once);
+  other readers read the path as before (pre-buffering saves requests there).
 * Parquet's own min/max statistics copy an opaque column's value (the envelope, up to 64 KiB,
   and `meta`) into the footer and page header twice: the one-row file is 7.7 KB with them and
   3.2 KB without, one page to write and fsync instead of two. Nothing filters on those
@@ -48,25 +49,20 @@ def write_options(schema: pa.Schema) -> dict:
             "write_statistics": [f.name for f in schema if f.name not in OPAQUE]}
 
 
-# An object no larger than this (its size known from the commit's add) is fetched whole: a HEAD
-# and one GET, instead of a HEAD, the footer's GET and the columns' (and no file system made
-# from the URI for each file).
-WHOLE_OBJECT_MAX = 16 << 20
-
-
-def read_small(path: str, columns: list[str] | None = None,
-               size: int | None = None) -> pa.Table:
-    """The rows of one small Parquet file (a local path or an object store URI; `size`, its
-    bytes if known)."""
+def read_small(path: str, columns: list[str] | None = None) -> pa.Table:
+    """The rows of one small Parquet file (a local path or an object store URI)."""
     import pyarrow.parquet as pq
 
     if "://" in path:
-        if size is not None and size <= WHOLE_OBJECT_MAX:
-            from .object_store import read_uri
-            return pq.ParquetFile(pa.py_buffer(read_uri(path))).read(columns=columns,
-                                                                     use_threads=False)
         with pq.ParquetFile(path) as pf:
             return pf.read(columns=columns, use_threads=False)
     with open(path, "rb") as f:   # whole, at once: no filesystem to resolve, no pre-buffering
         data = f.read()
+    return read_buffer(data, columns)
+
+
+def read_buffer(data: bytes, columns: list[str] | None = None) -> pa.Table:
+    """The rows of one small Parquet file read whole into memory (from a disk or a store)."""
+    import pyarrow.parquet as pq
+
     return pq.ParquetFile(pa.py_buffer(data)).read(columns=columns, use_threads=False)

@@ -17,7 +17,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 from delta_tables.group_commit import LandingTarget
 from delta_tables.landing_lag import latest_version
 from delta_tables.landing_source import (
-    LandingLogError, LandingStreamReader, batch_files, read_files,
+    LandingLogError, LandingStreamReader, batch_files, planned_files, read_files,
 )
 from delta_tables.layout import Layout
 from delta_tables.schema import C
@@ -74,6 +74,9 @@ def test_concurrent_reads_keep_every_commit_whole_and_in_order(layout):
     planned = batch_files(layout, start, end, src._adds)
     alone = batch_files(layout, start, end)
     assert planned == alone
+    # the driver takes the source's plan of this very batch, and reads another one itself
+    assert planned_files(layout, start, end) == alone
+    assert planned_files(layout, first, end) == batch_files(layout, first, end) != alone
     assert [(f.table, f.version) for f in alone] == [
         (key, v) for key in sorted(latest) for v in range(1, latest[key] + 1)]
     rows = pa.Table.from_batches(list(read_files(alone)))
