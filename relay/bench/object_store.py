@@ -7,10 +7,11 @@ path and request count against a slow server, not S3's latency (tens of ms per P
 which docs/scale-out.md takes from AWS's own documentation, not from here). Each section
 alternates local and S3 per round; every figure is the median over the rounds.
 
-Two sections follow the stream as it runs against the store: `read` lands many small commits
-(READ_NODES nodes x READ_COMMITS of 10 rows, as lone senders make them) and times the stream
-over them (landing commits read per second), and `idle` counts, in moto's request log, the
-requests a caught-up stream makes per second with nothing landing.
+Three sections follow the stream as it runs against the store: `read` lands many small
+commits (READ_NODES nodes x READ_COMMITS of 10 rows, as lone senders make them) and times the
+stream over them (landing commits read per second); `idle` counts, in moto's request log, the
+requests a caught-up stream makes per second with nothing landing; `follow` runs the stream
+while the nodes land as fast as they can, and times its drain after the last commit.
 """
 
 from __future__ import annotations
@@ -131,6 +132,34 @@ def stream_idle(spark, settings, requests: RequestLog, seconds: float = IDLE_SEC
             "wait_for_data_ms": settings.stream.wait_for_data_ms}
 
 
+def stream_follow(spark, settings) -> dict:
+    """The stream running as `relay stream` runs it while READ_NODES nodes land READ_COMMITS
+    commits each as fast as they can: the landing rate, and how long after the last landing
+    commit the stream had every row (drain; a stream that keeps up drains in about a batch)."""
+    from jobs.inbox_stream import start_inbox_stream
+    rows: list[int] = []
+    query, _ = start_inbox_stream(spark, settings, on_batch=lambda st: rows.append(st.rows_in))
+    try:
+        deadline = time.monotonic() + 60
+        while not query.recentProgress and time.monotonic() < deadline:
+            time.sleep(0.2)                         # its first (boot) batch
+        t0 = time.perf_counter()
+        _land_nodes(settings, READ_NODES, READ_COMMITS, READ_ROWS)
+        landed = time.perf_counter()
+        total = READ_NODES * READ_COMMITS * READ_ROWS
+        while sum(rows) < total and time.perf_counter() < landed + 120:
+            time.sleep(0.02)
+        done = time.perf_counter()
+    finally:
+        query.stop()
+    commits = READ_NODES * READ_COMMITS
+    return {"commits": commits, "rows_in": sum(rows),
+            "batches": sum(1 for r in rows if r),
+            "landing_commits_per_s": rounded(commits / (landed - t0), 1),
+            "drain_seconds": rounded(done - landed, 2),
+            "commits_read_per_s": rounded(commits / (done - t0), 1)}
+
+
 def _median(rounds: list[dict], section: str, key: str):
     vals = [r[section][key] for r in rounds if r.get(section)]
     return statistics.median(vals) if vals else None
@@ -152,6 +181,9 @@ def main(args) -> int:
                             f"{READ_ROWS} rows and one availableNow stream over them (landing "
                             "commits read/s); then on S3 that stream continuous and caught up, "
                             f"its requests counted in moto's log over {IDLE_SECONDS:.0f} s; "
+                            "then the continuous stream while the nodes land as many "
+                            "commits again as fast as they can (landing rate; drain: from "
+                            "the last landing commit to every row in a batch); "
                             "local and S3 alternate; medians over the rounds")}
     per_round: list[dict] = []
     requests = RequestLog(root / "s3-requests.log")
@@ -180,6 +212,10 @@ def main(args) -> int:
                     if ep:
                         say(f"round {n}: {name} idle ...")
                         one["idle_s3"] = stream_idle(spark, read_settings, requests)
+                for name, ep in order:
+                    say(f"round {n}: {name} stream following the landing ...")
+                    one[f"follow_{name}"] = stream_follow(
+                        spark, _settings(args, root, f"r{n}-follow-{name}", ep))
                 per_round.append(one)
                 say(f"round {n}: {json.dumps(one)}")
         finally:
@@ -195,6 +231,10 @@ def main(args) -> int:
                                        for s in ("local", "s3")},
         "landing_commits_read_per_s_busy": {
             s: _median(per_round, f"read_{s}", "commits_per_s_busy") for s in ("local", "s3")},
+        "follow_landing_commits_per_s": {
+            s: _median(per_round, f"follow_{s}", "landing_commits_per_s") for s in ("local", "s3")},
+        "follow_drain_seconds": {
+            s: _median(per_round, f"follow_{s}", "drain_seconds") for s in ("local", "s3")},
         "idle_s3_requests_per_s": {
             k: statistics.median(r["idle_s3"]["requests_per_s"].get(k, 0) for r in per_round)
             for k in sorted({k for r in per_round for k in r["idle_s3"]["requests_per_s"]})},
