@@ -59,7 +59,7 @@ def land(layout, node: str, commits: int, rows: int = 3, seed: int = 0) -> list[
     return ids
 
 
-def test_concurrent_reads_keep_every_commit_whole_and_in_order(layout):
+def test_concurrent_reads_keep_every_commit_whole_and_in_order(layout, requests):
     ids = {node: land(layout, node, 20, seed=i) for i, node in enumerate(("n0", "n1"))}
     src = reader(layout)
     start = src.initialOffset()
@@ -68,8 +68,13 @@ def test_concurrent_reads_keep_every_commit_whole_and_in_order(layout):
     # a bounded batch takes whole commits of the first table, in version order
     first = src.latestOffset(start, ReadMaxFiles(5))
     assert first["v"] == {"n0/g000001": 5}
-    # the rest, all of it: what the source planned and what the driver reads alone agree
+    # the rest, all of it: what the source planned and what the driver reads alone agree.
+    # n0's commits were fetched ahead with the first batch; n1's (from its version 0) are one
+    # GET each (sizes from the log's listing); the HEADs are the look's 4 misses (each
+    # table's next commit, each node's next generation)
+    requests.mark()
     end = src.latestOffset(start, ReadAllAvailable())
+    assert requests.counts() == {"GET": latest["n1/g000001"] + 1, "HEAD": 4}
     assert end["v"] == latest
     planned = batch_files(layout, start, end, src._adds)
     alone = batch_files(layout, start, end)
@@ -79,7 +84,9 @@ def test_concurrent_reads_keep_every_commit_whole_and_in_order(layout):
     assert planned_files(layout, first, end) == batch_files(layout, first, end) != alone
     assert [(f.table, f.version) for f in alone] == [
         (key, v) for key in sorted(latest) for v in range(1, latest[key] + 1)]
-    rows = pa.Table.from_batches(list(read_files(alone)))
+    requests.mark()
+    rows = pa.Table.from_batches(list(read_files(alone, s3=layout.s3)))
+    assert requests.counts() == {"GET": len(alone)}      # sizes known: no HEAD first
     assert rows.column(C.EVENT_ID).to_pylist() == ids["n0"] + ids["n1"]
     assert rows.column(C.LANDING_VERSION).to_pylist() == [
         v for key in sorted(latest) for v in range(1, latest[key] + 1) for _ in range(3)]
