@@ -276,7 +276,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 v = self._known.get(key)
                 if v is None or key in found or sealed:
                     v = self._list_log(key)
-                if sealed and v >= 0:
+                if sealed:      # (with no log, -1: never written again either)
                     self._sealed[key] = v
                     self._known.pop(key, None)
                 else:
