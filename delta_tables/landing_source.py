@@ -40,13 +40,12 @@ take one limit); the first commit is taken whatever its size, so the stream alwa
 On an object store (tables on S3) every read is a billed round trip, a few ms on a server
 nearby and tens on S3. So the commits a batch takes and its data files are fetched
 object_store.READ_THREADS at a time, each one GET where its size is known (from the log's
-listing, or the add), in order (results are used in version order, and a refusal is raised at
-the version that holds it); the driver takes the batch's file list from the source's plan on
-this host (`planned_files`) instead of reading the commits again; and finding what is new
-costs no LIST while
-nothing changes: each table's next commit and each node's next generation are looked for by
-reading them (one HEAD each when absent; a commit found is kept for the batch), a table's log
-is LISTed only once it has a new commit, a sealed generation never again, and the landing
+listing, or the add), and used in order (a refusal is raised at the version that holds it).
+The driver takes the batch's file list from the source's plan on this host (`planned_files`)
+instead of reading the commits again. And finding what is new costs no LIST while nothing
+changes: each table's next commit and each node's next generation are looked for by reading
+them (one HEAD each when absent; a commit found is kept for the batch), a table's log is
+LISTed only once it has a new commit, a sealed generation never again, and the landing
 prefixes at most once per `listIntervalMs` (stream.landing_list_interval_ms: how long a new
 node's first landing can wait to be seen), or at once when a writer on this host signals a
 commit that no table known explains (UNEXPLAINED_LIST_S bounds that). Locally, listing stays

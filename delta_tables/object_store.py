@@ -116,8 +116,10 @@ def read_objects(s3: S3Location, objects: list[tuple[str, int | None]]) -> list[
             handlers[bucket] = DeltaStorageHandler(f"s3://{bucket}", s3.storage_options(),
                                                    known_sizes=sizes)
         else:
-            handlers[bucket] = _HANDLERS.get((bucket, s3)) or _HANDLERS.setdefault(
-                (bucket, s3), DeltaStorageHandler(f"s3://{bucket}", s3.storage_options()))
+            if (bucket, s3) not in _HANDLERS:
+                _HANDLERS[(bucket, s3)] = DeltaStorageHandler(f"s3://{bucket}",
+                                                              s3.storage_options())
+            handlers[bucket] = _HANDLERS[(bucket, s3)]
 
     def one(item) -> bytes | None:
         (bucket, key), _ = item
