@@ -37,6 +37,20 @@ Batch size: a micro-batch takes whole commits, in order, up to `maxFilesPerTrigg
 read limit Spark passes) and `maxBytesPerTrigger` bytes of them (ours: Spark's Python sources
 take one limit); the first commit is taken whatever its size, so the stream always moves.
 
+On an object store (tables on S3) every read is a billed round trip, a few ms on a server
+nearby and tens on S3. So the commits a batch takes and its data files are fetched
+object_store.READ_THREADS at a time, each one GET where its size is known (from the log's
+listing, or the add), and used in order (a refusal is raised at the version that holds it).
+The driver takes the batch's file list from the source's plan on this host (`planned_files`)
+instead of reading the commits again. And finding what is new costs no LIST while nothing
+changes: each table's next commit and each node's next generation are looked for by reading
+them (one HEAD each when absent; a commit found is kept for the batch), a table's log is
+LISTed only once it has a new commit, a sealed generation never again, and the landing
+prefixes at most once per `listIntervalMs` (stream.landing_list_interval_ms: how long a new
+node's first landing can wait to be seen), or at once when a writer on this host signals a
+commit that no table known explains (UNEXPLAINED_LIST_S bounds that). Locally, listing stays
+as cheap as it is and is done every time.
+
 Rules for the log: landing tables are append-only. An OPTIMIZE add (`dataChange=false`) is
 skipped; any other remove is refused rather than silently re-read or lost. A table that
 disappears was dropped by compaction after the stream consumed it, and is skipped.
@@ -45,6 +59,7 @@ disappears was dropped by compaction after the stream consumed it, and is skippe
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -64,9 +79,14 @@ from . import object_store
 from .landing_lag import latest_version
 from .layout import Layout
 from .schema import C, LANDING, LANDING_SOURCE
-from .small_parquet import read_small
+from .small_parquet import read_buffer, read_small
 
 SOURCE_NAME = "relay_landing"
+# Object stores: a landing writer's signal that the known tables do not explain lists the
+# landing prefixes at once, but at most once per this many seconds.
+UNEXPLAINED_LIST_S = 1.0
+# Object stores: the commits of a table fetched ahead, with the one a batch reaches
+PREFETCH = 4 * object_store.READ_THREADS
 
 
 class LandingLogError(RuntimeError):
@@ -103,15 +123,43 @@ class LandingPartition(InputPartition):
         self.s3 = s3     # object_store.S3Location when the tables are on S3
 
 
+def _log_file(table_path: Path, version: int) -> Path:
+    return table_path / "_delta_log" / f"{version:020d}.json"
+
+
+def _gone(log_file) -> LandingLogError:
+    return LandingLogError(
+        f"{log_file} is gone: the stream fell behind the landing log retention "
+        "(delta.logRetentionDuration); replay from a newer version")
+
+
 def version_adds(table_path: Path, version: int) -> list[DataFile]:
     """The data files a commit adds; see the module docstring for what is refused."""
-    log_file = table_path / "_delta_log" / f"{version:020d}.json"
+    log_file = _log_file(table_path, version)
     try:
         text = log_file.read_text()
     except FileNotFoundError as exc:
-        raise LandingLogError(
-            f"{log_file} is gone: the stream fell behind the landing log retention "
-            "(delta.logRetentionDuration); replay from a newer version") from exc
+        raise _gone(log_file) from exc
+    return parse_adds(table_path, version, text)
+
+
+def commits_adds(table_path: Path, versions, s3=None,
+                 sizes: dict[int, int] | None = None) -> list[list[DataFile] | LandingLogError]:
+    """`version_adds` of each of `versions`, in order, each a result or the LandingLogError it
+    raised. On an object store (`s3`) READ_THREADS at a time, one GET for a commit file whose
+    size a listing gave (`sizes`)."""
+    versions = list(versions)
+    if s3 is None:
+        return [_or_error(version_adds, table_path, v) for v in versions]
+    files = [_log_file(table_path, v) for v in versions]
+    texts = object_store.read_objects(s3, [(str(f), (sizes or {}).get(v))
+                                           for f, v in zip(files, versions)])
+    return [_gone(f) if text is None else _or_error(parse_adds, table_path, v, text.decode())
+            for f, v, text in zip(files, versions, texts)]
+
+
+def parse_adds(table_path: Path, version: int, text: str) -> list[DataFile]:
+    """`version_adds` of a commit file's text."""
     adds = []
     for line in text.splitlines():
         action = json.loads(line)
@@ -137,8 +185,19 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.record_consumed = options.get("recordConsumed", "true") == "true"
         self.start_versions = options.get("startVersions", "")
         self._target: dict[str, int] | None = None
-        self._adds_cache: dict[tuple[str, int], list[str]] = {}
+        # (table, version) -> its adds, or the LandingLogError reading it raised
+        self._adds_cache: dict[tuple[str, int], list[DataFile] | LandingLogError] = {}
         self._sealed: dict[str, int] = {}   # generation -> its final version
+        self._reported: dict[str, int] | None = None   # the newest `_latest`, for Spark's report
+        # object stores (module docstring): the tables as last listed, when, and the newest
+        # version seen in each live one (-1: none yet)
+        self.remote = self.layout.remote
+        self.list_interval_s = int(options.get("listIntervalMs", "0")) / 1000.0
+        self._tables: dict[str, Path] = {}
+        self._listed_at = float("-inf")
+        self._known: dict[str, int] = {}
+        self._log_sizes: dict[tuple[str, int], int] = {}   # commit file bytes, from a listing
+        self._woken = False     # a landing writer on this host signalled a commit
         self._boot = secrets.token_hex(4)   # see the module docstring: one warm-up batch
         self.wait_s = int(options.get("waitForDataMs", "0")) / 1000.0
         self.min_gap_s = int(options.get("minBatchGapMs", "0")) / 1000.0
@@ -156,6 +215,10 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"v": json.loads(self.start_versions) if self.start_versions else {}}
 
     def _latest(self) -> dict[str, int]:
+        self._reported = self._latest_remote() if self.remote else self._latest_local()
+        return self._reported
+
+    def _latest_local(self) -> dict[str, int]:
         tables = self.layout.landing_tables()
         newest: dict[str, str] = {}
         for key in tables:                      # keys sort by node, then generation
@@ -174,6 +237,77 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             del self._sealed[key]               # dropped by compaction
         return out
 
+    def _latest_remote(self) -> dict[str, int]:
+        """`_latest_local` on an object store, with as few requests as the module docstring
+        says: LISTs only for what changed, HEADs (GET-priced) while nothing does."""
+        now = time.monotonic()
+        woken, self._woken = self._woken, False
+        if now - self._listed_at >= self.list_interval_s:
+            self._tables = self.layout.landing_tables(require_log=False)
+            self._listed_at = now
+            for known in (self._sealed, self._known):
+                for key in [k for k in known if k not in self._tables]:
+                    del known[key]              # dropped by compaction
+        newest: dict[str, str] = {}
+        for key in sorted(self._tables):
+            newest[key.split("/")[0]] = key
+        # each node's next generation (a process starts one, a full one is followed by one)
+        # and each live table's next commit, read at once
+        next_gens = [f"{node}/g{int(key.rsplit('/g', 1)[1]) + 1:06d}"
+                     for node, key in newest.items()]
+        probes = [(key, 0) for key in next_gens] + [
+            (key, v + 1) for key, v in self._known.items() if key not in self._sealed]
+        found = self._probe(probes)
+        if woken and not found and now - self._listed_at >= UNEXPLAINED_LIST_S:
+            # a commit on this host, in no table known: a new node's (or a generation
+            # not numbered next), found by listing now rather than at the interval
+            self._listed_at = float("-inf")
+            return self._latest_remote()
+        for key in next_gens:
+            if key in found:
+                self._tables[key] = self.layout.landing_root / key
+                newest[key.split("/")[0]] = key
+        out = {}
+        for key in sorted(self._tables):
+            v = self._sealed.get(key)
+            if v is None:
+                sealed = newest[key.split("/")[0]] != key
+                v = self._known.get(key)
+                if v is None or key in found or sealed:
+                    v = self._list_log(key)
+                if sealed:      # (with no log, -1: never written again either)
+                    self._sealed[key] = v
+                    self._known.pop(key, None)
+                else:
+                    self._known[key] = v
+            if v >= 0:
+                out[key] = v
+        return out
+
+    def _probe(self, probes: list[tuple[str, int]]) -> set[str]:
+        """The tables of `(table, version)` pairs whose commit `version` exists, looked for at
+        once (a HEAD each when absent); a commit found is read and kept for the batch (a
+        LandingLogError too: raised when the stream reaches that commit)."""
+        root = self.layout.landing_root
+        todo = [(k, v) for k, v in probes if (k, v) not in self._adds_cache]
+        texts = object_store.read_objects(
+            self.layout.s3, [(str(_log_file(root / k, v)), None) for k, v in todo])
+        for (key, version), text in zip(todo, texts):
+            if text is not None:
+                self._adds_cache[(key, version)] = _or_error(
+                    parse_adds, root / key, version, text.decode())
+        return {key for key, version in probes if (key, version) in self._adds_cache}
+
+    def _list_log(self, key: str) -> int:
+        """A table's newest version (-1: none yet, or gone) and the size of each commit file
+        (a read of known size is one GET), from one LIST of its log."""
+        best = -1
+        for name, size in (self._tables[key] / "_delta_log").sizes().items():
+            if name.endswith(".json") and name[:20].isdigit() and len(name) == 25:
+                best = max(best, int(name[:20]))
+                self._log_sizes[(key, int(name[:20]))] = size
+        return best
+
     def getDefaultReadLimit(self) -> ReadLimit:
         return ReadMaxFiles(self.max_files)
 
@@ -181,16 +315,33 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target = self._latest()
 
     def reportLatestOffset(self) -> dict:
-        return {"v": self._latest(), "boot": self._boot}
+        # for Spark's progress report only: what the last look found, not another look
+        latest = self._reported if self._reported is not None else self._latest()
+        return {"v": dict(latest), "boot": self._boot}
 
-    def _adds(self, key: str, version: int) -> list[DataFile]:
+    def _adds(self, key: str, version: int, prefetch: int = 0) -> list[DataFile]:
+        """The adds of a commit; on an object store, the next `prefetch` commits of the table
+        are fetched with it, concurrently."""
         cached = self._adds_cache.get((key, version))
         if cached is None:
-            cached = version_adds(self.layout.landing_root / key, version)
-            self._adds_cache[(key, version)] = cached
+            path = self.layout.landing_root / key
+            wanted = [v for v in range(version, version + max(1, prefetch + 1))
+                      if (key, v) not in self._adds_cache] if self.remote else [version]
+            sizes = {v: self._log_sizes.get((key, v)) for v in wanted}
+            for v, adds in zip(wanted, commits_adds(path, wanted, self.layout.s3, sizes)):
+                self._adds_cache[(key, v)] = adds
+            cached = self._adds_cache[(key, version)]
+        if isinstance(cached, LandingLogError):
+            raise cached
         return cached
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        end = self._latest_offset(start, limit)
+        if self.remote and end["v"] != start.get("v", {}):
+            write_plan(self.layout, start, end, batch_files(self.layout, start, end, self._adds))
+        return end
+
+    def _latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         if self._target is not None or self.wait_s <= 0:
             return self._end(start, limit)
         # Waiting for data (module docstring): the first batch after a start at once, later
@@ -202,6 +353,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                               "landing-source")
             if not self._signal.wait(self.wait_s):
                 return end
+            self._woken = True
             end = self._end(start, limit)       # what woke it decides the gap
         gap_s = self._gap_s(start, end)
         while (left := self._last_start + gap_s - time.monotonic()) > 0:
@@ -249,7 +401,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for key in sorted(latest):
             v = begin.get(key, -1)
             while v < latest[key]:
-                adds = self._adds(key, v + 1)
+                adds = self._adds(key, v + 1, prefetch=min(latest[key] - v - 1, PREFETCH))
                 n, size = len(adds), sum(f.size for f in adds)
                 if taken > 0 and ((budget is not None and taken + n > budget) or
                                   (max_bytes is not None and taken_bytes + size > max_bytes)):
@@ -264,8 +416,9 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         begin = start.get("v", {})
         files = batch_files(self.layout, start, end, self._adds)
-        for k in [k for k in self._adds_cache if k[1] <= begin.get(k[0], -1)]:
-            del self._adds_cache[k]
+        for cache in (self._adds_cache, self._log_sizes):
+            for k in [k for k in cache if k[1] <= begin.get(k[0], -1)]:
+                del cache[k]
         if not files:
             return []
         n = min(self.max_partitions, len(files))
@@ -276,7 +429,7 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: LandingPartition) -> Iterator[pa.RecordBatch]:
         if partition.s3 is not None:    # an executor's worker: point pyarrow at the store
             object_store.configure_env(partition.s3)
-        return read_files(partition.files)
+        return read_files(partition.files, s3=partition.s3)
 
     def commit(self, end: dict) -> None:
         # Compaction drops a sealed landing generation only once it is consumed (layout.py).
@@ -286,24 +439,69 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 def batch_files(layout: Layout, start: dict, end: dict, adds=None) -> list[FileRef]:
     """The data files of the versions in (start, end] of every landing table, in table and
-    version order: what one micro-batch reads, wherever it is read."""
+    version order: what one micro-batch reads, wherever it is read. `adds(key, version,
+    prefetch)`: the source's cache (`LandingStreamReader._adds`)."""
     begin = start.get("v", {})
     files: list[FileRef] = []
     for key, last in sorted(end.get("v", {}).items()):
         table_path = layout.landing_root / key
-        if not (table_path / "_delta_log").exists():
-            continue  # dropped by compaction after it was consumed
-        for version in range(begin.get(key, -1) + 1, last + 1):
-            added = adds(key, version) if adds else version_adds(table_path, version)
+        versions = range(begin.get(key, -1) + 1, last + 1)
+        if adds is None:
+            read = commits_adds(table_path, versions, layout.s3)
+        else:
+            read = [_or_error(adds, key, v, last - v) for v in versions]
+        failed = next((r for r in read if isinstance(r, LandingLogError)), None)
+        if failed is not None:
+            if not (table_path / "_delta_log").exists():
+                continue  # dropped by compaction after it was consumed
+            raise failed
+        for version, added in zip(versions, read):
             files.extend(FileRef(key, version, f.path, f.size) for f in added)
     return files
 
 
-def read_files(files: list[FileRef], chunk_rows: int = 65536) -> Iterator[pa.RecordBatch]:
+def _plan_file(layout: Layout) -> Path:
+    return Path(layout.root) / "run" / "landing-plan.json"
+
+
+def write_plan(layout: Layout, start: dict, end: dict, files: list[FileRef]) -> None:
+    """The files of the batch (start, end] as the source found them, for the driver's read
+    on this host (`planned_files`): on an object store, two fewer requests per commit."""
+    path = _plan_file(layout)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"start": start.get("v", {}), "end": end.get("v", {}),
+                               "files": [[f.table, f.version, f.path, f.size] for f in files]}))
+    os.replace(tmp, path)
+
+
+def planned_files(layout: Layout, start: dict, end: dict) -> list[FileRef]:
+    """`batch_files`, taken from the source's plan when it is of this very batch (the files
+    of (start, end] never change: a commit file is written once), else read from the log."""
+    if layout.remote:
+        try:
+            plan = json.loads(_plan_file(layout).read_text())
+        except (FileNotFoundError, ValueError):
+            plan = None
+        if plan and plan["start"] == start.get("v", {}) and plan["end"] == end.get("v", {}):
+            return [FileRef(*f) for f in plan["files"]]
+    return batch_files(layout, start, end)
+
+
+def _or_error(fn, *args):
+    try:
+        return fn(*args)
+    except LandingLogError as exc:
+        return exc
+
+
+def read_files(files: list[FileRef], chunk_rows: int = 65536,
+               s3=None) -> Iterator[pa.RecordBatch]:
     """The rows of `files`, tagged with their landing table and version, in their order. A
     landing file is small (a lone client's commit is one row): each is read as
-    `small_parquet.read_small` says, and the files of a chunk (up to `chunk_rows` rows) are
-    tagged together, not one by one. (pyarrow.parquet is imported there, not here: the
+    `small_parquet.read_small` says (on an object store, `s3`: fetched whole, one GET each,
+    READ_THREADS at once), and the files of a chunk (up to `chunk_rows` rows) are tagged
+    together, not one by one. (pyarrow.parquet is imported there, not here: the
     source runner, a process of its own that only plans, does without it, ~6 MiB.)"""
     schema = LANDING_SOURCE.arrow_schema()
     names = LANDING.names
@@ -333,8 +531,14 @@ def read_files(files: list[FileRef], chunk_rows: int = 65536) -> Iterator[pa.Rec
         # cast, which refuses a null where the schema has none
         return pa.Table.from_arrays(columns, names=schema.names).cast(schema)
 
-    for ref in files:
-        table = read_small(ref.path, names)
+    if s3 is not None:
+        fetched = object_store.read_objects(s3, [(f.path, f.size) for f in files])
+        if None in fetched:
+            raise FileNotFoundError(files[fetched.index(None)].path)
+        read = map(lambda data: read_buffer(data, names), fetched)
+    else:
+        read = map(lambda f: read_small(f.path, names), files)
+    for ref, table in zip(files, read):
         n = table.num_rows
         if n == 0:
             continue

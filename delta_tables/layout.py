@@ -126,14 +126,17 @@ class Layout:
     def landing_generation(self, node: str, generation: int) -> Path:
         return self.landing_root / node / f"g{generation:06d}"
 
-    def landing_tables(self) -> dict[str, Path]:
-        """All landing tables that exist, keyed `<node>/g<NNNNNN>`, in a stable order."""
+    def landing_tables(self, require_log: bool = True) -> dict[str, Path]:
+        """All landing tables that exist, keyed `<node>/g<NNNNNN>`, in a stable order.
+        `require_log=False`: every generation's directory, whether its log exists yet or not
+        (on an object store, a listing per node and no request per generation)."""
         out: dict[str, Path] = {}
-        if not self.landing_root.exists():
-            return out
+        if (require_log or not self.remote) and not self.landing_root.exists():
+            return out      # (a listing of a missing prefix is empty: no request to ask)
         for node_dir in sorted(p for p in self.landing_root.iterdir() if p.is_dir()):
             for gen_dir in sorted(p for p in node_dir.iterdir() if p.is_dir()):
-                if GENERATION_RE.match(gen_dir.name) and (gen_dir / "_delta_log").exists():
+                if GENERATION_RE.match(gen_dir.name) and (
+                        not require_log or (gen_dir / "_delta_log").exists()):
                     out[f"{node_dir.name}/{gen_dir.name}"] = gen_dir
         return out
 

@@ -15,6 +15,7 @@ Credentials come from the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_K
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,12 +70,65 @@ def _filesystem(s3: S3Location):
     fs = _FILESYSTEMS.get(s3)
     if fs is None:
         from pyarrow import fs as pafs
-        kw = {"region": s3.region}
+        # delayed open: a small object is written with one PUT, not a multipart upload's
+        # three requests (an open, a part, a completion)
+        kw = {"region": s3.region, "allow_delayed_open": True}
         if s3.endpoint:
             scheme, _, host = s3.endpoint.partition("://")
             kw.update(endpoint_override=host.rstrip("/"), scheme=scheme)
         fs = _FILESYSTEMS[s3] = pafs.S3FileSystem(**kw)
     return fs
+
+
+# Reads one process has in flight at once (the commit files and data files of a batch):
+# bounded, as the server and the store's per-prefix rate are shared with every writer.
+READ_THREADS = 8
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def concurrently(fn, items):
+    """`map(fn, items)`, in order, READ_THREADS at a time; an exception is raised where its
+    item is reached, as `map` would."""
+    global _pool
+    items = list(items)
+    if len(items) < 2:
+        return map(fn, items)
+    if _pool is None or _pool[0] != os.getpid():   # a forked Python worker: a pool of its own
+        _pool = (os.getpid(), ThreadPoolExecutor(READ_THREADS, thread_name_prefix="s3-read"))
+    return _pool[1].map(fn, items)
+
+
+_HANDLERS: dict[tuple[str, S3Location], object] = {}
+
+
+def read_objects(s3: S3Location, objects: list[tuple[str, int | None]]) -> list[bytes | None]:
+    """The bytes of each object (`s3://bucket/key`, and its size if known), in order; None for
+    one that does not exist. READ_THREADS at a time, through delta-rs's object store client:
+    an object of known size is one GET (pyarrow's file system asks a HEAD before every read),
+    another a HEAD and a GET."""
+    from deltalake.fs import DeltaStorageHandler
+
+    split = [(uri[len("s3://"):].split("/", 1), size) for uri, size in objects]
+    handlers = {}
+    for bucket in {b for (b, _), _ in split}:
+        sizes = {key: size for (b, key), size in split if b == bucket and size is not None}
+        if sizes:      # told the sizes at its making (~10 ms): one per call
+            handlers[bucket] = DeltaStorageHandler(f"s3://{bucket}", s3.storage_options(),
+                                                   known_sizes=sizes)
+        else:
+            if (bucket, s3) not in _HANDLERS:
+                _HANDLERS[(bucket, s3)] = DeltaStorageHandler(f"s3://{bucket}",
+                                                              s3.storage_options())
+            handlers[bucket] = _HANDLERS[(bucket, s3)]
+
+    def one(item) -> bytes | None:
+        (bucket, key), _ = item
+        try:
+            with handlers[bucket].open_input_file(key) as fh:
+                return fh.read()
+        except FileNotFoundError:
+            return None
+    return list(concurrently(one, split))
 
 
 @dataclass(frozen=True)
@@ -127,6 +181,12 @@ class S3Path:
         import fnmatch
         return iter([self._child(i.path, i.type) for i in self._listing(recursive=True)
                      if fnmatch.fnmatch(i.path.rsplit("/", 1)[-1], pattern)])
+
+    def sizes(self) -> dict[str, int]:
+        """Name -> bytes of each object right under this prefix (one LIST)."""
+        from pyarrow import fs as pafs
+        return {i.path.rsplit("/", 1)[-1]: i.size or 0 for i in self._listing(recursive=False)
+                if i.type == pafs.FileType.File}
 
     def total_size(self) -> int:
         """Bytes of every object under this prefix (one recursive LIST)."""

@@ -48,7 +48,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from delta_tables import log_retention, writer_fence
 from delta_tables.group_commit import COMMIT_ATTEMPTS, fsync_version
 from delta_tables.txn_append import AlreadyCommitted, TxnAppender, UnsupportedTable
-from delta_tables.landing_source import SOURCE_NAME, batch_files, read_files
+from delta_tables.landing_source import SOURCE_NAME, planned_files, read_files
 from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX, LANDING_SOURCE, PADDING_AUDIT, REJECTS, TableDef
 from runtime.inbox_signal import InboxSignalSender, signal_dir
@@ -383,10 +383,10 @@ class InboxSink:
         (`batch_df`), in parallel. Both paths read the same files and yield the same rows."""
         plan = read_batch_plan(self.checkpoint, batch_id, self.start_versions)
         if plan is not None:
-            files = batch_files(self.landing, plan.start, plan.end)
+            files = planned_files(self.landing, plan.start, plan.end)
             if sum(f.size for f in files) <= self.driver_read_max_bytes:
                 self.driver_reads += 1
-                return (pa.Table.from_batches(list(read_files(files)),
+                return (pa.Table.from_batches(list(read_files(files, s3=self.landing.s3)),
                                               schema=LANDING_SOURCE.arrow_schema()),
                         plan.batch_ts)
         table = batch_df.toArrow()
@@ -499,6 +499,7 @@ def landing_stream(spark, layout: Layout, stream_conf, start_versions: str | Non
               .option("maxPartitions", str(stream_conf.max_partitions))
               .option("recordConsumed", "true" if record_consumed else "false")
               .option("waitForDataMs", str(stream_conf.wait_for_data_ms))
+              .option("listIntervalMs", str(stream_conf.landing_list_interval_ms))
               .option("minBatchGapMs", str(stream_conf.trigger_interval_ms))
               .option("earlyGapMs", str(stream_conf.early_batch_gap_ms if early_protocols else 0))
               .option("earlyProtocols", ",".join(early_protocols)))

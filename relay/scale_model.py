@@ -54,6 +54,20 @@ class Inputs:
     s3_get_per_s_per_prefix: int = 5500
     cores_per_node: int = 2
     node_headroom: float = 0.7   # plan nodes to 70 % CPU at the peak hour
+    # relay bench --object-store, 2026-12-02 (docs/results/2026-12-02-stream-on-s3.md): landing
+    # commits the stream reads per second on moto's S3 server, 2 nodes x 200 commits of 10 rows,
+    # availableNow, the run's wall time with the query's start, median of 3 rounds
+    stream_commits_read_per_s_s3: float = 72.0
+    # the stream's read of one landing commit on S3: its commit file and its data file, one GET
+    # each (sizes known: no HEAD); each look that finds news LISTs that table's log once
+    stream_get_per_landing_commit: int = 2
+    # idle: the stream looks once per stream.wait_for_data_ms (a HEAD for each node's live
+    # landing table and one for its next generation) and LISTs the landing prefixes (one, and
+    # one per node) once per stream.landing_list_interval_ms; each inbox follower LISTs the
+    # inbox log once per egress.poll_interval_ms (counted in moto's log, same run)
+    wait_for_data_ms: int = 1000
+    landing_list_interval_ms: int = 10_000
+    follower_poll_ms: int = 1000
 
 
 def model(i: Inputs = Inputs()) -> dict[str, float]:
@@ -69,9 +83,15 @@ def model(i: Inputs = Inputs()) -> dict[str, float]:
     # bound how many batches run per second
     batches_per_s = min(1000 / i.trigger_ms, 1000 / (i.tables_per_batch * i.s3_commit_ms))
     table_commits_per_s = commits_per_s + batches_per_s * i.tables_per_batch
+    # + the stream's look before each batch: a LIST of each node's live landing log
     put_tier_per_s = table_commits_per_s * i.put_tier_per_commit + \
-        batches_per_s * i.inbox_followers
-    get_per_s = table_commits_per_s * i.get_per_commit + batches_per_s * i.inbox_followers * 2
+        batches_per_s * (i.inbox_followers + nodes)
+    get_per_s = (table_commits_per_s * i.get_per_commit + batches_per_s * i.inbox_followers * 2
+                 + commits_per_s * i.stream_get_per_landing_commit)
+    # idle: nothing lands, nothing is committed; only the looks for news
+    idle_head_per_s = 2 * nodes * 1000 / i.wait_for_data_ms
+    idle_list_per_s = ((1 + nodes) * 1000 / i.landing_list_interval_ms
+                       + i.inbox_followers * 1000 / i.follower_poll_ms)
     gb_per_day = i.messages_per_day * i.envelope_bytes / 1e9
     return {
         "mean messages/s": mean_rate,
@@ -91,6 +111,12 @@ def model(i: Inputs = Inputs()) -> dict[str, float]:
         "envelope GB landed/day": gb_per_day,
         "storage USD/day if a day stays stored": gb_per_day * 2 * i.usd_per_gb_month / 30,
         "ack latency on S3, p50 (ms)": i.s3_commit_ms + (period_ms - i.s3_commit_ms) / 2,
+        "stream's landing read at peak (share of the rate measured on S3)":
+            commits_per_s / i.stream_commits_read_per_s_s3,
+        "idle: HEAD per s (the stream's looks)": idle_head_per_s,
+        "idle: LIST per s (landing prefixes, inbox followers)": idle_list_per_s,
+        "idle: S3 requests USD/day": 86.4 * (idle_list_per_s * i.usd_per_1k_put
+                                             + idle_head_per_s * i.usd_per_1k_get),
     }
 
 

@@ -140,6 +140,12 @@ class StreamConf:
     # an idle stream costs almost nothing and a commit starts a batch at once. 0: poll every
     # trigger_interval_ms as Spark's processing-time trigger does.
     wait_for_data_ms: int = 1000
+    # Tables on an object store: the stream LISTs the landing prefixes (finding a new ingress
+    # node) at most once per this interval. In between it looks for each table's next commit
+    # and each node's next generation by reading them (a HEAD each, GET-priced), so an idle
+    # stream makes no other LIST (docs/scale-out.md, "Listing the log"). A new node's first
+    # landing waits up to this long to be seen. Local tables are listed on every look.
+    landing_list_interval_ms: int = 10000
     # When every landing commit waiting is of a protocol whose online recipients ingress already
     # served from the landing commit (PPP STOREs; trueseal pushes with early_delivery), at most
     # one micro-batch start per this interval: their inbox rows (dedup, cursors, audits,

@@ -5,6 +5,7 @@ server, are what the measurements and races exercise. Throwaway credentials, one
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,13 +24,19 @@ def _free_port() -> int:
 
 
 @contextmanager
-def s3_server(timeout: float = 30.0):
+def s3_server(timeout: float = 30.0, request_log=None):
     """Yields the endpoint URL; the bucket exists; the credentials are in os.environ (and
-    restored after)."""
+    restored after). `request_log` (a path): moto's log of every request goes there, one
+    line each (`RequestLog` counts them)."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
-                             "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    out = open(request_log, "ab") if request_log else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+                                 "-p", str(port)], stdout=out, stderr=out,
+                                start_new_session=True)
+    finally:
+        if request_log:
+            out.close()
     endpoint = f"http://127.0.0.1:{port}"
     saved = {k: os.environ.get(k) for k in CREDENTIALS}
     os.environ.update(CREDENTIALS)
@@ -53,3 +60,41 @@ def s3_server(timeout: float = 30.0):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+# `127.0.0.1 - - [02/Dec/2026 05:36:41] "GET /relay-tables?list-type=2&prefix=x/ HTTP/1.1" 200 -`
+_REQUEST = re.compile(r'"([A-Z]+) (\S+) HTTP/[0-9.]+"')
+
+
+def request_kind(method: str, target: str) -> str:
+    """What S3 bills a request as: LIST (a GET of the bucket with `list-type`), else its
+    method (GET, HEAD, PUT; POST and DELETE for multipart uploads and deletes)."""
+    if method == "GET" and "list-type=" in target.partition("?")[2]:
+        return "LIST"
+    return method
+
+
+class RequestLog:
+    """Counts the requests moto logged into `path` since `mark()`, by kind."""
+
+    def __init__(self, path):
+        self.path = path
+        self.offset = 0
+
+    def mark(self) -> None:
+        with open(self.path, "rb") as f:
+            self.offset = f.seek(0, 2)
+
+    def requests(self) -> list[tuple[str, str]]:
+        """(kind, target) of each request logged since `mark()`, in order."""
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            text = f.read().decode("utf-8", "replace")
+        return [(request_kind(m.group(1), m.group(2)), m.group(2))
+                for m in _REQUEST.finditer(text)]
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for kind, _ in self.requests():
+            out[kind] = out.get(kind, 0) + 1
+        return out
