@@ -29,7 +29,11 @@ LOG4J2_CONF = Path(__file__).resolve().parents[1] / "conf" / "log4j2.properties"
 # fast (medians of 4 alternating runs: 67k envelopes/s without, 71k with). HotSpot takes the
 # last of a repeated flag, so `stream.jvm_options` (after these) can undo them.
 IDLE_HEAP_OPTIONS = ["-XX:G1PeriodicGCInterval=30000", "-XX:MinHeapFreeRatio=10",
-                     "-XX:MaxHeapFreeRatio=30"]
+                     "-XX:MaxHeapFreeRatio=30",
+                     # Spark's cleaner calls System.gc() every minute here (get_spark: it
+                     # deletes finished batches' shuffle files): a concurrent G1 cycle, not a
+                     # stop-the-world full collection of the stream's heap each time
+                     "-XX:+ExplicitGCInvokesConcurrent"]
 
 # ... and idle native memory: glibc keeps what the JVM frees (compiler arenas, class loading,
 # ...) unless asked to return it; the JVM's own trimmer asks every 30 s. Measured 2026-11-27:

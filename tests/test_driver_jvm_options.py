@@ -27,6 +27,7 @@ def java_version(spark) -> tuple[int, ...]:
 def test_driver_jvm_returns_idle_heap_and_native_memory(spark):
     assert vm_option("G1PeriodicGCInterval") == "30000"
     assert vm_option("MaxHeapFreeRatio") == "30"
+    assert vm_option("ExplicitGCInvokesConcurrent") == "true"   # the cleaner's System.gc()
     version = java_version(spark)
     has_trimmer = version >= (22,) or (21, 0, 1) <= version < (22,) or (17, 0, 9) <= version < (18,)
     if has_trimmer:
