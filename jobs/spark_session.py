@@ -50,7 +50,11 @@ NATIVE_TRIM_INTERVAL_MS = 30000
 # PUSH_ACKs/s 521 -> 589 in the first minute, Spark's start 11.3-12.2 -> 8.7-9.2 s, the stream
 # over a backlog as fast or faster (73-84k -> 78-98k envelopes/s). `stream.jvm_options =
 # "-XX:TieredStopAtLevel=4"` restores the full tiered compiler.
-JIT_OPTIONS = ["-XX:TieredStopAtLevel=1"]
+# C1 alone makes HotSpot size its code cache as for a client JVM, 48 MiB instead of 240: the
+# operations notebook's many queries (Spark generates and compiles classes for each) filled it
+# ("Out of space in CodeCache for method handle intrinsic"). 240 MiB as with the full
+# compiler: reserved address space, committed only as code is compiled.
+JIT_OPTIONS = ["-XX:TieredStopAtLevel=1", "-XX:ReservedCodeCacheSize=240m"]
 
 
 def _java() -> str | None:

@@ -50,6 +50,7 @@ def test_a_jvm_without_the_trimmer_gets_no_trim_option(tmp_path):
 
 def test_driver_jvm_compiles_with_c1_only_unless_the_conf_says_otherwise(spark):
     assert vm_option("TieredStopAtLevel") == "1"
+    assert int(vm_option("ReservedCodeCacheSize")) == 240 << 20   # not C1's client-size 48 MiB
     # stream.jvm_options come last, and HotSpot takes the last of a repeated flag
     opts = driver_java_options("relay", "-XX:TieredStopAtLevel=4").split()
     levels = [o for o in opts if o.startswith("-XX:TieredStopAtLevel=")]
