@@ -33,17 +33,20 @@ class LandingLag:
     tables: dict[str, tuple[int, int]] = field(default_factory=dict)  # key -> (latest, consumed)
 
 
+def commit_version(name: str) -> int | None:
+    """The version of a `_delta_log` entry named `<20 digits>.json`; None for any other."""
+    if name.endswith(".json") and name[:20].isdigit() and len(name) == 25:
+        return int(name[:20])
+    return None
+
+
 def latest_version(table_path: Path) -> int:
     """Newest committed version from the names in `_delta_log`; -1 if the table vanished."""
     try:
         names = object_store.listdir(table_path / "_delta_log")
     except FileNotFoundError:
         return -1
-    best = -1
-    for n in names:
-        if n.endswith(".json") and n[:20].isdigit() and len(n) == 25:
-            best = max(best, int(n[:20]))
-    return best
+    return max((v for v in map(commit_version, names) if v is not None), default=-1)
 
 
 def commit_time(table_path: Path, version: int) -> float | None:

@@ -76,7 +76,7 @@ from pyspark.sql.streaming.datasource import (
 from runtime.inbox_signal import BlockingSignal, landing_signal_dir
 
 from . import object_store
-from .landing_lag import latest_version
+from .landing_lag import commit_version, latest_version
 from .layout import Layout
 from .schema import C, LANDING, LANDING_SOURCE
 from .small_parquet import read_buffer, read_small
@@ -303,9 +303,10 @@ class LandingStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         (a read of known size is one GET), from one LIST of its log."""
         best = -1
         for name, size in (self._tables[key] / "_delta_log").sizes().items():
-            if name.endswith(".json") and name[:20].isdigit() and len(name) == 25:
-                best = max(best, int(name[:20]))
-                self._log_sizes[(key, int(name[:20]))] = size
+            version = commit_version(name)
+            if version is not None:
+                best = max(best, version)
+                self._log_sizes[(key, version)] = size
         return best
 
     def getDefaultReadLimit(self) -> ReadLimit:
