@@ -20,6 +20,16 @@ def sql(tables: dict[str, DeltaTable], query: str) -> pa.Table:
                                for f in out.schema]))
 
 
+def read(dt: DeltaTable, columns: list[str] | None = None) -> pa.Table:
+    """The whole of `dt` (or `columns` of it) in its own Arrow types, through DataFusion: for
+    a command that reads and exits at once, where a pyarrow scan's teardown can abort it."""
+    names = "*" if columns is None else ", ".join(f'"{c}"' for c in columns)
+    out = sql({"t": dt}, f"SELECT {names} FROM t")
+    if columns is None:
+        columns = [f.name for f in dt.schema().fields]
+    return out.select(columns)
+
+
 def _unview(t: pa.DataType) -> pa.DataType:
     if t == pa.binary_view():
         return pa.binary()

@@ -60,6 +60,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from delta_tables import query
 from delta_tables.group_commit import DeltaAppendTarget, LandingTarget
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, C, LANDING, LANDING_SOURCE
@@ -344,7 +345,7 @@ def generate_day(settings: Settings, *, day: str | None = None, hours: float = 2
     t_start = time.monotonic()
     layout = Layout.of(settings)
     layout.ensure_shared_tables()
-    if DeltaTable(str(layout.inbox)).to_pyarrow_table(columns=[C.SEQ]).num_rows:
+    if query.read(DeltaTable(str(layout.inbox)), [C.SEQ]).num_rows:
         raise RuntimeError(f"{layout.root} already has an inbox: generate into a fresh directory")
     start, end = _day_window(day, hours)
     rng = np.random.default_rng(seed)
@@ -434,10 +435,10 @@ def generate_day(settings: Settings, *, day: str | None = None, hours: float = 2
         report.landing_commits += 1
         if report.batches % 100 == 0:
             say(f"loadgen: {report.batches} micro-batches, simulated clock {batch_ts:%H:%M}")
-    inbox = DeltaTable(str(layout.inbox)).to_pyarrow_table(columns=[
+    inbox = query.read(DeltaTable(str(layout.inbox)), [
         C.PROTOCOL, C.MAILBOX, C.EVENT_ID, C.SEQ, C.CURSOR, C.COMMITTED_AT, C.EXPIRES_AT])
     report.inbox_rows = inbox.num_rows
-    rejects = DeltaTable(str(layout.rejects)).to_pyarrow_table(columns=[C.REASON])
+    rejects = query.read(DeltaTable(str(layout.rejects)), [C.REASON])
     for reason in rejects.column(C.REASON).to_pylist():
         report.rejected[reason] = report.rejected.get(reason, 0) + 1
 

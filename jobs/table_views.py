@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from delta_tables import spark_delta
+from delta_tables import query, spark_delta
 from delta_tables.landing_lag import latest_version
 from delta_tables.layout import Layout
 from delta_tables.schema import ACKS, INBOX, LANDING, PADDING_AUDIT, REJECTS, C, TableDef
@@ -76,7 +76,7 @@ def read_table(layout: Layout, tdef: TableDef) -> pa.Table:
     path = layout.table(tdef)
     if not (path / "_delta_log").exists():
         return private_view(tdef.arrow_schema().empty_table())
-    return private_view(DeltaTable(str(path)).to_pyarrow_table())
+    return private_view(query.read(DeltaTable(str(path))))
 
 
 def delta_frame(spark, layout: Layout, tdef: TableDef):

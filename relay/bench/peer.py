@@ -251,11 +251,13 @@ def _landed_ids(data_dir: Path) -> set[str]:
     """Every event id in the relay's Delta tables on disk (landing generations and inbox),
     read with delta-rs as any reader would after the crash."""
     from deltalake import DeltaTable
+
+    from delta_tables import query
     found: set[str] = set()
     for log_dir in (data_dir / "tables").rglob("_delta_log"):
         table = DeltaTable(str(log_dir.parent))
         if "event_id" in [f.name for f in table.schema().fields]:
-            for b in table.to_pyarrow_table(columns=["event_id"]).column(0).to_pylist():
+            for b in query.read(table, ["event_id"]).column(0).to_pylist():
                 found.add(bytes(b).hex())
     return found
 

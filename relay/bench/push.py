@@ -101,10 +101,12 @@ def _get(queue, key: str, timeout: float) -> dict:
 
 def _sent(log_path: Path) -> list[dict]:
     from deltalake import DeltaTable
+
+    from delta_tables import query
     if not (log_path / "_delta_log").exists():
         return []
-    return [r for r in DeltaTable(str(log_path)).to_pyarrow_table(
-        columns=["outcome", "inbox_to_push_ms", "trigger"]).to_pylist()
+    return [r for r in query.read(DeltaTable(str(log_path)),
+                                   ["outcome", "inbox_to_push_ms", "trigger"]).to_pylist()
             if r["outcome"] == "sent"]
 
 

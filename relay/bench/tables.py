@@ -173,6 +173,7 @@ def _prefill(settings, rows: int, per_commit: int, seed: int) -> None:
 def _run_available_now(spark, settings) -> dict:
     from deltalake import DeltaTable
 
+    from delta_tables import query
     from delta_tables.layout import Layout
     from jobs.inbox_stream import start_inbox_stream
     t0 = time.perf_counter()
@@ -183,7 +184,7 @@ def _run_available_now(spark, settings) -> dict:
     if query.exception():
         raise RuntimeError(f"stream failed: {query.exception()}")
     batches = [h for h in sink.history if h.rows_in]
-    inbox_rows = DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_dataset().count_rows()
+    inbox_rows = query.read(DeltaTable(str(Layout.of(settings).inbox)), ["seq"]).num_rows
     progress = [dict(x) for x in query.recentProgress]
     return {"elapsed": elapsed, "batches": batches, "inbox_rows": inbox_rows,
             "progress": progress, "rows_in": sum(h.rows_in for h in batches),

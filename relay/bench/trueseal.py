@@ -155,9 +155,10 @@ def _e2e_breakdown(inbox_path: Path, records: list) -> dict:
     import pyarrow.compute as pc
     from deltalake import DeltaTable
 
+    from delta_tables import query
+
     from . import trueseal_client as bc
-    t = DeltaTable(str(inbox_path)).to_pyarrow_table(
-        columns=["envelope", "committed_at", "batch_id"])
+    t = query.read(DeltaTable(str(inbox_path)), ["envelope", "committed_at", "batch_id"])
     start_ns = pc.cast(t.column("committed_at"), pa.int64()).to_pylist()
     batch_of, started = {}, {}
     for env, st, b in zip(t.column("envelope").to_pylist(), start_ns,
