@@ -49,6 +49,30 @@ def latest_version(table_path: Path) -> int:
     return max((v for v in map(commit_version, names) if v is not None), default=-1)
 
 
+class LogFollower:
+    """`latest_version` for a follower that has read a table up to some version. On an object
+    store it first asks for the next commit (a HEAD while there is none) and LISTs the log only
+    when that exists, or once per `list_every` seconds: a caught-up follower polling every
+    second then makes ~no LIST, the request S3 bills at 12.5 HEADs (docs/scale-out.md, "Idle").
+    The periodic LIST finds a follower stalled past the log's retention, whose next commit is
+    gone: its read then fails and it rebuilds, as on a local disk."""
+
+    def __init__(self, table_path, list_every: float = 60.0):
+        self.path = table_path
+        self.remote = object_store.is_remote(table_path)
+        self.list_every = list_every
+        self._listed = float("-inf")
+
+    def latest(self, known: int) -> int:
+        now = time.monotonic()
+        if self.remote and known >= 0 and now - self._listed < self.list_every:
+            nxt = self.path / "_delta_log" / f"{known + 1:020d}.json"
+            if object_store.read_objects(self.path.location, [(str(nxt), None)])[0] is None:
+                return known
+        self._listed = now
+        return latest_version(self.path)
+
+
 def commit_time(table_path: Path, version: int) -> float | None:
     """Unix seconds of a commit, from its commitInfo (the file's mtime if it has none)."""
     log_file = table_path / "_delta_log" / f"{version:020d}.json"

@@ -22,7 +22,7 @@ import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from delta_tables.group_commit import GroupCommitAppender
-from delta_tables.landing_lag import latest_version
+from delta_tables.landing_lag import LogFollower
 from delta_tables.layout import equals
 from delta_tables.object_store import as_path
 from delta_tables.schema import C, INBOX
@@ -106,6 +106,7 @@ class InboxTail:
                  protocols: set[str] | None = None, exclude: set[str] | None = None):
         """`protocols`: only these (None: all); `exclude`: never these."""
         self.inbox_path = as_path(inbox_path)
+        self._log = LogFollower(self.inbox_path)
         self.acks_path = as_path(acks_path)
         self.hub = hub
         self.protocols = protocols
@@ -149,7 +150,7 @@ class InboxTail:
         return t.num_rows
 
     def _read_new(self) -> pa.Table | None:
-        latest = latest_version(self.inbox_path)
+        latest = self._log.latest(self.version)
         self.lag_versions = max(0, latest - self.version)
         if latest <= self.version:
             return None

@@ -40,8 +40,9 @@ class Inputs:
     put_tier_per_commit: int = 5
     get_per_commit: int = 2
     # tables written by each micro-batch (rejects, inbox, padding_audit) and processes that
-    # read each inbox commit (egress, the PPP, Heya and cursor-sync listeners), each a LIST and
-    # two GETs (the commit file, its data file: egress/inbox_tail.py)
+    # read each inbox commit (egress, the PPP, Heya and cursor-sync listeners), each a HEAD and
+    # GET of the next commit, a LIST, and two GETs (the commit file, its data file:
+    # egress/inbox_tail.py, landing_lag.LogFollower)
     tables_per_batch: int = 3
     inbox_followers: int = 4
     # AWS S3 Standard us-east-1 published prices, USD (not measured): per 1,000 PUT/LIST, per
@@ -63,11 +64,13 @@ class Inputs:
     stream_get_per_landing_commit: int = 2
     # idle: the stream looks once per stream.wait_for_data_ms (a HEAD for each node's live
     # landing table and one for its next generation) and LISTs the landing prefixes (one, and
-    # one per node) once per stream.landing_list_interval_ms; each inbox follower LISTs the
-    # inbox log once per egress.poll_interval_ms (counted in moto's log, same run)
+    # one per node) once per stream.landing_list_interval_ms (counted in moto's log, same
+    # run); each inbox follower HEADs the inbox's next commit once per egress.poll_interval_ms
+    # and LISTs its log once per follower_list_every_s (tests/test_landing_source_s3.py)
     wait_for_data_ms: int = 1000
     landing_list_interval_ms: int = 10_000
     follower_poll_ms: int = 1000
+    follower_list_every_s: int = 60
 
 
 def model(i: Inputs = Inputs()) -> dict[str, float]:
@@ -86,12 +89,13 @@ def model(i: Inputs = Inputs()) -> dict[str, float]:
     # + the stream's look before each batch: a LIST of each node's live landing log
     put_tier_per_s = table_commits_per_s * i.put_tier_per_commit + \
         batches_per_s * (i.inbox_followers + nodes)
-    get_per_s = (table_commits_per_s * i.get_per_commit + batches_per_s * i.inbox_followers * 2
+    get_per_s = (table_commits_per_s * i.get_per_commit + batches_per_s * i.inbox_followers * 4
                  + commits_per_s * i.stream_get_per_landing_commit)
     # idle: nothing lands, nothing is committed; only the looks for news
-    idle_head_per_s = 2 * nodes * 1000 / i.wait_for_data_ms
-    idle_list_per_s = ((1 + nodes) * 1000 / i.landing_list_interval_ms
+    idle_head_per_s = (2 * nodes * 1000 / i.wait_for_data_ms
                        + i.inbox_followers * 1000 / i.follower_poll_ms)
+    idle_list_per_s = ((1 + nodes) * 1000 / i.landing_list_interval_ms
+                       + i.inbox_followers / i.follower_list_every_s)
     gb_per_day = i.messages_per_day * i.envelope_bytes / 1e9
     return {
         "mean messages/s": mean_rate,
@@ -113,7 +117,7 @@ def model(i: Inputs = Inputs()) -> dict[str, float]:
         "ack latency on S3, p50 (ms)": i.s3_commit_ms + (period_ms - i.s3_commit_ms) / 2,
         "stream's landing read at peak (share of the rate measured on S3)":
             commits_per_s / i.stream_commits_read_per_s_s3,
-        "idle: HEAD per s (the stream's looks)": idle_head_per_s,
+        "idle: HEAD per s (the stream's and followers' looks)": idle_head_per_s,
         "idle: LIST per s (landing prefixes, inbox followers)": idle_list_per_s,
         "idle: S3 requests USD/day": 86.4 * (idle_list_per_s * i.usd_per_1k_put
                                              + idle_head_per_s * i.usd_per_1k_get),

@@ -12,10 +12,11 @@ import time
 import numpy as np
 import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
 from delta_tables.group_commit import LandingTarget
-from delta_tables.landing_lag import latest_version
+from delta_tables.landing_lag import LogFollower, latest_version
 from delta_tables.landing_source import (
     LandingLogError, LandingStreamReader, batch_files, planned_files, read_files,
 )
@@ -153,6 +154,36 @@ def test_an_idle_look_lists_nothing_and_a_new_generation_is_found_without_a_list
     src.latestOffset(now, ReadAllAvailable())
     # the sealed generation is not looked at again
     assert requests.counts() == {"HEAD": 4}
+
+
+def test_a_caught_up_inbox_follower_lists_nothing_until_a_commit_or_its_interval(
+        layout, requests):
+    """Egress and the push job poll the inbox's log every second: on S3 a poll is a HEAD of
+    the next commit while there is none, and a LIST only once it exists (or per interval)."""
+    path = layout.landing_root / "any-table"
+    options = layout.s3.storage_options()
+
+    def commit():
+        write_deltalake(str(path), pa.table({"n": [1]}), mode="append",
+                        storage_options=options)
+    commit()
+    commit()
+    follow = LogFollower(path, list_every=3600)
+    known = follow.latest(-1)                               # a first look lists
+    assert known == latest_version(path) >= 0
+    requests.mark()
+    for _ in range(5):
+        assert follow.latest(known) == known
+    assert requests.counts() == {"HEAD": 5}
+    commit()
+    commit()
+    requests.mark()
+    assert follow.latest(known) == known + 2
+    assert requests.counts() == {"HEAD": 1, "GET": 1, "LIST": 1}
+    follow.list_every = 0                                   # the interval's LIST
+    requests.mark()
+    assert follow.latest(known + 2) == known + 2
+    assert requests.counts() == {"LIST": 1}
 
 
 def test_a_new_node_signalled_on_this_host_is_found_at_once(layout):

@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 
 from delta_tables.group_commit import DeltaAppendTarget, DirectAppendTarget, fsync_version
-from delta_tables.landing_lag import latest_version
+from delta_tables.landing_lag import LogFollower
 from delta_tables.layout import Layout
 from delta_tables.schema import C, INBOX
 from delta_tables.schema_push import INTENT, PL, PUSH_LOG
@@ -111,6 +111,7 @@ class PushJob:
         layout = Layout.of(settings)
         self.layout = layout
         self.inbox_path = layout.inbox
+        self._log = LogFollower(self.inbox_path)
         self.log_path = layout.table(PUSH_LOG)
         self.providers = providers
         self.metrics = metrics
@@ -206,7 +207,7 @@ class PushJob:
         return version, self._rows(t, version)
 
     def _read_new(self) -> list[Row]:
-        latest = latest_version(self.inbox_path)
+        latest = self._log.latest(self.version)
         if self.metrics is not None:
             self.metrics.lag.set(max(0, latest - self.version))
         if latest <= self.version:
