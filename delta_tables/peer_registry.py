@@ -26,7 +26,6 @@ _TS = pa.timestamp("us", tz="UTC")
 SCHEMA = pa.schema([("name", pa.string()), ("role", pa.string()), ("host", pa.string()),
                     ("key", pa.binary()), ("endpoint", pa.string()), ("epoch", pa.int64()),
                     ("heartbeat", _TS), ("expires", _TS), ("released", pa.bool_())])
-PROPERTIES = node_lease.PROPERTIES
 VACUUM_EVERY = node_lease.VACUUM_EVERY
 
 
@@ -59,7 +58,7 @@ def _now() -> datetime:
 
 def read_all(tables) -> list[Peer]:
     """Every registration in the store, live or not."""
-    from deltalake import DeltaTable, QueryBuilder
+    from deltalake import DeltaTable
     root = peers_root(tables)
     if not root.exists():
         return []
@@ -68,15 +67,10 @@ def read_all(tables) -> list[Peer]:
         path = root / name
         if not (path / "_delta_log").exists():
             continue
-        for attempt in range(2):    # a file replaced under us by a renewal's VACUUM
-            try:
-                qb = QueryBuilder()
-                qb.register("peer", DeltaTable(str(path)))
-                rows = pa.table(qb.execute("SELECT * FROM peer").read_all()).to_pylist()
-                break
-            except Exception:
-                if attempt:
-                    raise
+        try:
+            rows = node_lease.table_rows(DeltaTable(str(path)))
+        except Exception:       # a file replaced under us by a renewal's VACUUM: once more
+            rows = node_lease.table_rows(DeltaTable(str(path)))
         out.extend(Peer(**r) for r in rows)
     return out
 
@@ -111,19 +105,6 @@ class PeerRegistration:
         self._dt = None
         self._renewals = 0
 
-    def _table(self):
-        from deltalake import DeltaTable
-        if (self.path / "_delta_log").exists():
-            return DeltaTable(str(self.path))
-        self.path.mkdir(parents=True, exist_ok=True)
-        try:
-            return DeltaTable.create(str(self.path), schema=SCHEMA, mode="error",
-                                     name="peer", configuration=PROPERTIES)
-        except Exception:
-            if (self.path / "_delta_log").exists():
-                return DeltaTable(str(self.path))
-            raise
-
     def _write(self, *, released: bool) -> None:
         from deltalake import write_deltalake
         now = _now()
@@ -134,7 +115,7 @@ class PeerRegistration:
         write_deltalake(self._dt, pa.Table.from_pylist([row], schema=SCHEMA), mode="overwrite")
 
     def register(self) -> "PeerRegistration":
-        self._dt = self._table()
+        self._dt = node_lease.open_one_row_table(self.path, SCHEMA, "peer")
         self._write(released=False)
         return self
 
