@@ -377,6 +377,7 @@ class PeerDialer:
                              seconds=settings.ingress.lease_seconds), self.renew_seconds)
         self.links: dict[bytes, _Link] = {}         # listener key -> its channel
         self._dialing: dict[bytes, asyncio.Task] = {}  # listener key -> its channel's task
+        self._unreached: set[bytes] = set()     # dialled and failed since the last success
         self._loop_task: asyncio.Task | None = None
         self.received = 0
         self.malformed = 0
@@ -424,14 +425,18 @@ class PeerDialer:
             if not await asyncio.wait_for(self._opened(link), HANDSHAKE_TIMEOUT_SECONDS):
                 return
             self.links[peer.key] = link
+            self._unreached.discard(peer.key)
             for protocol in self.PROTOCOLS:
                 for mailbox in self.online(protocol):
                     link.send(_sub(SUBSCRIBE, protocol, mailbox))
             log.info("peer connected", extra={"event": "peer_connected", "peer": peer.name})
             await self._serve(link)
         except (OSError, ValueError, asyncio.TimeoutError) as exc:
-            log.info("peer not reached", extra={"event": "peer_dial_failed", "peer": peer.name,
-                                                "error": type(exc).__name__})
+            if peer.key not in self._unreached:     # once, not at every refresh
+                self._unreached.add(peer.key)
+                log.info("peer not reached", extra={"event": "peer_dial_failed",
+                                                    "peer": peer.name,
+                                                    "error": type(exc).__name__})
         finally:
             self._dialing.pop(peer.key, None)
             if link is not None:

@@ -185,3 +185,12 @@ def test_a_channel_closes_when_its_peer_registration_expires(cluster, layout, tm
 async def _gone(dialer) -> bool:
     await until(lambda: not dialer.links, timeout=5)
     return True
+
+
+def test_off_by_default_one_host_opens_no_port_and_makes_no_key(settings):
+    from egress.service import EgressNode
+    from ingress.service import IngressNode
+    ingress, egress = IngressNode(settings, fsync=False), EgressNode(settings, fsync=False)
+    assert ingress.peers is None and ingress.trueseal.peers is None and egress.peers is None
+    assert egress.hub.watch is None
+    assert not (tmp := settings.data_path / "keys" / "peer_static.key").exists(), tmp
