@@ -20,9 +20,9 @@ from delta_tables import peer_registry
 from delta_tables.layout import Layout
 from deltalake import DeltaTable
 from egress.pending import EARLY_BASE
-from runtime import config, keys
+from runtime import config
 from test_end_to_end import parse_deliver
-from test_peer_hosts import host_env, wait_log
+from test_peer_hosts import host_env, start_hosts, wait_log
 from trueseal_client import ACK, NK, XX, AsyncClient, keypair, push_frame
 
 pytestmark = pytest.mark.crash
@@ -58,16 +58,10 @@ def test_pushes_reach_a_receiver_on_another_network_host_early(tmp_path):
     egress.argv = ["ip", "netns", "exec", ns, *egress.argv]     # egress on host B
 
     async def main():
-        ingress.start()
-        await ingress.wait_ready(60)
-        egress.start()
-        await egress.wait_ready(60)
-        await wait_log(egress, "peer_connected")
+        a_pub, b_pub = await start_hosts(ingress, egress, tmp_path)
         listed = {p.name: p for p in peer_registry.live(tables)}
         assert listed["node-0-trueseal"].endpoint == f"{here}:{peer}"
         assert "host-b-egress" in listed
-        a_pub = keys.load_or_create(tmp_path / "a").public
-        b_pub = keys.load_or_create(tmp_path / "b").public
         receivers = []
         for _ in range(2):
             priv, pub = keypair()

@@ -43,6 +43,18 @@ async def wait_log(proc: RoleProc, event: str, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.1)
 
 
+async def start_hosts(ingress: RoleProc, egress: RoleProc, tmp_path) -> tuple[bytes, bytes]:
+    """Ingress on host A, then egress on host B until its channel to A is open; the trueseal
+    keys of A and B (each host its own)."""
+    ingress.start()
+    await ingress.wait_ready(60)
+    egress.start()
+    await egress.wait_ready(60)
+    await wait_log(egress, "peer_connected")
+    return (keys.load_or_create(tmp_path / "a").public,
+            keys.load_or_create(tmp_path / "b").public)
+
+
 def test_a_push_to_host_a_reaches_a_receiver_on_host_b_before_its_row_and_once(
         tmp_path, spark):
     tables = tmp_path / "tables"
@@ -59,15 +71,9 @@ def test_a_push_to_host_a_reaches_a_receiver_on_host_b_before_its_row_and_once(
                            tables_dir=str(tables))
 
     async def main():
-        ingress.start()
-        await ingress.wait_ready(60)
-        egress.start()
-        await egress.wait_ready(60)
-        await wait_log(egress, "peer_connected")
+        a_pub, b_pub = await start_hosts(ingress, egress, tmp_path)
         names = {p.name: p for p in peer_registry.live(tables)}
         assert set(names) == {"node-0-trueseal", "node-b-egress"}
-        a_pub = keys.load_or_create(tmp_path / "a").public
-        b_pub = keys.load_or_create(tmp_path / "b").public      # each host its own key
         assert a_pub != b_pub and names["node-0-trueseal"].key != names["node-b-egress"].key
         priv, pub = keypair()
         rx = await AsyncClient.connect(receive, XX, b_pub, static_priv=priv)

@@ -142,16 +142,19 @@ def test_unlisted_and_expired_keys_are_refused_without_an_answer(cluster, layout
             assert await _dial_raw(listener.bound_port, tmp_path / "y", a.public) == b""
             assert listener.rejected == 2
             # listed and renewed, but for a node whose lease expired
-            lease = NodeLease(layout.tables, "node-z", "ingress-trueseal", seconds=0.5).acquire()
-            PeerRegistration(layout.tables, "node-z", "ingress", peer_key(tmp_path / "z").public,
-                             "127.0.0.1:9", epoch=lease.epoch, seconds=60).register()
+            def node_z(lease_seconds: float) -> NodeLease:
+                lease = NodeLease(layout.tables, "node-z", "ingress-trueseal",
+                                  seconds=lease_seconds).acquire()
+                PeerRegistration(layout.tables, "node-z", "ingress",
+                                 peer_key(tmp_path / "z").public, "127.0.0.1:9",
+                                 epoch=lease.epoch, seconds=60).register()
+                return lease
+            node_z(0.5)
             await asyncio.sleep(1.3)
             assert await _dial_raw(listener.bound_port, tmp_path / "z", a.public) == b""
             assert listener.rejected == 3
             # the same, listed and live: answered (the IK reply, 48 bytes + 2 of length)
-            lease = NodeLease(layout.tables, "node-z", "ingress-trueseal", seconds=60).acquire()
-            PeerRegistration(layout.tables, "node-z", "ingress", peer_key(tmp_path / "z").public,
-                             "127.0.0.1:9", epoch=lease.epoch, seconds=60).register()
+            lease = node_z(60)
             await asyncio.sleep(0.5)    # the listener's next read of the list (every 0.2 s)
             reply = await _dial_raw(listener.bound_port, tmp_path / "z", a.public)
             assert [len(m) for m in LengthPrefixDeframer().feed(reply)] == [48]
