@@ -11,7 +11,6 @@ import asyncio
 import os
 import time
 
-import pytest
 from deltalake import DeltaTable
 
 from crash_harness import RoleProc, free_ports
