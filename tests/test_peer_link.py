@@ -196,3 +196,41 @@ def test_off_by_default_one_host_opens_no_port_and_makes_no_key(settings):
     assert ingress.peers is None and ingress.trueseal.peers is None and egress.peers is None
     assert egress.hub.watch is None
     assert not (tmp := settings.data_path / "keys" / "peer_static.key").exists(), tmp
+
+
+def test_a_peer_that_stops_reading_costs_dropped_hand_offs_never_a_blocked_sender(
+        cluster, layout, tmp_path):
+    """A listed egress host subscribes and then reads nothing: the listener keeps at most
+    `peer_send_buffer_bytes` for it and drops the rest (counted); `send` never waits."""
+    from runtime.peer_link import SUBSCRIBE, _sub
+    cluster.cluster.peer_send_buffer_bytes = 256 * 1024
+
+    async def main():
+        a = peer_key(tmp_path / "a")
+        listener = PeerListener(cluster, a, layout.tables, "node-a", host="127.0.0.1", port=0)
+        await listener.start()
+        PeerRegistration(layout.tables, "node-s-egress", "egress",
+                         peer_key(tmp_path / "s").public, seconds=60).register()
+        core = PeerChannel(peer_key(tmp_path / "s").private_bytes, initiator=True,
+                           remote_static=a.public)
+        reader, writer = await asyncio.open_connection("127.0.0.1", listener.bound_port)
+        try:
+            writer.write(core.data_to_send())
+            core.receive_data(await asyncio.wait_for(reader.read(65536), 5))
+            core.send(_sub(SUBSCRIBE, "trueseal", MAILBOX))
+            writer.write(core.data_to_send())
+            await until(lambda: listener.by_mailbox)
+            t0 = time.monotonic()
+            for n in range(600):                # ~39 MB, never read
+                listener.send(handoff(n, size=65_000))
+                if n % 50 == 0:
+                    await asyncio.sleep(0.01)   # the loop writes what fits
+            took = time.monotonic() - t0
+            assert listener.dropped > 0 and listener.sent + listener.dropped == 600, took
+            (link,) = listener.links
+            assert link.writer.transport.get_write_buffer_size() + link.core.queued \
+                <= 256 * 1024 + 65_100
+        finally:
+            writer.close()
+            await listener.close()
+    asyncio.run(main())
