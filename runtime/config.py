@@ -899,6 +899,13 @@ def validate(data: dict[str, Any], sources: dict[str, str] | None = None) -> "Se
             f"{_source(sources, 'ingress.lease_renew_seconds')}): must be at most half of "
             f"ingress.lease_seconds ({settings.ingress.lease_seconds:g}): a lease must survive "
             f"a missed renewal")
+    peer = settings.cluster
+    if peer.peer_listen and not peer.peer_advertise \
+            and (peer.peer_bind or settings.bind) in ("0.0.0.0", "::", ""):
+        raise ConfigError(
+            f"setting cluster.peer_listen = true (from {_source(sources, 'cluster.peer_listen')})"
+            f" binds every address ({peer.peer_bind or settings.bind!r}): set "
+            f"cluster.peer_advertise to the address other hosts dial")
     return settings
 
 

@@ -234,3 +234,15 @@ def test_a_peer_that_stops_reading_costs_dropped_hand_offs_never_a_blocked_sende
             writer.close()
             await listener.close()
     asyncio.run(main())
+
+
+def test_a_peer_listener_on_every_address_needs_the_address_others_dial():
+    from runtime import config
+    env = {"RELAY_CLUSTER__PEER_LISTEN": "true", "RELAY_CLUSTER__PEER_BIND": "0.0.0.0"}
+    with pytest.raises(config.ConfigError) as e:
+        config.load(None, env=env)
+    assert str(e.value) == ("setting cluster.peer_listen = true (from "
+                            "RELAY_CLUSTER__PEER_LISTEN) binds every address ('0.0.0.0'): set "
+                            "cluster.peer_advertise to the address other hosts dial")
+    s = config.load(None, env=dict(env, RELAY_CLUSTER__PEER_ADVERTISE="10.0.0.5"))
+    assert s.cluster.peer_advertise == "10.0.0.5"
