@@ -124,14 +124,35 @@ def read_all(tables) -> list[Lease]:
 
 
 def _row(dt) -> Lease | None:
+    rows = table_rows(dt)
+    return Lease(**rows[0]) if rows else None
+
+
+def table_rows(dt) -> list[dict]:
+    """Every row of a small table (a lease, a peer registration) as dicts."""
     from deltalake import QueryBuilder
     # Read through delta-rs's own engine, not `to_pyarrow_table`: that one scans through
     # pyarrow over Python file objects, and a scan's reader still being torn down on one of
     # pyarrow's threads when a short command (`relay status`) exits aborts the process.
     qb = QueryBuilder()
-    qb.register("lease", dt)
-    rows = pa.table(qb.execute("SELECT * FROM lease").read_all()).to_pylist()
-    return Lease(**rows[0]) if rows else None
+    qb.register("t", dt)
+    return pa.table(qb.execute("SELECT * FROM t").read_all()).to_pylist()
+
+
+def open_one_row_table(path, schema: pa.Schema, name: str):
+    """The Delta table at `path`, created (with `PROPERTIES`) if it is not there yet; a
+    concurrent creator's table is opened instead."""
+    from deltalake import DeltaTable
+    if (path / "_delta_log").exists():
+        return DeltaTable(str(path))
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        return DeltaTable.create(str(path), schema=schema, mode="error", name=name,
+                                 configuration=PROPERTIES)
+    except Exception:
+        if (path / "_delta_log").exists():   # another process created it first
+            return DeltaTable(str(path))
+        raise
 
 
 def _now() -> datetime:
@@ -158,17 +179,7 @@ class NodeLease:
         self._renewals = 0
 
     def _table(self):
-        from deltalake import DeltaTable
-        if (self.path / "_delta_log").exists():
-            return DeltaTable(str(self.path))
-        self.path.mkdir(parents=True, exist_ok=True)
-        try:
-            return DeltaTable.create(str(self.path), schema=SCHEMA, mode="error",
-                                     name="lease", configuration=PROPERTIES)
-        except Exception:
-            if (self.path / "_delta_log").exists():   # another process created it first
-                return DeltaTable(str(self.path))
-            raise
+        return open_one_row_table(self.path, SCHEMA, "lease")
 
     def acquire(self, generation: int = 0, lock: str = "") -> "NodeLease":
         """Take the lease, or NodeIdTaken while another process holds it. `lock`: the host

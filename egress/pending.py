@@ -118,6 +118,9 @@ class MailboxHub:
         self._recent_acks: OrderedDict[bytes, float] = OrderedDict()   # event id -> acked at
         self._deferred: set[asyncio.Task] = set()
         self._swept_at = time.monotonic()
+        # Told (protocol, mailbox, online) when a mailbox gets its first session here and when
+        # its last one closes: the peer channel subscribes it on other hosts' ingress.
+        self.watch: Callable[[str, bytes, bool], None] | None = None
 
     @property
     def delivered(self) -> int:
@@ -285,8 +288,14 @@ class MailboxHub:
             # rather than after the idle timer, since its claims hold back the new session.
             older.superseded.set()
         box.sessions.append(session)
+        if len(box.sessions) == 1 and self.watch is not None:
+            self.watch(protocol, mailbox, True)
         self._wake(box)
         return session
+
+    def mailboxes_online(self, protocol: str) -> list[bytes]:
+        """The mailboxes of `protocol` with a session open here."""
+        return [m for (p, m), box in list(self._boxes.items()) if p == protocol and box.sessions]
 
     def _primary(self, box: _Box) -> "DeliverySession | None":
         return box.sessions[-1] if box.sessions else None
@@ -301,6 +310,8 @@ class MailboxHub:
             del box.owner[seq]
         if session in box.sessions:
             box.sessions.remove(session)
+            if not box.sessions and self.watch is not None:
+                self.watch(session.protocol, session.mailbox, False)
         self._wake(box)
         self._gc(session.protocol, session.mailbox, box)
 

@@ -41,6 +41,14 @@ class EgressNode:
         self._stop = asyncio.Event()
         self._tail_task: asyncio.Task | None = None
         self.handoff: HandoffReceiver | None = None
+        self.peers = None
+        if settings.cluster.peer_dial and settings.trueseal.early_delivery:
+            # pushes landed on other hosts' ingress, handed over at once (runtime/peer_link.py)
+            from runtime.peer_link import PeerDialer, peer_key
+            self.peers = PeerDialer(settings, peer_key(settings.data_dir), self.layout.tables,
+                                    f"{settings.ingress.node_id}-egress", self._early,
+                                    self.hub.mailboxes_online)
+            self.hub.watch = self.peers.watch
 
     async def start(self) -> None:
         await self.acks.start()
@@ -50,6 +58,8 @@ class EgressNode:
         if self.settings.trueseal.early_delivery:
             self.handoff = await HandoffReceiver.open(handoff_dir(self.settings.data_dir),
                                                       "egress", self._early)
+        if self.peers is not None:
+            await self.peers.start()
         await self.trueseal.start()
 
     def _early(self, h: Handoff) -> None:
@@ -66,6 +76,8 @@ class EgressNode:
     async def close(self) -> None:
         if self.handoff is not None:
             self.handoff.close()
+        if self.peers is not None:
+            await self.peers.close()
         await self.trueseal.close()
         await self._rows_of_early_acks()
         self._stop.set()

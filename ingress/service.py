@@ -49,9 +49,16 @@ class IngressNode:
         wanted = set(ingress_protocols(settings) if protocol is None else [protocol])
         self.key = keys.load_or_create(settings.data_dir)
         self.trueseal = self.heya = self.sync = self.ppp = None
+        self.peers = None
         if "trueseal" in wanted:
             from .trueseal_push import PushServer
             self.trueseal = PushServer(settings, self.appender, self.key)
+            if settings.cluster.peer_listen and settings.trueseal.early_delivery:
+                # egress on other hosts gets each landed push at once (runtime/peer_link.py)
+                from runtime.peer_link import PeerListener, peer_key
+                self.peers = self.trueseal.peers = PeerListener(
+                    settings, peer_key(settings.data_dir), self.layout.tables, self.node_id,
+                    epoch=lease.epoch if lease is not None else 0)
         if "heya" in wanted:
             from .heya import HeyaServer
             self.heya = HeyaServer(settings, self.appender, fsync=fsync)
@@ -71,12 +78,16 @@ class IngressNode:
         await self.appender.start()
         for _, srv in self._named():
             await srv.start()
+        if self.peers is not None:
+            await self.peers.start()
 
     def listeners(self) -> list:
         return [srv for _, srv in self._named()]
 
     def listening(self) -> dict[str, str]:
         out = {name: f"{self.settings.bind}:{srv.bound_port}" for name, srv in self._named()}
+        if self.peers is not None:
+            out["peer"] = f"{self.peers.host}:{self.peers.bound_port}"
         if self.sync is not None and self.sync.iroh is not None:
             # what a 0k-sync client dials: endpoint id @ direct address (ingress/sync_iroh.py)
             out["sync_iroh"] = f"{self.sync.iroh.id}@{self.settings.bind}:{self.sync.iroh.bound_port}"
@@ -86,6 +97,8 @@ class IngressNode:
         """Stop accepting; pushes already being stored finish (and are acked) first."""
         for _, srv in self._named():
             await srv.close()
+        if self.peers is not None:
+            await self.peers.close()
         await self.appender.close()
 
 

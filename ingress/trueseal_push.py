@@ -113,6 +113,9 @@ class PushServer(Listener):
         # that is online; the stream's inbox row still follows.
         self.handoff = (HandoffSender(handoff_dir(settings.data_dir))
                         if self.conf.early_delivery else None)
+        # ... and to egress on other hosts that have its receiver online (runtime/peer_link.py,
+        # set by the ingress node when [cluster] peer_listen is on)
+        self.peers = None
 
     async def close(self) -> None:
         await super().close()
@@ -281,8 +284,11 @@ class _PushConnection:
             self.core.fail(ev.push_id)
         else:
             if self.server.handoff is not None:   # egress may deliver it before its row
-                self.server.handoff.send(Handoff(PROTOCOL, ev.recipient, row[C.EVENT_ID],
-                                                 row[C.EXPIRES_AT], ev.envelope))
+                h = Handoff(PROTOCOL, ev.recipient, row[C.EVENT_ID], row[C.EXPIRES_AT],
+                            ev.envelope)
+                self.server.handoff.send(h)
+                if self.server.peers is not None:
+                    self.server.peers.send(h)
             self.server.accepted += 1
             now = self.loop.time()
             if now - self.vouched_at > VOUCH_EVERY_SECONDS:

@@ -313,6 +313,9 @@ def cmd_bench(args) -> None:
     if args.peer:
         from .bench import peer
         sys.exit(peer.main(args))
+    if args.hosts:
+        from .bench import hosts
+        sys.exit(hosts.main(args))
     if args.trueseal_netns:
         from .bench import trueseal_netns
         sys.exit(trueseal_netns.main(args))
@@ -1364,6 +1367,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "a network namespace of their own (veth; root), the relay's CPU per "
                         "connection with the written-out and the package's NK responder "
                         "-> bench-trueseal-netns.json")
+    p.add_argument("--hosts", action="store_true",
+                   help="push on one host, Deliver on another (ingress and egress on their "
+                        "own data directories, the peer channel between them) against both "
+                        "on one host, alternating: p50/p90/p99 and their ratio "
+                        "-> bench-hosts.json")
     p.add_argument("--startup", action="store_true",
                    help="`relay up` from cold, each round: seconds to the first PPP ack and to "
                         "ready, then idle CPU and memory -> bench-startup.json")

@@ -597,6 +597,33 @@ class ProcessConf:
 
 
 @dataclass
+class ClusterConf:
+    # The peer channel between hosts (docs/operating/peer-channel.md): ingress hands each
+    # landed trueseal push to egress on other hosts at once, over Noise IK with each host's
+    # own key (<data_dir>/keys/peer_static.key), so a receiver connected to any host gets it
+    # in milliseconds rather than after a micro-batch. Off by default: one host needs none
+    # (its Unix socket hand-off stays), and no port is opened unless asked.
+    # true: the trueseal push ingress listens for peers on peer_bind:peer_port and lists its
+    # key and endpoint in the store (tables_dir/_relay/peers) while its lease is live.
+    peer_listen: bool = False
+    # Empty: the address in `bind`. 0 for the port: any free port (what is bound is listed).
+    peer_bind: str = ""
+    peer_port: int = 7702
+    # The host other hosts dial (empty: the bound address; set it when binding 0.0.0.0).
+    peer_advertise: str = ""
+    # true: egress lists its own key in the store and dials every live ingress that listens,
+    # subscribing the trueseal mailboxes that have a session on it.
+    peer_dial: bool = False
+    # How often the peer list is read from the store (new hosts dialled, expired ones
+    # dropped) and this process's registration renewed; it expires after
+    # ingress.lease_seconds without renewal, like the node lease.
+    peer_refresh_seconds: float = 2.0
+    # Bytes that may wait for one slow peer before hand-offs to it are dropped (its
+    # receivers then get those envelopes from the inbox, a micro-batch later).
+    peer_send_buffer_bytes: int = 4194304
+
+
+@dataclass
 class ObjectStoreConf:
     # An S3-compatible store for `tables_dir = "s3://bucket/prefix"`. Empty endpoint: AWS's
     # own. Credentials only from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
@@ -629,6 +656,7 @@ class Settings:
     push: PushConf = field(default_factory=PushConf)
     process: ProcessConf = field(default_factory=ProcessConf)
     object_store: ObjectStoreConf = field(default_factory=ObjectStoreConf)
+    cluster: ClusterConf = field(default_factory=ClusterConf)
 
     @property
     def data_path(self) -> Path:
@@ -871,6 +899,13 @@ def validate(data: dict[str, Any], sources: dict[str, str] | None = None) -> "Se
             f"{_source(sources, 'ingress.lease_renew_seconds')}): must be at most half of "
             f"ingress.lease_seconds ({settings.ingress.lease_seconds:g}): a lease must survive "
             f"a missed renewal")
+    peer = settings.cluster
+    if peer.peer_listen and not peer.peer_advertise \
+            and (peer.peer_bind or settings.bind) in ("0.0.0.0", "::", ""):
+        raise ConfigError(
+            f"setting cluster.peer_listen = true (from {_source(sources, 'cluster.peer_listen')})"
+            f" binds every address ({peer.peer_bind or settings.bind!r}): set "
+            f"cluster.peer_advertise to the address other hosts dial")
     return settings
 
 
@@ -930,6 +965,7 @@ RANGES: dict[str, tuple[float | None, float | None, str]] = {
     # a lease must outlive a few renewals (node_lease.py)
     "ingress.lease_seconds": (1, None, "at least 1"),
     "ingress.lease_renew_seconds": (0.1, None, "at least 0.1"),
+    "cluster.peer_refresh_seconds": (0.1, None, "at least 0.1"),
     # 0 would delete every reject and audit row as it is written
     "compaction.audit_retention_days": (1 / 86400, None, "at least 1/86400 (one second)"),
 }

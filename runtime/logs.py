@@ -108,6 +108,22 @@ EVENTS: dict[str, str] = {
                   "and stops (delta_tables/node_lease.py)",
     "lease_renew_failed": "a node's lease heartbeat failed; retried at the next one (node, "
                           "error)",
+    # the peer channel between hosts (runtime/peer_link.py)
+    "peer_listening": "the trueseal push ingress accepts peer channels and lists its key "
+                      "and endpoint in the store (port, node)",
+    "peer_connected": "a peer channel opened (peer: the other host's node name)",
+    "peer_disconnected": "a peer channel ended (peer, reason)",
+    "peer_rejected": "a host dialled with a key the store does not list for a live node; "
+                     "closed without an answer (reason)",
+    "peer_handshake_failed": "a peer channel's Noise handshake failed or timed out (peer, "
+                             "reason)",
+    "peer_expired": "a peer's registration or lease expired: its channel was closed (peer)",
+    "peer_dial_failed": "egress could not reach a listed peer; dialled again at the next "
+                        "refresh (peer, error)",
+    "peer_list_failed": "reading the live peers from the store failed; the last list is "
+                        "kept (error)",
+    "peer_register_failed": "renewing this process's peer registration failed; retried at "
+                            "the next beat (error)",
     # heya (ingress process)
     "heya_timeout": "a Heya connection timed out (waiting_for)",
     "heya_closed": "a Heya connection is closing (reason; debug)",

@@ -84,6 +84,13 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter", ("protocol",), "envelopes taken from ingress before their inbox row"),
     "relay_egress_early_waiting": (
         "gauge", (), "early envelopes (held or acked) whose inbox rows have not arrived"),
+    # the peer channel between hosts (runtime/peer_link.py): trueseal push ingress, egress
+    "relay_peer_channels": ("gauge", (), "open peer channels of this process"),
+    "relay_peer_handoffs_total": (
+        "counter", ("result",), "hand-offs over peer channels: sent or dropped (a slow peer; "
+        "its receivers get them from the inbox) by ingress, received by egress"),
+    "relay_peer_rejected_total": (
+        "counter", (), "dialling hosts refused: their key is not listed for a live node"),
     # stream
     "relay_stream_batches_total": ("counter", (), "micro-batches committed"),
     "relay_stream_rows_total": ("counter", (), "landing rows read by micro-batches"),
@@ -214,6 +221,21 @@ def _listener_families(listeners: list[Listener]) -> Iterator[Metric]:
     yield from (fam, held, evicted, refused, pauses, decisions)
 
 
+def _peer_families(peers, handoffs: dict[str, int],
+                   rejected: int | None = None) -> Iterator[Metric]:
+    """A process's side of the peer channel (runtime/peer_link.py)."""
+    channels = _family("gauge", "relay_peer_channels")
+    channels.add_metric([], len(peers.links))
+    fam = _family("counter", "relay_peer_handoffs_total", ["result"])
+    for result, n in handoffs.items():
+        fam.add_metric([result], n)
+    yield from (channels, fam)
+    if rejected is not None:
+        refused = _family("counter", "relay_peer_rejected_total")
+        refused.add_metric([], rejected)
+        yield refused
+
+
 # --- per role -----------------------------------------------------------------------------
 
 def ingress_registry(node, role: str = "ingress") -> CollectorRegistry:
@@ -238,6 +260,10 @@ def ingress_registry(node, role: str = "ingress") -> CollectorRegistry:
             rejected.add_metric([p, r], n)
         yield from (accepted, rejected)
         yield from _listener_families(listeners)
+        if node.peers is not None:
+            yield from _peer_families(node.peers, {"sent": node.peers.sent,
+                                                   "dropped": node.peers.dropped},
+                                      node.peers.rejected)
 
     reg.register(_Collect(collect))
     return reg
@@ -270,6 +296,8 @@ def egress_registry(node) -> CollectorRegistry:
         waiting.add_metric([], hub.early_waiting)
         yield from (delivered, acked, pending, lag, early, waiting)
         yield from _listener_families(listeners_of(node))
+        if node.peers is not None:
+            yield from _peer_families(node.peers, {"received": node.peers.received})
 
     reg.register(_Collect(collect))
     return reg

@@ -114,8 +114,9 @@ class AsyncClient:
 
     @classmethod
     async def connect(cls, port: int, pattern: bytes, relay_pub: bytes,
-                      static_priv: bytes | None = None, handshake: bool = True):
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                      static_priv: bytes | None = None, handshake: bool = True,
+                      host: str = "127.0.0.1"):
+        reader, writer = await asyncio.open_connection(host, port)
         self = cls(reader, writer, Client(pattern, relay_pub, static_priv))
         if handshake:
             await self.handshake()

@@ -34,6 +34,9 @@ XX_NAME = b"Noise_XX_25519_ChaChaPoly_BLAKE2s"
 TAG_PUSH, TAG_DELIVER, TAG_HEARTBEAT, TAG_ACK, TAG_ERROR, TAG_DELIVER_ACK = 1, 2, 3, 4, 5, 6
 _HDR = struct.Struct(">BI")
 _U64 = struct.Struct(">Q")
+# egress/pending.EARLY_BASE: blob ids from here up were delivered before their inbox row (not
+# imported: the client processes load none of the relay)
+EARLY_BLOB_BASE = 1 << 62
 # Bench envelopes start with this, then u64 sequence, u64 push time (ns since the epoch).
 BENCH_MAGIC = b"RBENCH01"
 _STAMP = struct.Struct(">8sQQ")
@@ -457,13 +460,15 @@ async def _pipelined(queue, go, host, port, relay_pub, duration, sessions, windo
 # --- push -> deliver latency ------------------------------------------------------------------
 
 async def _e2e(host, push_port, recv_port, relay_pub, rate, duration, size, receivers, seed,
-               drain_timeout, warmup_pushes=20) -> dict:
+               drain_timeout, warmup_pushes=20, recv_pub=None) -> dict:
+    """`recv_pub`: the receive side's relay key when it is another host's (`--hosts`)."""
     rnd = random.Random(seed)
     privs = [rnd.randbytes(32) for _ in range(receivers)]
     mailboxes = [static_public(p) for p in privs]
     filler = os.urandom(size)
     arrivals: dict[int, int] = {}      # seq -> Deliver arrival ns (first Deliver only)
     duplicates = 0
+    early: set[int] = set()            # delivered before their inbox row (provisional blob ids)
     sent: dict[int, int] = {}          # seq -> push time ns (written into the envelope)
     acked_at: dict[int, int] = {}      # seq -> Ack arrival ns
     ack_lat: list[float] = []
@@ -473,7 +478,7 @@ async def _e2e(host, push_port, recv_port, relay_pub, rate, duration, size, rece
 
     async def receive(priv: bytes) -> None:
         nonlocal duplicates
-        conn = await connect_xx(host, recv_port, relay_pub, priv)
+        conn = await connect_xx(host, recv_port, recv_pub or relay_pub, priv)
         try:
             while True:
                 for f in await conn.frames():
@@ -489,6 +494,8 @@ async def _e2e(host, push_port, recv_port, relay_pub, rate, duration, size, rece
                                 duplicates += 1
                             else:
                                 arrivals[stamp[0]] = now
+                                if blob_id >= EARLY_BLOB_BASE:
+                                    early.add(stamp[0])
                         conn.send_frame(deliver_ack_frame(blob_id))
                     elif tag == TAG_HEARTBEAT:
                         conn.send_frame(f)
@@ -553,6 +560,7 @@ async def _e2e(host, push_port, recv_port, relay_pub, rate, duration, size, rece
     records = [(s, sent[s], acked_at.get(s), arrivals.get(s)) for s in range(total) if s in sent]
     return {"pushed": total, "acked": sum(1 for s in range(total) if s in sent),
             "push_errors": errors, "delivered": len(lat_ms), "duplicates": duplicates,
+            "early": sum(1 for s in range(total) if s in sent and s in early),
             "latency_ms": lat_ms, "ack_latency_ms": [x * 1000 for x in ack_lat],
             "records": records,
             "send_seconds": send_seconds, "failures": failures, "warmup": warmup_pushes}
@@ -580,6 +588,6 @@ def pipelined_worker(queue, go, host, port, relay_pub, duration, sessions, windo
 
 
 def e2e_worker(queue, host, push_port, recv_port, relay_pub, rate, duration, size, receivers,
-               seed, drain_timeout) -> None:
+               seed, drain_timeout, recv_pub=None) -> None:
     _run_worker(queue, _e2e, host, push_port, recv_port, relay_pub, rate, duration, size,
-                receivers, seed, drain_timeout)
+                receivers, seed, drain_timeout, 20, recv_pub)

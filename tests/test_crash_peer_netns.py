@@ -1,0 +1,112 @@
+"""The peer channel between two network hosts (runtime/peer_link.py): ingress on this host,
+egress on a host of its own (a network namespace with its own address, joined by a veth pair;
+created here and removed after), each with its own data directory, keys and node id, the
+tables shared. A receiver connected to the egress host over the veth gets pushes made to the
+ingress host before any inbox row exists (no stream runs); egress killed with SIGKILL drops
+the channel, and its registration expires with it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from datetime import datetime, timezone
+
+import pytest
+
+from crash_harness import RoleProc, free_ports
+from delta_tables import peer_registry
+from delta_tables.layout import Layout
+from deltalake import DeltaTable
+from egress.pending import EARLY_BASE
+from runtime import config
+from test_end_to_end import parse_deliver
+from test_peer_hosts import host_env, start_hosts, wait_log
+from trueseal_client import ACK, NK, XX, AsyncClient, keypair, push_frame
+
+pytestmark = pytest.mark.crash
+
+PUSHES = 20
+
+
+def _ip(*argv: str) -> None:
+    subprocess.run(["ip", *argv], check=True, capture_output=True)
+
+
+def test_pushes_reach_a_receiver_on_another_network_host_early(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("a network namespace needs root")
+    pid = os.getpid()
+    n = pid % 250 + 1
+    ns, host_if, ns_if = f"relaypeer{pid}", f"rph{pid}", f"rpc{pid}"
+    here, there = f"10.232.{n}.1", f"10.232.{n}.2"
+    tables = tmp_path / "tables"
+    push, peer, receive = free_ports(3)
+    (tmp_path / "logs").mkdir()
+    ingress = RoleProc("ingress-trueseal", host_env(
+        tmp_path, "a", tables, RELAY_TRUESEAL_PUSH_PORT=str(push),
+        RELAY_CLUSTER__PEER_LISTEN="true", RELAY_CLUSTER__PEER_BIND=here,
+        RELAY_CLUSTER__PEER_PORT=str(peer), RELAY_INGRESS__LEASE_SECONDS="3",
+        RELAY_INGRESS__LEASE_RENEW_SECONDS="1"),
+        [], tmp_path / "logs", command=["ingress", "--protocol", "trueseal"])
+    egress = RoleProc("egress", host_env(
+        tmp_path, "b", tables, RELAY_NODE_ID="host-b", RELAY_BIND=there,
+        RELAY_CLUSTER__PEER_DIAL="true", RELAY_TRUESEAL__RECEIVE_PORT=str(receive),
+        RELAY_INGRESS__LEASE_SECONDS="3", RELAY_INGRESS__LEASE_RENEW_SECONDS="1"),
+        [], tmp_path / "logs")
+    egress.argv = ["ip", "netns", "exec", ns, *egress.argv]     # egress on host B
+
+    async def main():
+        a_pub, b_pub = await start_hosts(ingress, egress, tmp_path)
+        listed = {p.name: p for p in peer_registry.live(tables)}
+        assert listed["node-0-trueseal"].endpoint == f"{here}:{peer}"
+        assert "host-b-egress" in listed
+        receivers = []
+        for _ in range(2):
+            priv, pub = keypair()
+            receivers.append((await AsyncClient.connect(receive, XX, b_pub, static_priv=priv,
+                                                        host=there), pub))
+        await asyncio.sleep(1.0)        # the subscriptions cross to host A
+        sent: dict[bytes, list[bytes]] = {pub: [] for _, pub in receivers}
+        for i in range(PUSHES):
+            _, pub = receivers[i % 2]
+            envelope = b"sealed-%d-" % i + os.urandom(200)
+            tx = await AsyncClient.connect(push, NK, a_pub)
+            tx.send(push_frame(pub, envelope))
+            assert await tx.recv_frame(timeout=10) == ACK
+            tx.close()
+            sent[pub].append(envelope)
+        for rx, pub in receivers:
+            got = []
+            while len(got) < len(sent[pub]):
+                blob_id, env = parse_deliver(await rx.recv_frame(timeout=5))
+                assert blob_id >= EARLY_BASE        # before its inbox row
+                got.append(env)
+            assert got == sent[pub]                 # in landing order, each once
+            rx.close()
+        settings = config.load(None, env={}, data_dir=str(tmp_path / "x"),
+                               tables_dir=str(tables))
+        assert DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().num_rows == 0
+
+        egress.kill9()                              # host B is gone
+        await wait_log(ingress, "peer_disconnected", 10)
+        time.sleep(3.5)                             # its registration expires
+        now = datetime.now(timezone.utc)
+        assert [p.name for p in peer_registry.live(tables, now)] == ["node-0-trueseal"]
+        assert await ingress.term(30) == 0
+
+    _ip("netns", "add", ns)
+    try:
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns)
+        _ip("addr", "add", f"{here}/24", "dev", host_if)
+        _ip("link", "set", host_if, "up")
+        _ip("-n", ns, "addr", "add", f"{there}/24", "dev", ns_if)
+        _ip("-n", ns, "link", "set", ns_if, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        asyncio.run(main())
+    finally:
+        egress.cleanup()
+        ingress.cleanup()
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
