@@ -5,7 +5,8 @@ each row it writes with the same methods the loader replays at start, so its mem
 rebuild after a restart agree by construction. Compaction (`jobs/compact_heya.py`) folds the
 same way and deletes every row the current state no longer needs (`needed_at`).
 
-Rows of one table are applied in `at` order (the owner writes strictly increasing values).
+Rows of one table are applied in `at` order (strictly increasing in commit order, across
+hosts: `control.py`).
 Tables are applied in this order: mailboxes (which inbox tokens are consumed), inbox tokens,
 send tokens, push tokens, trims (a trim of a revoked token is ignored).
 """
@@ -163,29 +164,44 @@ def apply_inbox_tokens(state: HeyaState, t: pa.Table) -> None:
         state.mint(token, at)
 
 
-def load_state(tables: dict[str, Path]) -> HeyaState:
-    """`tables`: table name -> path, for the five tables of `schema_heya`."""
-    state = HeyaState()
-    t = read_table(tables[HEYA_MAILBOXES.name])
+def apply_mailboxes(state: HeyaState, t: pa.Table) -> None:
     for op, owner, inbox_token, at in zip(
             t.column(H.OP).to_pylist(), t.column(H.OWNER).to_pylist(),
             t.column(H.INBOX_TOKEN).to_pylist(), micros(t.column(H.AT))):
         state.mailbox_row(op, owner, inbox_token, at)
-    apply_inbox_tokens(state, read_table(tables[HEYA_INBOX_TOKENS.name]))
-    t = read_table(tables[HEYA_SEND_TOKENS.name])
+
+
+def apply_send_tokens(state: HeyaState, t: pa.Table) -> None:
     for row in zip(t.column(H.OP).to_pylist(), t.column(H.TOKEN).to_pylist(),
                    t.column(H.OWNER).to_pylist(), t.column(H.START_TIME).to_pylist(),
                    t.column(H.END_TIME).to_pylist(), micros(t.column(H.AT))):
         state.send_token_row(*row)
-    t = read_table(tables[HEYA_PUSH_TOKENS.name])
+
+
+def apply_push_tokens(state: HeyaState, t: pa.Table) -> None:
     for op, owner, device, at in zip(t.column(H.OP).to_pylist(), t.column(H.OWNER).to_pylist(),
                                      t.column(H.DEVICE_TOKEN).to_pylist(),
                                      micros(t.column(H.AT))):
         state.push_row(op, owner, device.decode("ascii"), at)
-    t = read_table(tables[HEYA_TRIMS.name])
+
+
+def apply_trims(state: HeyaState, t: pa.Table) -> None:
     for row in zip(t.column(H.TOKEN).to_pylist(), t.column(H.UP_TO_SEQ).to_pylist(),
                    micros(t.column(H.AT))):
         state.trim_row(*row)
+
+
+# Per table, in the order the fold applies them (the owner catches up in the same order).
+APPLY = {HEYA_MAILBOXES.name: apply_mailboxes, HEYA_INBOX_TOKENS.name: apply_inbox_tokens,
+         HEYA_SEND_TOKENS.name: apply_send_tokens, HEYA_PUSH_TOKENS.name: apply_push_tokens,
+         HEYA_TRIMS.name: apply_trims}
+
+
+def load_state(tables: dict[str, Path]) -> HeyaState:
+    """`tables`: table name -> path, for the five tables of `schema_heya`."""
+    state = HeyaState()
+    for name, apply in APPLY.items():
+        apply(state, read_table(tables[name]))
     return state
 
 
