@@ -103,9 +103,9 @@ def fenced_append(dt: DeltaTable, name: str, path: Path, data: pa.Table, *,
     return version
 
 
-def rows_after(dt: DeltaTable, after: int) -> pa.Table:
+def rows_after(dt: DeltaTable, after: int, columns: str = "*") -> pa.Table:
     """The rows of `dt`'s snapshot with `at` above `after` (unix µs), in `at` order."""
-    return sql({"t": dt}, f"SELECT * FROM t WHERE at > to_timestamp_micros({int(after)}) "
+    return sql({"t": dt}, f"SELECT {columns} FROM t WHERE at > to_timestamp_micros({int(after)}) "
                           f"ORDER BY at")
 
 
@@ -119,6 +119,7 @@ def max_at(t: pa.Table) -> int:
 class ControlTables:
     tables: Mapping[str, TableDef] = {}   # the protocol's control tables, in fold order
     unfenced: Mapping[str, int] = {}      # table -> µs read again on each refresh (see above)
+    columns: Mapping[str, str] = {}       # table -> the columns folded, if not all (payloads)
 
     def __init__(self, layout: Layout, *, fsync: bool = True,
                  clock: Callable[[], int] = utc_micros):
@@ -268,7 +269,8 @@ class ControlTables:
                 if dt.version() == before:
                     continue
             after = self._table_at[name] - (self.unfenced.get(name, 0) if not initial else 0)
-            rows = rows_after(dt, max(0, after) if not initial else 0)
+            rows = rows_after(dt, max(0, after) if not initial else 0,
+                              self.columns.get(name, "*"))
             if rows.num_rows:
                 out[name] = rows
         return out

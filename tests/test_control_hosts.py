@@ -1,0 +1,278 @@
+"""Control planes on several hosts (decision 0009): two `HeyaControl`s / `PppControl`s /
+`SyncControl`s, each with its own Delta handles and memory, over one set of real tables on disk
+(as two hosts sharing a tables directory), and two real processes racing for one inbox token.
+One-time tokens stay one-time, a token made on one host is honoured on the other, a restart
+folds the same state, and row times stay unique per table (compaction's MERGE key)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from delta_tables.heya_control import HeyaControl, mint_inbox_tokens
+from delta_tables.layout import Layout
+from delta_tables.ppp_control import PppControl
+from delta_tables.schema_heya import HEYA_MAILBOXES, HEYA_SEND_TOKENS
+from delta_tables.schema_ppp import PPP_BACKUPS, PPP_DELIVERY_TOKENS
+from delta_tables.schema_sync import SYNC_MEMBERS
+from delta_tables.sync_control import SyncControl
+
+ROOT = Path(__file__).resolve().parent.parent
+END = 2220385707
+
+
+def hosts(tmp_path) -> tuple[Layout, Layout]:
+    """Two hosts: their own data directories, one tables directory."""
+    tables = tmp_path / "tables"
+    return Layout(tmp_path / "host-a", tables), Layout(tmp_path / "host-b", tables)
+
+
+def assert_unique_increasing(path: Path) -> None:
+    """Per commit, the rows it added come after every row before it: `at` is unique and
+    increases in commit order (the fold's order, the MERGE key)."""
+    seen: list[int] = []
+    log = sorted((path / "_delta_log").glob("*.json"))
+    for entry in log:
+        for line in entry.read_text().splitlines():
+            add = json.loads(line).get("add")
+            if add is None:
+                continue
+            import pyarrow.parquet as pq
+            ats = pc.cast(pq.read_table(path / add["path"]).column("at"),
+                          pa.int64()).to_pylist()
+            assert all(a > max(seen, default=0) for a in ats), "at not after earlier commits"
+            seen.extend(ats)
+    assert len(seen) == len(set(seen))
+
+
+def test_two_hosts_race_for_one_inbox_token_one_wins(tmp_path):
+    async def scenario():
+        la, lb = hosts(tmp_path)
+        a, b = HeyaControl(la, fsync=False), HeyaControl(lb, fsync=False)
+        tokens = mint_inbox_tokens(la, 12, fsync=False)
+        await a.load()
+        await b.load()
+        won = []
+        for i, tok in enumerate(tokens):
+            ra, rb = await asyncio.gather(a.inco(b"A%031d" % i, tok), b.inco(b"B%031d" % i, tok))
+            assert [ra, rb].count(True) == 1, (i, ra, rb)
+            won.append("a" if ra else "b")
+        # Stale for sure: A takes a token B has in memory as unused; B's commit loses, B
+        # folds A's row and refuses.
+        (late,) = mint_inbox_tokens(la, 1, fsync=False)
+        await a.refresh()
+        await b.refresh()
+        assert await a.inco(b"A-late" + bytes(26), late)
+        conflicts = b.conflicts
+        assert not await b.inco(b"B-late" + bytes(26), late)
+        assert b.conflicts == conflicts + 1
+        # Every mailbox once, each token consumed once, on both hosts and after a restart.
+        await a.refresh()
+        await b.refresh()
+        c = HeyaControl(la, fsync=False)
+        await c.load()
+        for h in (a, b, c):
+            assert len(h.state.mailboxes) == 13
+            assert h.state.used == set(tokens) | {late} and not h.state.minted
+        return won
+
+    won = asyncio.run(scenario())
+    assert set(won) <= {"a", "b"}
+    assert_unique_increasing(hosts(tmp_path)[0].table_paths({HEYA_MAILBOXES.name: HEYA_MAILBOXES})[
+        HEYA_MAILBOXES.name])
+
+
+def test_send_token_made_on_one_host_is_honoured_and_extended_on_the_other(tmp_path):
+    async def scenario():
+        la, lb = hosts(tmp_path)
+        a, b = HeyaControl(la, fsync=False), HeyaControl(lb, fsync=False)
+        (inbox,) = mint_inbox_tokens(la, fsync=False)
+        await a.load()
+        await b.load()
+        owner = bytes(range(32))
+        assert await a.inco(owner, inbox)
+        assert await b.find_mailbox(owner)                   # a miss looks in the tables
+        tok = await a.auth(owner, 0, END)
+        assert b.send_token(tok.token) is None               # not folded yet
+        assert (await b.find_send_token(tok.token)).end == END
+        # Both hosts extend it at once: both extensions count (read-modify-write, fenced).
+        ea, eb = await asyncio.gather(a.extd(owner, tok.token, 10, 2**40),
+                                      b.extd(owner, tok.token, 100, 2**40))
+        assert sorted((ea, eb))[1] == END + 110
+        # Revoked on B: A refuses it after a refresh (or its follow, within a second).
+        assert await b.deau(owner, tok.token)
+        await a.refresh()
+        assert a.send_token(tok.token) is None
+        assert not await a.deau(owner, tok.token)             # once only
+        c = HeyaControl(lb, fsync=False)
+        await c.load()
+        assert c.state.mailboxes.keys() == a.state.mailboxes.keys() == {owner}
+        assert c.state.tokens == a.state.tokens == b.state.tokens == {}
+
+    asyncio.run(scenario())
+    la, _ = hosts(tmp_path)
+    assert_unique_increasing(la.table_paths({HEYA_SEND_TOKENS.name: HEYA_SEND_TOKENS})[
+        HEYA_SEND_TOKENS.name])
+
+
+def test_a_host_follows_the_others_changes(tmp_path):
+    async def scenario():
+        la, lb = hosts(tmp_path)
+        a, b = HeyaControl(la, fsync=False), HeyaControl(lb, fsync=False)
+        (inbox,) = mint_inbox_tokens(la, fsync=False)
+        await a.load()
+        await b.load()
+        b.start_following(0.05)
+        owner = b"\x01" * 32
+        assert await a.inco(owner, inbox)
+        for _ in range(100):
+            if b.is_mailbox(owner):
+                break
+            await asyncio.sleep(0.05)
+        await b.stop_following()
+        assert b.is_mailbox(owner)
+
+    asyncio.run(scenario())
+
+
+def test_ppp_caps_and_backup_versions_exact_across_hosts(tmp_path):
+    async def scenario():
+        la, lb = hosts(tmp_path)
+        a = PppControl(la, fsync=False, max_tokens=3)
+        b = PppControl(lb, fsync=False, max_tokens=3)
+        await a.load()
+        await b.load()
+        recipient = b"R" * 32
+        # Six registrations for one recipient, three per host, at once: the cap holds.
+        got = await asyncio.gather(*(h.register_token(recipient, bytes([i]) * 16)
+                                     for i, h in enumerate((a, b) * 3)))
+        assert got.count(None) == 3 and got.count("too many delivery tokens") == 3
+        # One delivery token raced by two recipients: one owner.
+        got = await asyncio.gather(a.register_token(b"X" * 32, b"t" * 16),
+                                   b.register_token(b"Y" * 32, b"t" * 16))
+        assert sorted(got, key=str) == [None, "delivery token unavailable"]
+        # Backups stored on both hosts at once: versions 1..4, none twice; the newest fetched
+        # on either host.
+        pk = b"P" * 32
+        metas = await asyncio.gather(a.store_backup(pk, b"one"), b.store_backup(pk, b"two"),
+                                     a.store_backup(pk, b"three"), b.store_backup(pk, b"four"))
+        assert sorted(m.version for m in metas) == [1, 2, 3, 4]
+        newest = max(metas, key=lambda m: m.version)
+        fa, fb = await a.fetch_backup(pk), await b.fetch_backup(pk)
+        assert fa == fb and fa[1] == newest
+        # Registered on A, known on B: its recipient, its deregistration (once).
+        assert await b.find_recipient(b"\x00" * 16) == recipient
+        assert await b.deregister_token(recipient, b"\x00" * 16)
+        assert not await a.deregister_token(recipient, b"\x00" * 16)
+        c = PppControl(la, fsync=False)
+        await c.load()
+        await a.refresh()
+        assert c.state.tokens == a.state.tokens == b.state.tokens
+        assert c.state.backups == a.state.backups
+
+    asyncio.run(scenario())
+    la, _ = hosts(tmp_path)
+    for tdef in (PPP_DELIVERY_TOKENS, PPP_BACKUPS):
+        assert_unique_increasing(la.table_paths({tdef.name: tdef})[tdef.name])
+
+
+def test_sync_group_made_on_one_host_is_joined_on_the_other(tmp_path):
+    async def scenario():
+        la, lb = hosts(tmp_path)
+        a, b = SyncControl(la, fsync=False), SyncControl(lb, fsync=False)
+        await a.load()
+        await b.load()
+        group, d1, d2, d3 = b"G" * 32, b"1" * 32, b"2" * 32, b"3" * 32
+        # Two hosts create one group at once, with two devices: one creates, one joins
+        # (0k-sync's open groups) -- never two creations.
+        got = await asyncio.gather(a.admit(group, d1, None, open_group=True),
+                                   b.admit(group, d2, None, open_group=True))
+        assert sorted(got) == ["created", "joined"]
+        # d1 (admitted on A or B) admits d3 on B; revoked on A, refused on B.
+        assert await b.admit(group, d3, d1) == "joined"
+        assert await a.revoke(group, d3, d1)
+        assert await b.admit(group, d3, d1) == "refused"
+        # Ack progress written on each host, read on the other (order-independent fold).
+        assert a.record_ack(group, d1, 5)
+        assert b.record_ack(group, d2, 7)
+        await a.flush_acks()
+        await b.flush_acks()
+        await a.refresh()
+        await b.refresh()
+        for h in (a, b):
+            assert h.state.acked_cursor(group, d1) == 5 and h.state.acked_cursor(group, d2) == 7
+        c = SyncControl(la, fsync=False)
+        await c.load()
+        assert c.state.members == a.state.members == b.state.members
+        assert c.state.revoked == a.state.revoked
+        for h in (a, b, c):
+            await h.close()
+
+    asyncio.run(scenario())
+    la, _ = hosts(tmp_path)
+    assert_unique_increasing(la.table_paths({SYNC_MEMBERS.name: SYNC_MEMBERS})[SYNC_MEMBERS.name])
+
+
+RACER = textwrap.dedent("""
+    import asyncio, json, sys, time
+    from pathlib import Path
+    from delta_tables.heya_control import HeyaControl
+    from delta_tables.layout import Layout
+
+    data, tables, go, name = sys.argv[1:5]
+    tokens = [bytes.fromhex(t) for t in sys.argv[5:]]
+
+    async def main():
+        c = HeyaControl(Layout(data, Path(tables)), fsync=True)
+        await c.load()
+        print("ready", flush=True)
+        while not Path(go).exists():
+            time.sleep(0.001)
+        won = [await c.inco(name.encode().ljust(30, b"-") + bytes([i, 0]), t)
+               for i, t in enumerate(tokens)]
+        print(json.dumps({"won": won, "conflicts": c.conflicts}), flush=True)
+
+    asyncio.run(main())
+""")
+
+
+def test_two_processes_race_for_the_same_inbox_tokens(tmp_path):
+    """Two real processes (two hosts' ingress, as far as the control plane goes), released at
+    once, INCO the same eight inbox tokens in the same order with different certificates:
+    every token makes exactly one mailbox."""
+    la, _ = hosts(tmp_path)
+    tokens = mint_inbox_tokens(la, 8, fsync=False)
+    go = tmp_path / "go"
+    procs = [subprocess.Popen(
+        [sys.executable, "-c", RACER, str(tmp_path / f"host-{n}"), str(tmp_path / "tables"),
+         str(go), n, *(t.hex() for t in tokens)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+        for n in ("a", "b")]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        go.touch()
+        results = [json.loads(p.stdout.readline()) for p in procs]
+    finally:
+        for p in procs:
+            p.wait(timeout=60)
+    assert all(p.returncode == 0 for p in procs)
+    for i in range(len(tokens)):
+        assert [r["won"][i] for r in results].count(True) == 1, (i, results)
+    print("two-process race:", results)
+
+    async def reload():
+        c = HeyaControl(la, fsync=False)
+        await c.load()
+        return c.state
+    state = asyncio.run(reload())
+    assert len(state.mailboxes) == 8 and state.used == set(tokens)
+    assert_unique_increasing(la.table_paths({HEYA_MAILBOXES.name: HEYA_MAILBOXES})[
+        HEYA_MAILBOXES.name])
