@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timezone
+from typing import Callable
 
 from runtime.log_rate import LogRate
 
-from .control import ControlConflict, ControlTables
+from .control import ControlConflict, ControlTables, utc_micros
 from .group_commit import DeltaAppendTarget, GroupCommitAppender
 from .layout import Layout
 from .schema_sync import (OP_CREATE, OP_JOIN, OP_REGISTER, OP_REVOKE, OP_UNREGISTER,
@@ -42,8 +43,9 @@ class SyncControl(ControlTables):
     tables = SYNC_TABLES
     unfenced = {SYNC_DEVICE_ACKS.name: ACK_WINDOW_US}
 
-    def __init__(self, layout: Layout, *, fsync: bool = True):
-        super().__init__(layout, fsync=fsync)
+    def __init__(self, layout: Layout, *, fsync: bool = True,
+                 clock: Callable[[], int] = utc_micros):
+        super().__init__(layout, fsync=fsync, clock=clock)
         self.state = SyncState()
         self._acks: GroupCommitAppender | None = None
         self._pending_acks: set[asyncio.Task] = set()

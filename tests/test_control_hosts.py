@@ -276,3 +276,48 @@ def test_two_processes_race_for_the_same_inbox_tokens(tmp_path):
     assert len(state.mailboxes) == 8 and state.used == set(tokens)
     assert_unique_increasing(la.table_paths({HEYA_MAILBOXES.name: HEYA_MAILBOXES})[
         HEYA_MAILBOXES.name])
+
+
+def test_compaction_of_ack_rows_two_hosts_wrote_at_the_same_time(tmp_path):
+    """Ack progress is appended by each host on its own (unfenced): two hosts' rows can share
+    an `at`. Compaction still removes every superseded row and keeps what the fold rests on."""
+    from jobs.compact_step import CompactionReport
+    from jobs.compact_sync import compact_sync
+    from delta_tables.schema_sync import SYNC_DEVICE_ACKS
+    from delta_tables.sync_state import load_state, table_paths
+
+    async def scenario():
+        la, lb = hosts(tmp_path)
+        clock = lambda: 1_800_000_000_000_000      # noqa: E731 - both hosts' clocks agree
+        a, b = SyncControl(la, fsync=False, clock=clock), SyncControl(lb, fsync=False,
+                                                                      clock=clock)
+        await a.load()
+        await b.load()
+        group, d1, d2 = b"G" * 32, b"1" * 32, b"2" * 32
+        assert await a.admit(group, d1, None, open_group=True) == "created"
+        assert await b.admit(group, d2, None, open_group=True) == "joined"
+        for cursor in range(1, 6):
+            a.record_ack(group, d1, cursor)
+            b.record_ack(group, d2, cursor * 10)
+            await a.flush_acks()
+            await b.flush_acks()
+        for h in (a, b):
+            await h.close()
+        return la
+
+    la = asyncio.run(scenario())
+    path = table_paths(la)[SYNC_DEVICE_ACKS.name]
+    ats = pc.cast(DeltaTable(str(path)).to_pyarrow_table().column("at"), pa.int64()).to_pylist()
+    assert len(ats) == 10 and len(set(ats)) < len(ats)          # the hosts' rows collide
+    before = load_state(table_paths(la))
+    report = CompactionReport()
+    compact_sync(la, report, 1 << 20, 0)
+    after = DeltaTable(str(path)).to_pyarrow_table()
+    # Every row of an `at` nothing needs is gone; a row sharing a needed row's `at` waits
+    # for a later run (kept, never a needed one deleted).
+    needed = before.needed_at()[SYNC_DEVICE_ACKS.name]
+    left = pc.cast(after.column("at"), pa.int64()).to_pylist()
+    assert set(left) == needed and not report.skipped
+    assert after.num_rows < 4 and report.sync_control_removed >= 7
+    state = load_state(table_paths(la))
+    assert state.acked == before.acked == {(b"G" * 32, b"1" * 32): 5, (b"G" * 32, b"2" * 32): 50}
