@@ -30,7 +30,8 @@ order-independent and idempotent.
 
 Memory follows the others' commits three ways: a lost commit race refreshes; a read that
 misses (`known`: a token or mailbox created on another host) refreshes before refusing; and
-`follow` refreshes every `FOLLOW_SECONDS`, so a revocation on another host is honoured here
+`start_following` refreshes every `FOLLOW_SECONDS` (a stat or HEAD per table when nothing
+changed), so a revocation on another host is honoured here
 within about that long.
 
 An owner sets `tables` (in fold order), implements `fold(name, rows)`, calls `open()` from
@@ -62,8 +63,12 @@ T = TypeVar("T")
 # A change that loses its commit to other hosts this many times in a row gives up
 # (ControlBusy): the client hears the protocol's transient failure and retries.
 CHANGE_ATTEMPTS = 8
-# How often a host folds what the other hosts committed, when nothing else made it.
+# How often a host folds what the other hosts committed, when nothing else made it
+# (ingress.control_follow_seconds).
 FOLLOW_SECONDS = 1.0
+# Every this many refreshes, each table's handle is brought up to date even if its next
+# commit file is not there (a handle older than the log retention finds no next file).
+FULL_LOOK_EVERY = 60
 
 
 def utc_micros() -> int:
@@ -138,6 +143,7 @@ class ControlTables:
         self._queued: asyncio.Task | None = None     # the next refresh, not started
         self._current: asyncio.Task | None = None    # the refresh started last
         self._follower: asyncio.Task | None = None
+        self._looks = 0
 
     # --- for the owner -------------------------------------------------------------------------
     def fold(self, found: dict[str, pa.Table]) -> None:
@@ -254,12 +260,20 @@ class ControlTables:
         if found and not initial:
             self.refreshes += 1
 
+    def _moved(self, name: str, version: int) -> bool:
+        """Whether the table has a commit after `version`: a stat on a local disk, a HEAD on
+        S3 (a follow that finds nothing new LISTs nothing)."""
+        return (self.paths[name] / "_delta_log" / f"{version + 1:020d}.json").exists()
+
     def _read_new(self, initial: bool) -> dict[str, pa.Table]:
+        self._looks += 1
         out = {}
         for name in self.tables:
             dt = self._dt[name]
             before = dt.version()
             if not initial:
+                if self._looks % FULL_LOOK_EVERY and not self._moved(name, before):
+                    continue
                 try:
                     dt.update_incremental()
                 except DeltaError as exc:     # its log was cleaned past it: reopen

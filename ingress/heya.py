@@ -190,7 +190,8 @@ class HeyaServer(Listener):
     async def start(self) -> None:
         await asyncio.to_thread(self.layout.ensure_shared_tables)
         await self.control.load()
-        self.control.start_following()   # the other Heya hosts' changes
+        self.control.start_following(
+            self.settings.ingress.control_follow_seconds)   # the other Heya hosts' changes
         self.tail.version = await self.inbox.bootstrap()
         self._stop = asyncio.Event()
         self._tail_task = asyncio.create_task(

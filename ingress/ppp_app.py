@@ -283,7 +283,8 @@ class PppServer(Listener):
     async def start(self) -> None:
         await asyncio.to_thread(self.layout.ensure_shared_tables)
         await self.control.load()
-        self.control.start_following()   # the other PPP hosts' changes
+        self.control.start_following(
+            self.settings.ingress.control_follow_seconds)   # the other PPP hosts' changes
         await self.ack_appender.start()
         # Each view read its own snapshot; the tail goes on from the older one (a view skips
         # the rows it has, by cursor).
