@@ -30,7 +30,7 @@ from .heya_state import APPLY, HeyaState, SendToken, ensure_tables, micros
 from .layout import Layout, ensure_table
 from .schema_heya import (HEYA_INBOX_TOKENS, HEYA_MAILBOXES, HEYA_PUSH_TOKENS, HEYA_SEND_TOKENS,
                           HEYA_TABLES, HEYA_TRIMS, OP_AUTH, OP_DALL, OP_DEAU, OP_EXTD, OP_INCO,
-                          OP_IOSA, OP_IOSD, H)
+                          OP_DALL_MARK, OP_IOSA, OP_IOSD, H)
 
 log = logging.getLogger("relay.ingress.heya")
 
@@ -100,8 +100,8 @@ class HeyaControl(ControlTables):
         burnt without the mailbox, interop §5.11). False: unknown or used token, or `owner`
         is a mailbox already."""
         async def body():
-            if owner in self.state.mailboxes:
-                return False
+            if not await self.fresh(lambda: owner not in self.state.mailboxes):
+                return False          # a mailbox, unless another host's DALL says otherwise
             # minted by `relay heya inbox-token`; a stale view of its use loses the commit
             if not await self.fresh(lambda: inbox_token in self.state.minted):
                 return False
@@ -112,8 +112,11 @@ class HeyaControl(ControlTables):
             return True
         return await self.change(body)
 
-    async def auth(self, owner: bytes, start: int, end: int) -> SendToken:
+    async def auth(self, owner: bytes, start: int, end: int) -> SendToken | None:
+        """None if `owner` is no mailbox, or its DALL is under way (on any host)."""
         async def body():
+            if not await self.fresh(lambda: self.state.open_mailbox(owner)):
+                return None
             token = secrets.token_bytes(TOKEN_LEN)
             at = self.next_at(self.state)
             await self.write(HEYA_SEND_TOKENS.name, [self._token_row(
@@ -184,15 +187,19 @@ class HeyaControl(ControlTables):
     def _push_row(op: str, owner: bytes, device: str, at: int) -> dict[str, Any]:
         return {H.OWNER: owner, H.DEVICE_TOKEN: device.encode("ascii"), H.OP: op, H.AT: _ts(at)}
 
-    async def iosa(self, owner: bytes, device: str) -> None:
+    async def iosa(self, owner: bytes, device: str) -> bool:
         """Register a push token; registering it again keeps the first registration
-        (interop §3 IOSA: ON CONFLICT DO NOTHING)."""
+        (interop §3 IOSA: ON CONFLICT DO NOTHING). False if `owner` is no mailbox, or its
+        DALL is under way."""
         async def body():
+            if not await self.fresh(lambda: self.state.open_mailbox(owner)):
+                return False
             if device in self.state.push.get(owner, {}):
-                return
+                return True
             at = self.next_at(self.state)
             await self.write(HEYA_PUSH_TOKENS.name, [self._push_row(OP_IOSA, owner, device, at)])
             self.state.push_row(OP_IOSA, owner, device, at)
+            return True
         return await self.change(body)
 
     async def iosd(self, owner: bytes, device: str) -> bool:
@@ -209,30 +216,38 @@ class HeyaControl(ControlTables):
         """Deregister the mailbox: revoke every send token (their messages go with them),
         remove every push token, then the mailbox itself (README "Deregistering an inbox").
         Written in that order, so a crash part-way leaves a mailbox whose DALL can be
-        repeated. Returns the revoked tokens; None if `owner` is not a mailbox."""
+        repeated. Returns the revoked tokens; None if `owner` is not a mailbox.
+
+        Across hosts: the DEAUs go with a DALL mark (`OP_DALL_MARK`) in the table AUTH
+        writes, and the push step always commits (empty if no push token), so an AUTH or
+        IOSA racing this DALL on another host either commits first, and is revoked here
+        (this commit then loses and is decided again), or sees the mark and is refused."""
+        revoked: list[bytes] = []     # over attempts: a retry finds the first ones revoked
+
         async def body():
             if not await self.fresh(lambda: owner in self.state.mailboxes):
                 return None
             tokens = self.state.tokens_of(owner)
-            if tokens:
-                ats = [self.next_at(self.state) for _ in tokens]
-                await self.write(HEYA_SEND_TOKENS.name, [
-                    self._token_row(OP_DEAU, t.token, owner, t.start, t.end, at)
-                    for t, at in zip(tokens, ats)])
-                for t, at in zip(tokens, ats):
-                    self.state.send_token_row(OP_DEAU, t.token, owner, t.start, t.end, at)
+            ats = [self.next_at(self.state) for _ in range(len(tokens) + 1)]
+            await self.write(HEYA_SEND_TOKENS.name, [
+                self._token_row(OP_DEAU, t.token, owner, t.start, t.end, at)
+                for t, at in zip(tokens, ats)] + [
+                self._token_row(OP_DALL_MARK, b"", owner, 0, 0, ats[-1])])
+            for t, at in zip(tokens, ats):
+                self.state.send_token_row(OP_DEAU, t.token, owner, t.start, t.end, at)
+            self.state.send_token_row(OP_DALL_MARK, b"", owner, 0, 0, ats[-1])
+            revoked.extend(t.token for t in tokens)
             devices = [d for d, _ in self.state.push_tokens(owner)]
-            if devices:
-                ats = [self.next_at(self.state) for _ in devices]
-                await self.write(HEYA_PUSH_TOKENS.name, [
-                    self._push_row(OP_IOSD, owner, d, at) for d, at in zip(devices, ats)])
-                for d, at in zip(devices, ats):
-                    self.state.push_row(OP_IOSD, owner, d, at)
+            ats = [self.next_at(self.state) for _ in devices]
+            await self.write(HEYA_PUSH_TOKENS.name, [
+                self._push_row(OP_IOSD, owner, d, at) for d, at in zip(devices, ats)])
+            for d, at in zip(devices, ats):
+                self.state.push_row(OP_IOSD, owner, d, at)
             at = self.next_at(self.state)
             await self.write(HEYA_MAILBOXES.name, [{
                 H.OWNER: owner, H.OP: OP_DALL, H.INBOX_TOKEN: None, H.AT: _ts(at)}])
             self.state.mailbox_row(OP_DALL, owner, None, at)
-            return [t.token for t in tokens]
+            return list(revoked)
         return await self.change(body)
 
 

@@ -24,7 +24,7 @@ from .query import sql
 from .schema_heya import (HEYA_INBOX_TOKENS, HEYA_MAILBOXES, HEYA_PUSH_TOKENS, HEYA_SEND_TOKENS,
                           HEYA_TABLES,
                           HEYA_TRIMS, OP_AUTH, OP_DALL, OP_DEAU, OP_EXTD, OP_INCO, OP_IOSA,
-                          OP_IOSD, H)
+                          OP_IOSD, OP_DALL_MARK, H)
 
 
 @dataclass
@@ -52,6 +52,7 @@ class HeyaState:
     owned: dict[bytes, set[bytes]] = field(default_factory=dict)  # owner -> send tokens
     push: dict[bytes, dict[str, int]] = field(default_factory=dict)  # owner -> device -> at
     trims: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # token -> (up_to, at)
+    dalls: dict[bytes, int] = field(default_factory=dict)   # owner -> at of its last DALL mark
     last_at: int = 0
 
     def __repr__(self) -> str:
@@ -80,6 +81,9 @@ class HeyaState:
     def send_token_row(self, op: str, token: bytes, owner: bytes, start: int, end: int,
                        at: int) -> None:
         self._seen(at)
+        if op == OP_DALL_MARK:
+            self.dalls[owner] = max(at, self.dalls.get(owner, 0))
+            return
         if op == OP_AUTH:
             self.tokens[token] = SendToken(token, owner, start, end, at)
             self.owned.setdefault(owner, set()).add(token)
@@ -115,6 +119,12 @@ class HeyaState:
             self.trims[token] = (up_to, at)
 
     # --- queries ---------------------------------------------------------------------------
+    def open_mailbox(self, owner: bytes) -> bool:
+        """A mailbox with no DALL under way (one marked after its INCO): AUTH and IOSA may
+        add to it."""
+        registered = self.mailboxes.get(owner)
+        return registered is not None and self.dalls.get(owner, 0) < registered
+
     def tokens_of(self, owner: bytes) -> list[SendToken]:
         """In the order LIST and LAST use: start, end, token (interop §2, §3 LIST)."""
         return sorted((self.tokens[t] for t in self.owned.get(owner, ())),
@@ -133,7 +143,9 @@ class HeyaState:
         """Per table, the `at` of every row the current state rests on; compaction deletes
         the others (DEAU'd and DALL'd tokens, removed push tokens, consumed inbox tokens,
         superseded trims and EXTDs, the rows of deregistered mailboxes)."""
-        send = set()
+        # a DALL mark is needed while its DALL is under way (the mailbox still there)
+        send = {at for owner, at in self.dalls.items()
+                if owner in self.mailboxes and at > self.mailboxes[owner]}
         for tok in self.tokens.values():
             send.add(tok.auth_at)
             if tok.extd_at is not None:

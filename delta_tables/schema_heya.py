@@ -40,6 +40,11 @@ OP_EXTD = "extd"
 OP_DEAU = "deau"
 OP_IOSA = "iosa"
 OP_IOSD = "iosd"
+# A DALL under way, in heya_send_tokens (token empty): from it on, until the owner registers
+# again, no host mints a send token or registers a push token for the owner. It is written
+# with the DALL's DEAUs, in the table an AUTH writes, so an AUTH racing a DALL on another
+# host either is revoked by it or sees it (control.py's fence) and is refused.
+OP_DALL_MARK = "dall"
 
 _AT = Column(H.AT, "timestamp", doc="when; strictly increasing per table in commit order "
                                           "(fenced writers, control.py); the merge key")
@@ -72,13 +77,14 @@ HEYA_SEND_TOKENS = TableDef(
     "heya_send_tokens", (
         Column(H.TOKEN, "binary", doc="32 random bytes; the inbox mailbox key of its messages"),
         _OWNER,
-        Column(H.OP, "string", doc="auth | extd | deau"),
+        Column(H.OP, "string", doc="auth | extd | deau | dall (a DALL under way; token empty)"),
         Column(H.START_TIME, "long", doc="unix seconds; SEND is refused before it"),
         Column(H.END_TIME, "long", doc="unix seconds; SEND is refused after it (extd: new end)"),
         _AT,
     ),
     dict(_COMMON),
-    doc="Send tokens of each mailbox: minted (AUTH), extended (EXTD), revoked (DEAU, DALL).",
+    doc="Send tokens of each mailbox: minted (AUTH), extended (EXTD), revoked (DEAU, DALL); "
+        "a `dall` row (empty token) marks a DALL under way.",
 )
 
 HEYA_PUSH_TOKENS = TableDef(

@@ -472,6 +472,9 @@ class _HeyaConnection:
             self._refuse(rid, "auth")
             return
         tok = await self.control.auth(self.owner, cmd.start, cmd.end)
+        if tok is None:                # its DALL under way, on this host or another
+            self._refuse(rid, "auth")
+            return
         self.core.reply(rid, frames.auth(tok.token, cmd.start, cmd.end))
 
     async def _deau(self, rid: int, cmd: Deau) -> None:
@@ -554,7 +557,9 @@ class _HeyaConnection:
         if not await self._mailbox():
             self._refuse(rid, "not_a_mailbox")   # README "IOSA ... non-mailbox will close"
             return
-        await self.control.iosa(self.owner, cmd.device_token)
+        if not await self.control.iosa(self.owner, cmd.device_token):
+            self._refuse(rid, "not_a_mailbox")   # its DALL under way, here or on another host
+            return
         self.core.reply(rid, frames.iosa(cmd.device_token))
 
     async def _iosd(self, rid: int, cmd: Iosd) -> None:
