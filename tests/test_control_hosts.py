@@ -35,6 +35,20 @@ def hosts(tmp_path) -> tuple[Layout, Layout]:
     return Layout(tmp_path / "host-a", tables), Layout(tmp_path / "host-b", tables)
 
 
+def table_path(tmp_path, tdef) -> Path:
+    return hosts(tmp_path)[0].table_paths({tdef.name: tdef})[tdef.name]
+
+
+async def two_heya(tmp_path, inbox_tokens: int) -> tuple[HeyaControl, HeyaControl, list]:
+    """Host A and host B, loaded, after `inbox_tokens` inbox tokens were minted."""
+    la, lb = hosts(tmp_path)
+    tokens = mint_inbox_tokens(la, inbox_tokens, fsync=False)
+    a, b = HeyaControl(la, fsync=False), HeyaControl(lb, fsync=False)
+    await a.load()
+    await b.load()
+    return a, b, tokens
+
+
 def assert_unique_increasing(path: Path) -> None:
     """Per commit, the rows it added come after every row before it: `at` is unique and
     increases in commit order (the fold's order, the MERGE key)."""
@@ -55,11 +69,8 @@ def assert_unique_increasing(path: Path) -> None:
 
 def test_two_hosts_race_for_one_inbox_token_one_wins(tmp_path):
     async def scenario():
-        la, lb = hosts(tmp_path)
-        a, b = HeyaControl(la, fsync=False), HeyaControl(lb, fsync=False)
-        tokens = mint_inbox_tokens(la, 12, fsync=False)
-        await a.load()
-        await b.load()
+        a, b, tokens = await two_heya(tmp_path, 12)
+        la = a.layout
         won = []
         for i, tok in enumerate(tokens):
             ra, rb = await asyncio.gather(a.inco(b"A%031d" % i, tok), b.inco(b"B%031d" % i, tok))
@@ -86,17 +97,12 @@ def test_two_hosts_race_for_one_inbox_token_one_wins(tmp_path):
 
     won = asyncio.run(scenario())
     assert set(won) <= {"a", "b"}
-    assert_unique_increasing(hosts(tmp_path)[0].table_paths({HEYA_MAILBOXES.name: HEYA_MAILBOXES})[
-        HEYA_MAILBOXES.name])
+    assert_unique_increasing(table_path(tmp_path, HEYA_MAILBOXES))
 
 
 def test_send_token_made_on_one_host_is_honoured_and_extended_on_the_other(tmp_path):
     async def scenario():
-        la, lb = hosts(tmp_path)
-        a, b = HeyaControl(la, fsync=False), HeyaControl(lb, fsync=False)
-        (inbox,) = mint_inbox_tokens(la, fsync=False)
-        await a.load()
-        await b.load()
+        a, b, (inbox,) = await two_heya(tmp_path, 1)
         owner = bytes(range(32))
         assert await a.inco(owner, inbox)
         assert await b.find_mailbox(owner)                   # a miss looks in the tables
@@ -112,24 +118,18 @@ def test_send_token_made_on_one_host_is_honoured_and_extended_on_the_other(tmp_p
         await a.refresh()
         assert a.send_token(tok.token) is None
         assert not await a.deau(owner, tok.token)             # once only
-        c = HeyaControl(lb, fsync=False)
+        c = HeyaControl(b.layout, fsync=False)
         await c.load()
         assert c.state.mailboxes.keys() == a.state.mailboxes.keys() == {owner}
         assert c.state.tokens == a.state.tokens == b.state.tokens == {}
 
     asyncio.run(scenario())
-    la, _ = hosts(tmp_path)
-    assert_unique_increasing(la.table_paths({HEYA_SEND_TOKENS.name: HEYA_SEND_TOKENS})[
-        HEYA_SEND_TOKENS.name])
+    assert_unique_increasing(table_path(tmp_path, HEYA_SEND_TOKENS))
 
 
 def test_a_host_follows_the_others_changes(tmp_path):
     async def scenario():
-        la, lb = hosts(tmp_path)
-        a, b = HeyaControl(la, fsync=False), HeyaControl(lb, fsync=False)
-        (inbox,) = mint_inbox_tokens(la, fsync=False)
-        await a.load()
-        await b.load()
+        a, b, (inbox,) = await two_heya(tmp_path, 1)
         b.start_following(0.05)
         owner = b"\x01" * 32
         assert await a.inco(owner, inbox)
@@ -181,9 +181,8 @@ def test_ppp_caps_and_backup_versions_exact_across_hosts(tmp_path):
         assert c.state.backups == a.state.backups
 
     asyncio.run(scenario())
-    la, _ = hosts(tmp_path)
     for tdef in (PPP_DELIVERY_TOKENS, PPP_BACKUPS):
-        assert_unique_increasing(la.table_paths({tdef.name: tdef})[tdef.name])
+        assert_unique_increasing(table_path(tmp_path, tdef))
 
 
 def test_sync_group_made_on_one_host_is_joined_on_the_other(tmp_path):
@@ -219,8 +218,7 @@ def test_sync_group_made_on_one_host_is_joined_on_the_other(tmp_path):
             await h.close()
 
     asyncio.run(scenario())
-    la, _ = hosts(tmp_path)
-    assert_unique_increasing(la.table_paths({SYNC_MEMBERS.name: SYNC_MEMBERS})[SYNC_MEMBERS.name])
+    assert_unique_increasing(table_path(tmp_path, SYNC_MEMBERS))
 
 
 RACER = textwrap.dedent("""
@@ -276,8 +274,7 @@ def test_two_processes_race_for_the_same_inbox_tokens(tmp_path):
         return c.state
     state = asyncio.run(reload())
     assert len(state.mailboxes) == 8 and state.used == set(tokens)
-    assert_unique_increasing(la.table_paths({HEYA_MAILBOXES.name: HEYA_MAILBOXES})[
-        HEYA_MAILBOXES.name])
+    assert_unique_increasing(table_path(tmp_path, HEYA_MAILBOXES))
 
 
 def test_compaction_of_ack_rows_two_hosts_wrote_at_the_same_time(tmp_path):
@@ -332,11 +329,8 @@ def test_heya_auth_and_iosa_racing_a_dall_on_another_host(tmp_path):
     from delta_tables.schema_heya import OP_DALL_MARK
 
     async def scenario():
-        la, lb = hosts(tmp_path)
-        a, b = HeyaControl(la, fsync=False), HeyaControl(lb, fsync=False)
-        inbox = mint_inbox_tokens(la, 24, fsync=False)
-        await a.load()
-        await b.load()
+        a, b, inbox = await two_heya(tmp_path, 24)
+        la = a.layout
         o1, o2, o3 = b"\x01" * 32, b"\x02" * 32, b"\x03" * 32
         for owner, tok in zip((o1, o2, o3), inbox):
             assert await a.inco(owner, tok)

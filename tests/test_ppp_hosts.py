@@ -7,24 +7,15 @@ that never repeat, and the newest is fetched on either; a restarted host folds t
 from __future__ import annotations
 
 import asyncio
-import time
 
 from nacl.signing import SigningKey
 
 from engine.ppp.keys import Identity
 from engine.ppp.tokens import recipient_delivery_token, sender_delivery_token
-from engine.ppp.wrap import Kind, PresenceContent, Region, Rumor, TimeWindow, wrap
 
 from hosts_harness import Host
 from ppp_wire import Ws, ahttp, pack, unpack
-
-
-def presence(sender: Identity, recipient: Identity, message: str):
-    now = int(time.time())
-    rumor = Rumor(sender.pubkey, Kind.PRESENCE, PresenceContent(
-        b"u" * 16, message, Region(52.52, 13.405, 150), TimeWindow(now, now + 3600, "UTC"),
-        (recipient.pubkey,)), now)
-    return wrap(rumor, sender, recipient.pubkey, created_at=now, expires_at=now + 86400)
+from test_ppp_end_to_end import presence
 
 
 def test_ppp_served_by_two_hosts_at_once(tmp_path):
