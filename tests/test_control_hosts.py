@@ -373,3 +373,38 @@ def test_heya_auth_and_iosa_racing_a_dall_on_another_host(tmp_path):
             assert not any(h.is_mailbox(o) for o in owners)
 
     asyncio.run(scenario())
+
+
+def test_two_hosts_on_the_test_store(settings, tmp_path):
+    """The race and a token across hosts on the tables the test run uses: a local directory,
+    or an S3 server with RELAY_TEST_TABLES=s3 (a conditional PUT per commit, a HEAD per
+    follow)."""
+    tables = settings.tables_dir or str(tmp_path / "tables")
+
+    def host(name: str) -> Layout:
+        return Layout.at(tmp_path / name, tables, settings.object_store.endpoint,
+                         settings.object_store.region)
+
+    async def scenario():
+        a, b = HeyaControl(host("a"), fsync=True), HeyaControl(host("b"), fsync=True)
+        tokens = mint_inbox_tokens(host("a"), 4, fsync=True)
+        await a.load()
+        await b.load()
+        for i, tok in enumerate(tokens):
+            ra, rb = await asyncio.gather(a.inco(b"A%031d" % i, tok), b.inco(b"B%031d" % i, tok))
+            assert [ra, rb].count(True) == 1
+        owner = next(iter(a.state.mailboxes.keys() | b.state.mailboxes.keys()))
+        host_of = a if owner in a.state.mailboxes else b
+        other = b if host_of is a else a
+        tok = await host_of.auth(owner, 0, END)
+        assert (await other.find_send_token(tok.token)).end == END
+        assert await other.deau(owner, tok.token)
+        assert not await host_of.deau(owner, tok.token)
+        c = HeyaControl(host("c"), fsync=False)
+        await c.load()
+        await a.refresh()
+        await b.refresh()
+        assert c.state.mailboxes == a.state.mailboxes == b.state.mailboxes
+        assert len(c.state.mailboxes) == 4 and c.state.tokens == {}
+
+    asyncio.run(scenario())
