@@ -110,6 +110,9 @@ class PppControl(ControlTables):
         """None when written and applied, else the refusal reason (engine/ppp/carry.py)."""
         async def body():
             why = self.state.carry.check(op, signer, group_id, d)
+            if why is not None:       # the group as another host left it, before refusing
+                await self._catch_up()
+                why = self.state.carry.check(op, signer, group_id, d)
             if why is not None:
                 return why
             members, couriers = (None, None) if d is None else d.pack()
