@@ -69,6 +69,9 @@ FOLLOW_SECONDS = 1.0
 # Every this many refreshes, each table's handle is brought up to date even if its next
 # commit file is not there (a handle older than the log retention finds no next file).
 FULL_LOOK_EVERY = 60
+# A table's handle is opened afresh (from its last checkpoint) after this many commits through
+# it: a long-lived delta-rs handle slows as the log grows (group_commit.DeltaAppendTarget).
+REOPEN_EVERY = 100
 
 
 def utc_micros() -> int:
@@ -140,6 +143,7 @@ class ControlTables:
         self.last_at = 0            # the newest `at` folded or written, any table
         self._dt: dict[str, DeltaTable] = {}
         self._table_at: dict[str, int] = {}     # per table: the newest `at` folded
+        self._commits: dict[str, int] = {}      # per table: commits through its handle
         self._queued: asyncio.Task | None = None     # the next refresh, not started
         self._current: asyncio.Task | None = None    # the refresh started last
         self._follower: asyncio.Task | None = None
@@ -160,6 +164,7 @@ class ControlTables:
         self.paths = self.layout.table_paths(self.tables)
         self._dt = await asyncio.to_thread(opened)
         self._table_at = {name: 0 for name in self.tables}
+        self._commits = {name: 0 for name in self.tables}
         async with self.lock:
             await self._catch_up(initial=True)
         return self.paths
@@ -194,6 +199,7 @@ class ControlTables:
         await asyncio.to_thread(fenced_append, dt, table, self.paths[table], data,
                                 fsync=self.fsync)
         self._table_at[table] = max(self._table_at[table], max_at(data))
+        self._commits[table] += 1
         self.writes += 1
 
     async def fresh(self, check: Callable[[], bool]) -> bool:
@@ -272,16 +278,21 @@ class ControlTables:
             dt = self._dt[name]
             before = dt.version()
             if not initial:
-                if self._looks % FULL_LOOK_EVERY and not self._moved(name, before):
-                    continue
-                try:
-                    dt.update_incremental()
-                except DeltaError as exc:     # its log was cleaned past it: reopen
-                    if not log_retention.outlived(exc):
-                        raise
+                if self._commits[name] >= REOPEN_EVERY:
+                    # a fresh handle at the newest version: what it shows is folded below
                     dt = self._dt[name] = DeltaTable(dt.table_uri)
-                if dt.version() == before:
+                    self._commits[name] = 0
+                elif self._looks % FULL_LOOK_EVERY and not self._moved(name, before):
                     continue
+                else:
+                    try:
+                        dt.update_incremental()
+                    except DeltaError as exc:     # its log was cleaned past it: reopen
+                        if not log_retention.outlived(exc):
+                            raise
+                        dt = self._dt[name] = DeltaTable(dt.table_uri)
+                    if dt.version() == before:
+                        continue
             after = self._table_at[name] - (self.unfenced.get(name, 0) if not initial else 0)
             rows = rows_after(dt, max(0, after) if not initial else 0,
                               self.columns.get(name, "*"))

@@ -408,3 +408,29 @@ def test_two_hosts_on_the_test_store(settings, tmp_path):
         assert len(c.state.mailboxes) == 4 and c.state.tokens == {}
 
     asyncio.run(scenario())
+
+
+def test_handles_opened_afresh_keep_memory_and_tables_together(tmp_path, monkeypatch):
+    """A host reopens a table's handle after `REOPEN_EVERY` commits through it (a long-lived
+    delta-rs handle slows); the rows the fresh handle shows are folded with it, so both hosts
+    still agree on every token after changes in turn, stale and fresh."""
+    from delta_tables import control
+    monkeypatch.setattr(control, "REOPEN_EVERY", 5)
+
+    async def scenario():
+        a, b, (inbox,) = await two_heya(tmp_path, 1)
+        owner = b"o" * 32
+        assert await a.inco(owner, inbox)
+        minted = []
+        for i in range(23):
+            h = a if i % 3 else b
+            if i % 4 == 0:
+                await h.refresh()
+            minted.append((await h.auth(owner, 0, END)).token)
+        await a.refresh()
+        await b.refresh()
+        assert set(a.state.tokens) == set(b.state.tokens) == set(minted)
+        assert a.conflicts and b.conflicts
+
+    asyncio.run(scenario())
+    assert_unique_increasing(table_path(tmp_path, HEYA_SEND_TOKENS))
