@@ -50,7 +50,7 @@ import pyarrow as pa
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-from . import log_retention, writer_fence
+from . import log_retention, object_store, writer_fence
 from .group_commit import fsync_version
 from .layout import Layout, ensure_table
 from .query import sql
@@ -273,8 +273,12 @@ class ControlTables:
 
     def _read_new(self, initial: bool) -> dict[str, pa.Table]:
         self._looks += 1
+        names = list(self.tables)
+        look = (map if not self.layout.remote else object_store.concurrently)  # HEADs at once
+        moved = ({} if initial else dict(zip(names, look(
+            lambda n: self._moved(n, self._dt[n].version()), names))))
         out = {}
-        for name in self.tables:
+        for name in names:
             dt = self._dt[name]
             before = dt.version()
             if not initial:
@@ -282,7 +286,7 @@ class ControlTables:
                     # a fresh handle at the newest version: what it shows is folded below
                     dt = self._dt[name] = DeltaTable(dt.table_uri)
                     self._commits[name] = 0
-                elif self._looks % FULL_LOOK_EVERY and not self._moved(name, before):
+                elif self._looks % FULL_LOOK_EVERY and not moved[name]:
                     continue
                 else:
                     try:
