@@ -34,9 +34,11 @@ log = logging.getLogger("relay.ingress.sync")
 
 
 # Ack rows are written unfenced by each host, with its own clock: a refresh reads them again
-# this far back (a host's clock ahead of another's by more than this, plus its group commit's
-# delay, would hide its acks from that host until a restart; clocks are NTP-synchronised).
-ACK_WINDOW_US = 60_000_000
+# this far back from the newest it holds. A host whose clock is behind another's by more than
+# this (less its group commit's delay) would have its acks missed by that host until a
+# restart; clocks are NTP-synchronised, well within it. Each refresh that finds new acks
+# reads this many seconds of them again (idempotent: the highest cursor wins).
+ACK_WINDOW_US = 10_000_000
 
 
 class SyncControl(ControlTables):
