@@ -1,7 +1,7 @@
 """What the owners of a protocol's control tables share (`heya_control.py`, `ppp_control.py`,
 `sync_control.py`): the interface they implement, the writing and the following they have in
 common. Several hosts serve one protocol at once, each with its own `ControlTables` over the
-same tables (decision 0009).
+same tables (decision 0010).
 
 A control plane (tokens, mailboxes, members, backups, push registrations: DESIGN.md
 "Control-plane state") is a few small append-only tables (`schema_<protocol>.py`) folded into

@@ -248,7 +248,7 @@ class MetricsConf:
 @dataclass
 class HeyaConf:
     # The Heya listener, in the ingress process. Any number of ingress hosts may run it at
-    # once over one set of tables: they share its control tables (decision 0009).
+    # once over one set of tables: they share its control tables (decision 0010).
     enabled: bool = True
     port: int = 8337
     # Server certificate and key (PEM). Empty: <data_dir>/keys/heya_server.{crt,key},
@@ -415,7 +415,7 @@ class PppConf:
 @dataclass
 class SyncConf:
     # The cursor-sync relay over QUIC (ALPN /0k-sync/1), hosted by the ingress process; any
-    # number of ingress hosts may run it at once (decision 0009). Limits: engine/sync/limits.
+    # number of ingress hosts may run it at once (decision 0010). Limits: engine/sync/limits.
     enabled: bool = True
     port: int = 4433
     # Server certificate and key (PEM). Empty: <data_dir>/keys/sync_server.{crt,key}, created

@@ -1,4 +1,4 @@
-"""Ingress processes as hosts (decision 0009): `relay ingress --protocol P` run as a child
+"""Ingress processes as hosts (decision 0010): `relay ingress --protocol P` run as a child
 process with its own data directory and node id, every host's tables in one shared directory,
 listeners and metrics on ephemeral ports. What the multi-host end-to-end tests start."""
 

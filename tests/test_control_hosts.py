@@ -1,4 +1,4 @@
-"""Control planes on several hosts (decision 0009): two `HeyaControl`s / `PppControl`s /
+"""Control planes on several hosts (decision 0010): two `HeyaControl`s / `PppControl`s /
 `SyncControl`s, each with its own Delta handles and memory, over one set of real tables on disk
 (as two hosts sharing a tables directory), and two real processes racing for one inbox token.
 One-time tokens stay one-time, a token made on one host is honoured on the other, a restart

@@ -1,5 +1,5 @@
 """`relay bench --control-hosts`: what a control change costs when several hosts share a
-control plane (delta_tables/control.py, decision 0009).
+control plane (delta_tables/control.py, decision 0010).
 
 Two `HeyaControl`s over one tables directory on local disk (fsync on), as two hosts; per
 round, alternating in one process:
