@@ -24,20 +24,21 @@ def _free_port() -> int:
 
 
 @contextmanager
-def s3_server(timeout: float = 30.0, request_log=None):
+def s3_server(timeout: float = 30.0, request_log=None, host: str = "127.0.0.1"):
     """Yields the endpoint URL; the bucket exists; the credentials are in os.environ (and
     restored after). `request_log` (a path): moto's log of every request goes there, one
-    line each (`RequestLog` counts them)."""
+    line each (`RequestLog` counts them). `host`: the address it listens on (a test host's,
+    for roles in other network namespaces)."""
     port = _free_port()
     out = open(request_log, "ab") if request_log else subprocess.DEVNULL
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1",
+        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", host,
                                  "-p", str(port)], stdout=out, stderr=out,
                                 start_new_session=True)
     finally:
         if request_log:
             out.close()
-    endpoint = f"http://127.0.0.1:{port}"
+    endpoint = f"http://{host}:{port}"
     saved = {k: os.environ.get(k) for k in CREDENTIALS}
     os.environ.update(CREDENTIALS)
     try:
