@@ -30,7 +30,7 @@ from engine.ppp.rooms import ROOM_PROTOCOL
 import pyarrow as pa
 from deltalake import DeltaTable, QueryBuilder
 
-from delta_tables import node_lease, storage
+from delta_tables import node_lease, peer_registry, storage
 from delta_tables.landing_lag import landing_lag
 from delta_tables.layout import Layout
 from delta_tables.object_store import disk_usage
@@ -79,6 +79,15 @@ class NodeStatus:
 
 
 @dataclass
+class PeerStatus:
+    name: str                     # the node (ingress) or host (egress) it stands for
+    role: str
+    host: str
+    heartbeat_age_s: float
+    state: str                    # alive | expired | stopped (released)
+
+
+@dataclass
 class Status:
     data_dir: str
     at: str
@@ -91,6 +100,7 @@ class Status:
     storage: StorageStatus | None = None
     tables: str = ""              # where the tables are (directory or s3:// location)
     nodes: list[NodeStatus] = field(default_factory=list)
+    peers: list[PeerStatus] = field(default_factory=list)   # the peer channel's registrations
 
 
 def _sql(tables: dict[str, DeltaTable], sql: str) -> list[dict]:
@@ -203,6 +213,14 @@ def node_status(layout: Layout, lag_tables: dict[str, tuple[int, int]],
             for n in node_lease.read_all(layout.tables)]
 
 
+def peer_status(layout: Layout, now: datetime) -> list[PeerStatus]:
+    """The peer channel's registrations (docs/operating/peer-channel.md), without key or
+    endpoint: which hosts take or give live hand-offs, and whether each still renews."""
+    return [PeerStatus(p.name, p.role, p.host, round((now - p.heartbeat).total_seconds(), 1),
+                       "stopped" if p.released else "alive" if p.live(now) else "expired")
+            for p in peer_registry.read_all(layout.tables)]
+
+
 def tables_location(settings: Settings, layout: Layout) -> str:
     """The tables' location as an operator names it; an endpoint without any user:password."""
     if layout.s3 is None:
@@ -226,7 +244,8 @@ def collect(settings: Settings, now: datetime | None = None) -> Status:
         landing_tables=len(lag.tables),
         roles=[role_status(settings, r) for r in process_roles(settings)],
         storage=storage_status(layout, now, protocols),
-        tables=tables_location(settings, layout), nodes=node_status(layout, lag.tables, now))
+        tables=tables_location(settings, layout), nodes=node_status(layout, lag.tables, now),
+        peers=peer_status(layout, now))
 
 
 # --- printing ---------------------------------------------------------------------------------
@@ -310,6 +329,10 @@ def format_status(st: Status) -> str:
                      f"{_age(n.heartbeat_age_s) + ' ago':>9}  {n.state:<8} {n.lag_versions:>5}")
     if not st.nodes:
         lines.append("  (no node has held a lease)")
+    if st.peers:
+        lines += ["", f"  {'peer':<20} {'role':<17} {'host':<20} {'heartbeat':>9}  state"]
+        lines += [f"  {p.name:<20} {p.role:<17} {p.host[:20]:<20} "
+                  f"{_age(p.heartbeat_age_s) + ' ago':>9}  {p.state}" for p in st.peers]
     lines += ["", f"  landing lag  {st.landing_lag_versions} commits, "
                   f"{st.landing_lag_seconds:.1f} s  ({st.landing_tables} landing tables)", "",
               "  role             metrics          state"]

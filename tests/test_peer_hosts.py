@@ -19,6 +19,7 @@ from delta_tables.layout import Layout
 from delta_tables.schema import C
 from egress.pending import EARLY_BASE
 from jobs.inbox_stream import start_inbox_stream
+from relay import status
 from runtime import config, keys
 from test_end_to_end import parse_deliver
 from trueseal_client import ACK, NK, XX, AsyncClient, deliver_ack_frame, keypair, push_frame
@@ -74,6 +75,12 @@ def test_a_push_to_host_a_reaches_a_receiver_on_host_b_before_its_row_and_once(
         names = {p.name: p for p in peer_registry.live(tables)}
         assert set(names) == {"node-0-trueseal", "node-b-egress"}
         assert a_pub != b_pub and names["node-0-trueseal"].key != names["node-b-egress"].key
+        # `relay status` on a third host lists both registrations (and neither key nor endpoint)
+        st = status.collect(settings)
+        assert sorted((p.name, p.role, p.state) for p in st.peers) == [
+            ("node-0-trueseal", "ingress", "alive"), ("node-b-egress", "egress", "alive")]
+        text = status.format_status(st)
+        assert "node-b-egress" in text and names["node-0-trueseal"].endpoint not in text
         priv, pub = keypair()
         rx = await AsyncClient.connect(receive, XX, b_pub, static_priv=priv)
         await asyncio.sleep(1.0)        # its mailbox's subscription crosses to host A
