@@ -112,12 +112,13 @@ class PppService:
     async def run(self, pubkey: bytes, cmd: P.Command, request_id: str,
                   session=None) -> P.Reply:
         """`session`: the WebSocket connection asking (room subscriptions), if any."""
-        if cmd.name in QUOTAS and not await self.control.spend(pubkey, cmd.name):
-            return self._fail(cmd.name, "rate limited", request_id)
         if isinstance(cmd, P.RoomCommand) and self.rooms is not None:
             return await self.rooms.run(pubkey, cmd, request_id, session)
         if isinstance(cmd, P.DiscoveryCommand) and self.discovery is not None:
+            # charges its quotas itself, after a look at the address's budget
             return await self.discovery.run(pubkey, cmd, request_id, _address(session))
+        if cmd.name in QUOTAS and not await self.control.spend(pubkey, cmd.name):
+            return self._fail(cmd.name, "rate limited", request_id)
         if isinstance(cmd, P.CarryCommand):
             return await self.carry.run(pubkey, cmd, request_id)
         if isinstance(cmd, P.Store):
