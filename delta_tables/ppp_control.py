@@ -27,8 +27,8 @@ from .layout import Layout
 from .ppp_state import COLUMNS, BackupMeta, PppState, apply, read_backup, ts
 from .schema_ppp import (OP_BAN, OP_MEMBER, OP_UNMEMBER, OP_CLEAR, OP_CREATE, OP_DELETE, OP_DEREGISTER, OP_PUBLISH,
                          OP_REGISTER, OP_REVOKE, OP_ROTATE, OP_STORE, OP_UPDATE, PPP_BACKUPS,
-                         PPP_BUDGET_HITS, PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS,
-                         PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
+                         PPP_BUDGET_HITS, PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY,
+                         PPP_PUSH_TOKENS, PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
 
 # A pubkey's push tokens (one per device it is active on: phone, tablet, watch, browsers).
 # Appendix C sets no cap; this one bounds what one identity can make the push job send.

@@ -28,8 +28,8 @@ from .discovery_state import DiscoveryState
 from .query import sql
 from .room_state import RoomState
 from .schema_ppp import (OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_STORE, PPP_BACKUPS,
-                         PPP_BUDGET_HITS, PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS,
-                         PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
+                         PPP_BUDGET_HITS, PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY,
+                         PPP_PUSH_TOKENS, PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
 
 
 @dataclass(frozen=True)

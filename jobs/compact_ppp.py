@@ -45,8 +45,9 @@ from delta_tables.layout import Layout, equals
 from delta_tables.schema import C
 from engine.ppp.rooms import ROOM_PROTOCOL
 from delta_tables.ppp_state import load_state, table_paths
-from delta_tables.schema_ppp import (PPP_BACKUPS, PPP_BUDGET_HITS, PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS,
-                                    PPP_DISCOVERY, PPP_PUSH_TOKENS, PPP_ROOM_TOKENS, PPP_ROOMS, Q)
+from delta_tables.schema_ppp import (PPP_BACKUPS, PPP_BUDGET_HITS, PPP_CARRY_GROUPS,
+                                    PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS,
+                                    PPP_ROOM_TOKENS, PPP_ROOMS, Q)
 
 from .compact_step import SAME_MAILBOX, T, CompactionReport, merge, prune_control_tables, retry
 
