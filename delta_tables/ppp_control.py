@@ -1,5 +1,5 @@
-"""The PPP control plane's owner: delivery tokens, backups, rooms and room member tokens, in
-memory and durable in the
+"""The PPP control plane's owner: delivery tokens, backups, rooms and room member tokens, and
+the hits of the hourly quotas (`spend`), in memory and durable in the
 `schema_ppp` tables: a `ControlTables` (`control.py`: write first, apply to memory after the
 commit returned, with the fold the loader uses, so a restart rebuilds what clients were told).
 
@@ -18,20 +18,24 @@ import logging
 from typing import Callable
 
 from engine.ppp.carry import CarryGroups, Definition
-from engine.ppp.limits import MAX_DELIVERY_TOKENS_PER_RECIPIENT
+from engine.ppp.limits import LONGEST_QUOTA_SECS, MAX_DELIVERY_TOKENS_PER_RECIPIENT, QUOTAS
 from engine.ppp.rooms import Room
 
+from .budget_hits import pubkey_hash
 from .control import ControlTables, utc_micros
 from .layout import Layout
 from .ppp_state import COLUMNS, BackupMeta, PppState, apply, read_backup, ts
 from .schema_ppp import (OP_BAN, OP_MEMBER, OP_UNMEMBER, OP_CLEAR, OP_CREATE, OP_DELETE, OP_DEREGISTER, OP_PUBLISH,
                          OP_REGISTER, OP_REVOKE, OP_ROTATE, OP_STORE, OP_UPDATE, PPP_BACKUPS,
-                         PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS,
-                         PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
+                         PPP_BUDGET_HITS, PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY,
+                         PPP_PUSH_TOKENS, PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
 
 # A pubkey's push tokens (one per device it is active on: phone, tablet, watch, browsers).
 # Appendix C sets no cap; this one bounds what one identity can make the push job send.
 MAX_PUSH_TOKENS_PER_PUBKEY = 10
+
+# How often (µs of the clock) the quota hits past the longest window leave memory.
+HITS_SWEEP_MICROS = 60_000_000
 
 log = logging.getLogger("relay.ingress.ppp")
 
@@ -46,10 +50,13 @@ class PppControl(ControlTables):
         super().__init__(layout, fsync=fsync, clock=clock)
         self.max_tokens = max_tokens
         self.state = PppState()
+        self._hits_key = ""       # the budget hits table's id: the key of `pubkey_hash`
+        self._hits_swept = 0
 
     async def load(self) -> None:
         self.state = PppState()
         await self.open()
+        self._hits_key = self._dt[PPP_BUDGET_HITS.name].metadata().id
         log.info("ppp control plane loaded", extra={
             "event": "ppp_control_loaded", "delivery_tokens": len(self.state.tokens),
             "backups": len(self.state.backups), "rooms": len(self.state.rooms.rooms)})
@@ -64,6 +71,36 @@ class PppControl(ControlTables):
 
     def recipient_of(self, token: bytes) -> bytes | None:
         return self.state.recipient_of(token)
+
+    # --- hourly quotas (decision 0010) ----------------------------------------------------------
+    async def spend(self, pubkey: bytes, cmd: str) -> bool:
+        """Charge one `cmd` to `pubkey`'s quota (`QUOTAS`), counted over every host: True
+        once its hit row is committed, False (nothing written) when the window already holds
+        `max_count` hits. Memory can only lack hits (another host's, not folded yet), so a
+        refusal from memory is final and costs no commit; an allow is a fenced commit, which
+        fails if any host committed a hit since, and is then counted again on the rows
+        folded."""
+        budget = QUOTAS[cmd]
+        key = pubkey_hash(self._hits_key, pubkey)
+
+        def full() -> bool:
+            since = self.clock() - budget.window_secs * 1_000_000
+            return self.state.budget.count(key, cmd, since) >= budget.max_count
+
+        async def body() -> bool:
+            if full():
+                return False
+            at = self.next_at(self.state)
+            await self.write(PPP_BUDGET_HITS.name, [{
+                Q.PUBKEY_HASH: key, Q.CMD: cmd, Q.AT: ts(at)}])
+            self.state.budget_row(key, cmd, at)
+            return True
+        allowed = not full() and await self.change(body)
+        now = self.clock()
+        if now - self._hits_swept > HITS_SWEEP_MICROS:
+            self._hits_swept = now
+            self.state.budget.sweep(now - LONGEST_QUOTA_SECS * 1_000_000)
+        return allowed
 
     # --- push registrations (REGISTER_PUSH) ----------------------------------------------------
     async def register_push(self, pubkey: bytes, platform: str, token: bytes) -> str | None:

@@ -23,12 +23,13 @@ from deltalake import DeltaTable
 from engine.ppp.carry import CarryGroups, Definition
 from engine.ppp.rooms import Room
 
+from .budget_hits import BudgetHits
 from .discovery_state import DiscoveryState
 from .query import sql
 from .room_state import RoomState
 from .schema_ppp import (OP_DELETE, OP_DEREGISTER, OP_REGISTER, OP_STORE, PPP_BACKUPS,
-                         PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS,
-                         PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
+                         PPP_BUDGET_HITS, PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS, PPP_DISCOVERY,
+                         PPP_PUSH_TOKENS, PPP_ROOM_TOKENS, PPP_ROOMS, PPP_TABLES, Q)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class PppState:
     # pubkey -> {(platform, token): at}: REGISTER_PUSH, keyed (pubkey, token) (spec 004)
     push: dict[bytes, dict[tuple[str, bytes], int]] = field(default_factory=dict)
     carry: CarryGroups = field(default_factory=CarryGroups)
+    budget: BudgetHits = field(default_factory=BudgetHits)   # hourly quotas, every host's
     last_at: int = 0
 
     def __repr__(self) -> str:
@@ -99,6 +101,10 @@ class PppState:
         d = None if members is None else Definition.unpack(members, couriers or b"")
         self.carry.apply(op, signer, group_id, d, at)
 
+    def budget_row(self, key: bytes, cmd: str, at: int) -> None:
+        self._seen(at)
+        self.budget.row(key, cmd, at)
+
     def backup_row(self, op: str, pubkey: bytes, version: int, at: int) -> None:
         self._seen(at)
         if op == OP_STORE:
@@ -131,13 +137,15 @@ class PppState:
     def needed_at(self, now: float | None = None) -> dict[str, set[int]]:
         """Per table, the `at` of every row the state rests on; a compaction may delete the
         rest (deregistered tokens, superseded and deleted backups, expired rooms, discovery
-        sets of past peppers)."""
+        sets of past peppers, quota hits past the longest window)."""
         import time
+        now = time.time() if now is None else now
         return {PPP_DELIVERY_TOKENS.name: {at for _, at in self.tokens.values()},
                 PPP_PUSH_TOKENS.name: {at for mine in self.push.values() for at in mine.values()},
                 PPP_BACKUPS.name: {b.at for b in self.backups.values()},
                 PPP_CARRY_GROUPS.name: self.carry.needed_at(),
-                **self.rooms.needed_at(time.time() if now is None else now),
+                PPP_BUDGET_HITS.name: self.budget.needed_at(now),
+                **self.rooms.needed_at(now),
                 **self.discovery.needed_at()}
 
 
@@ -168,6 +176,7 @@ COLUMNS = {
     PPP_DISCOVERY.name: f"{Q.OP}, {Q.PUBKEY}, {Q.HASH}, {Q.PEPPER_ID}, {Q.AT}",
     PPP_PUSH_TOKENS.name: f"{Q.OP}, {Q.PUBKEY}, {Q.PLATFORM}, {Q.TOKEN}, {Q.AT}",
     PPP_CARRY_GROUPS.name: f"{Q.OP}, {Q.GROUP_ID}, {Q.PUBKEY}, {Q.MEMBERS}, {Q.COURIERS}, {Q.AT}",
+    PPP_BUDGET_HITS.name: f"{Q.PUBKEY_HASH}, {Q.CMD}, {Q.AT}",
 }
 
 
@@ -208,6 +217,10 @@ def apply(state: PppState, found: dict[str, pa.Table]) -> None:
                        t.column(Q.PUBKEY).to_pylist(), t.column(Q.MEMBERS).to_pylist(),
                        t.column(Q.COURIERS).to_pylist(), micros(t.column(Q.AT))):
             state.carry_row(*row)
+    if (t := found.get(PPP_BUDGET_HITS.name)) is not None:
+        for key, cmd, at in zip(t.column(Q.PUBKEY_HASH).to_pylist(),
+                                t.column(Q.CMD).to_pylist(), micros(t.column(Q.AT))):
+            state.budget_row(key, cmd, at)
 
 
 def _secs(col) -> list[int]:

@@ -17,6 +17,9 @@ folded into memory by the owner (the ingress node hosting the PPP listener) at s
 * push registrations (REGISTER_PUSH): keyed (pubkey, token) as the spec asks, several per
   pubkey; a row is deregistered when the provider says the token is dead (the push job asks
   this process to, `ingress/push_desk.py`);
+* budget hits (decision 0010): one row per command charged to an hourly quota
+  (`engine/ppp/limits.QUOTAS`), so every host counts one identity's quota together. The
+  pubkey is not kept: `pubkey_hash` is a keyed BLAKE2b of it (`budget_hits.py`);
 * carry groups (§8): a row per registration (the signer's consent to that definition) and
   per leave, folded by `engine/ppp/carry.py`. Sig bytes are not kept: a row is only
   written after the signature was checked.
@@ -60,6 +63,8 @@ class Q:
     GROUP_ID = "group_id"
     MEMBERS = "members"
     COURIERS = "couriers"
+    PUBKEY_HASH = "pubkey_hash"
+    CMD = "cmd"
 
 
 OP_REGISTER = "register"
@@ -178,6 +183,18 @@ PPP_CARRY_GROUPS = TableDef(
     doc="REGISTER_CARRY_GROUP and LEAVE_CARRY_GROUP, folded by engine/ppp/carry.py.",
 )
 
+PPP_BUDGET_HITS = TableDef(
+    "ppp_budget_hits", (
+        Column(Q.PUBKEY_HASH, "binary",
+               doc="keyed BLAKE2b-128 of the caller's pubkey (delta_tables/budget_hits.py)"),
+        Column(Q.CMD, "string", doc="the command charged: a quota of engine/ppp/limits.py"),
+        _AT,
+    ),
+    dict(_COMMON),
+    doc="One row per command allowed under an hourly quota, on any host; compaction drops "
+        "the rows older than the longest quota window.",
+)
+
 PPP_TABLES = {t.name: t for t in (PPP_DELIVERY_TOKENS, PPP_BACKUPS, PPP_ROOMS,
                                   PPP_ROOM_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS,
-                                  PPP_CARRY_GROUPS)}
+                                  PPP_CARRY_GROUPS, PPP_BUDGET_HITS)}

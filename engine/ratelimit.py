@@ -8,7 +8,9 @@ window forward forever.
 
 Keys are bounded too (`max_keys`, `MAX_KEYS` by default): a limiter keyed by PPP pubkey
 would otherwise keep every fresh key that sent one command for the whole window (an hour
-for the backup and discovery budgets), and fresh keys cost an attacker nothing. Past the
+for the discovery budget per address), and fresh keys cost an attacker nothing. PPP's hourly
+per-pubkey quotas are not kept here: they are counted across hosts in a control table
+(`PppControl.spend`). Past the
 cap the key hit least recently is forgotten, so its next hit starts a fresh window: a
 budget per key cannot hold back an attacker who makes new keys anyway, and what stops
 those is the per-address budgets. A key's hits are a plain list (64 bytes for one hit;

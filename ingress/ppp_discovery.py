@@ -12,6 +12,9 @@ rules and the reasons for them).
   one budget); -> DISCOVERY_MATCHES {matches: [{hash, pubkey}]}, the current pepper's only,
   never the caller itself.
 * A `pepper_id` other than the current one: STORE_FAIL "stale pepper" (fetch it again).
+* PUBLISH and QUERY are charged to the pubkey's hourly quota across hosts
+  (`PppControl.spend`, a commit) before they run, a QUERY only once its address has budget
+  left: Sybil pubkeys from one spent address cost no commit.
 Nothing here logs a hash or a pubkey.
 """
 
@@ -53,6 +56,11 @@ class DiscoveryService:
         if isinstance(cmd, P.DiscoveryPepper):
             return P.discovery_pepper(D.pepper_for(self._seed, pid), pid,
                                       D.rotates_at(pid, self.rotation))
+        if (isinstance(cmd, P.DiscoveryQuery) and address is not None
+                and self.per_address.remaining(address, self.monotonic()) <= 0):
+            return self.fail(cmd.name, "rate limited", rid)
+        if not await self.control.spend(pubkey, cmd.name):
+            return self.fail(cmd.name, "rate limited", rid)
         if cmd.pepper_id is not None and cmd.pepper_id != pid:
             return self.fail(cmd.name, "stale pepper", rid)
         if isinstance(cmd, P.DiscoveryPublish):

@@ -1,9 +1,12 @@
 """What every PPP command does, for both transports (WebSocket §5.1 and HTTP polling §5.2)
 and the sealed-sender endpoint (§6): one `PppService`, so the two transports cannot drift.
 
-A command arrives here already authenticated (the pubkey) and charged to its rate budget
-(`engine/ppp/session.py` for the WebSocket, `ingress/ppp_app.py` for HTTP, one shared
-`KeyedBudgets`). Each method returns the C.4 reply.
+A command arrives here already authenticated (the pubkey) and charged to its per-minute rate
+budget (`engine/ppp/session.py` for the WebSocket, `ingress/ppp_app.py` for HTTP, one shared
+`KeyedBudgets` per host). A command under an hourly quota (`limits.QUOTAS`: backups,
+discovery, carry-group changes) is charged here instead, against every host's hits
+(`PppControl.spend`); past it, the same "rate limited" failure. Each method returns the C.4
+reply.
 
 * STORE: the GiftWrap must decode (recipient 32 bytes, ...), ciphertext <= MAX_CIPHERTEXT_SIZE,
   expires_at > now; expiry clamped to now + MAX_EVENT_TTL_SECS; event_id by §4.5
@@ -35,7 +38,7 @@ from engine.ppp import protocol as P
 from engine.ppp.giftwrap import GiftWrap, GiftWrapError
 from engine.ppp.ids import PROTOCOL, sealed_event_id
 from engine.ppp.limits import (EVENT_ID_LEN, FETCH_PAGE_SIZE, MAX_ACK_IDS, MAX_BACKUP_SIZE,
-                               MAX_CIPHERTEXT_SIZE, MAX_EVENT_TTL_SECS)
+                               MAX_CIPHERTEXT_SIZE, MAX_EVENT_TTL_SECS, QUOTAS)
 from engine.ppp.session import with_request_id
 from engine.push.platforms import TokenError, check_token
 from runtime.log_rate import LogRate
@@ -112,7 +115,10 @@ class PppService:
         if isinstance(cmd, P.RoomCommand) and self.rooms is not None:
             return await self.rooms.run(pubkey, cmd, request_id, session)
         if isinstance(cmd, P.DiscoveryCommand) and self.discovery is not None:
+            # charges its quotas itself, after a look at the address's budget
             return await self.discovery.run(pubkey, cmd, request_id, _address(session))
+        if cmd.name in QUOTAS and not await self.control.spend(pubkey, cmd.name):
+            return self._fail(cmd.name, "rate limited", request_id)
         if isinstance(cmd, P.CarryCommand):
             return await self.carry.run(pubkey, cmd, request_id)
         if isinstance(cmd, P.Store):

@@ -12,7 +12,9 @@ here, §7.1). Here:
              delete rows. What stays folds back into the same state: each live token's
              register row, each pubkey's newest store after its last delete, whose `version`
              column is what the loader reads back (the next store is that + 1; no backup
-             left means the next store is version 1, as without compaction).
+             left means the next store is version 1, as without compaction), and the quota
+             hits older than the longest quota window (`limits.LONGEST_QUOTA_SECS`, an
+             hour): no count reads them any more.
 2. tables    OPTIMIZE, checkpoint, log cleanup and VACUUM of the tables, so a superseded
              backup's ciphertext leaves the disk after `vacuum_retention_seconds`.
 3. groups    the inbox rows of deleted groups (DELETE_GROUP) lose their envelope (the
@@ -43,8 +45,9 @@ from delta_tables.layout import Layout, equals
 from delta_tables.schema import C
 from engine.ppp.rooms import ROOM_PROTOCOL
 from delta_tables.ppp_state import load_state, table_paths
-from delta_tables.schema_ppp import (PPP_BACKUPS, PPP_CARRY_GROUPS, PPP_DELIVERY_TOKENS,
-                                    PPP_DISCOVERY, PPP_PUSH_TOKENS, PPP_ROOM_TOKENS, PPP_ROOMS, Q)
+from delta_tables.schema_ppp import (PPP_BACKUPS, PPP_BUDGET_HITS, PPP_CARRY_GROUPS,
+                                    PPP_DELIVERY_TOKENS, PPP_DISCOVERY, PPP_PUSH_TOKENS,
+                                    PPP_ROOM_TOKENS, PPP_ROOMS, Q)
 
 from .compact_step import SAME_MAILBOX, T, CompactionReport, merge, prune_control_tables, retry
 
@@ -58,6 +61,7 @@ _IDENTITY = {
     PPP_DISCOVERY.name: (Q.PUBKEY,),
     PPP_PUSH_TOKENS.name: (Q.PUBKEY, Q.TOKEN),
     PPP_CARRY_GROUPS.name: (Q.GROUP_ID, Q.PUBKEY),
+    PPP_BUDGET_HITS.name: (Q.PUBKEY_HASH, Q.CMD),
 }
 
 
@@ -75,11 +79,13 @@ def compact_ppp(layout: Layout, report: CompactionReport, target_size: int,
         + removed[PPP_DISCOVERY.name]
     push = removed[PPP_PUSH_TOKENS.name]
     carry = removed[PPP_CARRY_GROUPS.name]
-    report.ppp_control_removed += tokens + backups + rooms + push + carry
+    hits = removed[PPP_BUDGET_HITS.name]
+    report.ppp_control_removed += tokens + backups + rooms + push + carry + hits
     deleted = set(load_state(paths).rooms.deleted)
     emptied = retry(report, lambda: _empty_deleted_groups(layout, deleted)) if deleted else 0
     return (f"{tokens} delivery-token rows, {backups} backup rows, {rooms} room and "
-            f"discovery rows, {push} push-token rows and {carry} carry-group rows removed, "
+            f"discovery rows, {push} push-token rows, {carry} carry-group rows and {hits} "
+            f"quota hits removed, "
             f"{emptied} messages of deleted groups emptied")
 
 

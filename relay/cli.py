@@ -1393,7 +1393,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--control-hosts", action="store_true",
                    help="a Heya control change on one host, on two hosts in turn (each "
                         "change loses to the other's and is decided again) and a token "
-                        "looked up on the host that did not make it -> bench-control-hosts.json")
+                        "looked up on the host that did not make it; a PPP quota hit likewise "
+                        "-> bench-control-hosts.json")
     p.set_defaults(func=cmd_bench)
     _add_ppp_parser(sub)
     return parser

@@ -89,8 +89,8 @@ def test_superseded_backups_and_deregistered_tokens_leave_delta(settings):
     report = run_compaction(settings, progress=lines.append)
     assert report.ppp_control_removed == 14 and not report.skipped
     assert any(line.startswith("ppp: 4 delivery-token rows, 6 backup rows, 0 room and "
-                               "discovery rows, 2 push-token rows and 2 carry-group rows "
-                               "removed") for line in lines)
+                               "discovery rows, 2 push-token rows, 2 carry-group rows and "
+                               "0 quota hits removed") for line in lines)
     assert "ppp / sync control removed   14 / 0" in report.format()
 
     assert fold(layout) == before

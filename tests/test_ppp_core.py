@@ -161,17 +161,26 @@ def test_rate_limit_and_malformed_after_auth_keep_the_session_open():
     s.receive_frame(pack({"cmd": "AUTH", "pubkey": bytes(sk.verify_key),
                           "sig": sk.sign(b"n" * 32).signature}), 0.0)
     s.frames_to_send(), s.events_received()
-    for _ in range(5):
-        s.receive_frame(pack({"cmd": "FETCH_BACKUP"}), 1.0)
+    for _ in range(30):                           # FETCH: 30 / 60 s
+        s.receive_frame(pack({"cmd": "FETCH", "since": 0}), 1.0)
     owed = [e for e in s.events_received() if isinstance(e, CommandReceived)]
-    assert len(owed) == 5
-    s.receive_frame(pack({"cmd": "FETCH_BACKUP"}), 2.0)
-    assert s.frames_to_send() == []               # in order: after the five owed replies
+    assert len(owed) == 30
+    s.receive_frame(pack({"cmd": "FETCH", "since": 0}), 2.0)
+    assert s.frames_to_send() == []               # in order: after the 30 owed replies
+    for e in owed:
+        s.reply(e.slot, P.events([], None))
+    *thirty, f = s.frames_to_send()
+    assert len(thirty) == 30
+    assert unpack(f)["cmd"] == P.failure("FETCH", "x").cmd
+    assert unpack(f)["reason"].startswith("rate limited (")
+    # An hourly quota is the shell's, counted across hosts (PppControl.spend): not here.
+    for _ in range(6):
+        s.receive_frame(pack({"cmd": "FETCH_BACKUP"}), 2.0)
+    owed = [e for e in s.events_received() if isinstance(e, CommandReceived)]
+    assert len(owed) == 6
     for e in owed:
         s.reply(e.slot, P.backup_empty())
-    *five, f = s.frames_to_send()
-    assert len(five) == 5
-    assert unpack(f)["cmd"] == "BACKUP_FAIL" and unpack(f)["reason"].startswith("rate limited (")
+    assert len(s.frames_to_send()) == 6
     s.receive_frame(b"\xc1", 2.0)
     s.receive_frame(pack({"cmd": "AUTH", "pubkey": b"p" * 32, "sig": b"s" * 64}), 2.0)
     s.receive_frame(pack({"cmd": "AUTH", "pubkey": b"short"}), 2.0)   # malformed AUTH too:

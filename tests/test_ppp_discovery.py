@@ -64,6 +64,7 @@ def test_publish_query_rotation_budgets_and_nothing_plain_on_disk(settings, tmp_
     # Budgets: 20 queries per pubkey per hour, then refused; 60 per address per hour.
     assert out["per_pubkey"] == ["DISCOVERY_MATCHES"] * 20 + ["STORE_FAIL"]
     assert out["per_address"] == ["DISCOVERY_MATCHES"] * (60 - out["used"]) + ["STORE_FAIL"]
+    assert out["sybil"]["reason"].startswith("rate limited") and out["sybil_hits"] == 0
     # Nothing plain on disk: no identifier (as typed or normalised), no pepper.
     data = b"".join(p.read_bytes() for p in Path(settings.data_dir).rglob("*")
                     if p.is_file() and "keys" not in p.parts)
@@ -124,6 +125,14 @@ async def _scenario(settings) -> dict:
                                            "hashes": [os.urandom(32)]}))["cmd"])
             await c.close()
         out["per_address"] = rest
+        # A fresh pubkey from the spent address is refused before its quota is charged: no
+        # hit row, no commit.
+        hits = node.ppp.control.state.budget
+        before = sum(len(v) for v in hits.hits.values())
+        c = await Ws.login(port, SigningKey.generate())
+        out["sybil"] = await c.call({"cmd": "DISCOVERY_QUERY", "hashes": [os.urandom(32)]})
+        out["sybil_hits"] = sum(len(v) for v in hits.hits.values()) - before
+        await c.close()
         for w in (a, b):
             await w.close()
         return out

@@ -52,6 +52,17 @@ def command_budget(cmd: str) -> RateBudget:
     return COMMAND_RATE_LIMITS.get(cmd, DEFAULT_COMMAND_RATE_LIMIT)
 
 
+# The quotas: the budgets with an hour's window bound what one identity may do in total, so
+# they are counted across hosts, in the `ppp_budget_hits` control table
+# (`PppControl.spend`, decision 0010). The per-minute budgets bound one host's work and
+# stay in each host's memory (the session's `KeyedBudgets`).
+QUOTA_WINDOW_SECS = 3600
+QUOTAS: dict[str, RateBudget] = {cmd: b for cmd, b in COMMAND_RATE_LIMITS.items()
+                                 if b.window_secs >= QUOTA_WINDOW_SECS}
+# How long a hit is kept: the longest quota window (compaction drops older hits).
+LONGEST_QUOTA_SECS = max(b.window_secs for b in QUOTAS.values())
+
+
 # --- wire sizes (§5.1, §6, §4.5) ------------------------------------------------------------
 CHALLENGE_LEN = 32          # §5.1 CHALLENGE nonce: bytes32
 PUBKEY_LEN = 32

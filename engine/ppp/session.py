@@ -17,8 +17,11 @@ What is legal when (`RULES`, one place):
   one chance per challenge.
 * READY: every C.1 command except AUTH (-> STORE_FAIL "already authenticated"). Each is first
   charged to the pubkey's sliding-window budget of C.3 (shared by all sessions and the HTTP
-  transport of that pubkey); past it the command's failure reply says "rate limited" and
-  nothing runs. A malformed message is answered with STORE_FAIL and the session stays open.
+  transport of that pubkey on this host); past it the command's failure reply says "rate
+  limited" and nothing runs. The hourly quotas (`limits.QUOTAS`) are not charged here: the
+  shell counts them across hosts (`PppControl.spend`), and a hit this host's memory
+  recorded for a command the shared count then refused would refuse the next one wrongly.
+  A malformed message is answered with STORE_FAIL and the session stays open.
 * CLOSED: nothing is read.
 
 Every authenticated command gets a random 6-byte request id (12 hex chars, §5.x "request
@@ -43,7 +46,7 @@ from nacl.signing import VerifyKey
 from engine.ratelimit import KeyedBudgets
 
 from . import protocol as P
-from .limits import CHALLENGE_LEN, REQUEST_ID_LEN
+from .limits import CHALLENGE_LEN, QUOTAS, REQUEST_ID_LEN
 
 
 class Phase(Enum):
@@ -215,7 +218,7 @@ class PppSession:
                            "AUTH", "already authenticated")
         else:
             rid = self.token_bytes(REQUEST_ID_LEN).hex()
-            if not self.budgets.allow(cmd.name, self.pubkey, now):
+            if cmd.name not in QUOTAS and not self.budgets.allow(cmd.name, self.pubkey, now):
                 self._fail(rid, P.failure(cmd.name, with_request_id("rate limited", rid)),
                            cmd.name, "rate_limited")
                 return

@@ -10,6 +10,14 @@ round, alternating in one process:
 - `miss_ms`: a send token minted on A and looked up on B (`find_send_token`): the refresh a
   SEND of a token made on another host pays once.
 
+and two `PppControl`s, for PPP's hourly quotas counted across hosts (`PppControl.spend`):
+
+- `quota_one_host_ms`: a STORE_BACKUP hit allowed on one host, a new caller each time: a
+  fenced commit of one row;
+- `quota_alternating_ms`: the same on the two hosts in turn (each loses once, folds the
+  other's hit, commits again);
+- `quota_refused_ms`: a hit refused (the caller's 5 spent): counted from memory, no commit.
+
 Medians per round, and the median over rounds; ratios to `one_host_ms`. -> bench-control-hosts.json
 """
 
@@ -55,7 +63,35 @@ async def _round(root: Path) -> dict[str, float]:
     conflicts = a.conflicts + b.conflicts
     return {"one_host_ms": statistics.median(one),
             "alternating_ms": statistics.median(alternating),
-            "miss_ms": statistics.median(miss), "conflicts": conflicts}
+            "miss_ms": statistics.median(miss), "conflicts": conflicts,
+            **await _quota_round(root, timed)}
+
+
+async def _quota_round(root: Path, timed) -> dict[str, float]:
+    from delta_tables.layout import Layout
+    from delta_tables.ppp_control import PppControl
+
+    tables = root / "ppp-tables"
+    a, b = (PppControl(Layout(root / n, tables), fsync=True) for n in ("a", "b"))
+    await a.load()
+    await b.load()
+    callers = iter(i.to_bytes(32, "big") for i in range(1, 10 * CHANGES))
+    one = [await timed(a.spend(next(callers), "STORE_BACKUP")) for _ in range(CHANGES)]
+    await b.refresh()
+    alternating = [await timed((a if i % 2 else b).spend(next(callers), "STORE_BACKUP"))
+                   for i in range(CHANGES)]
+    spent = next(callers)
+    for _ in range(5):
+        assert await a.spend(spent, "STORE_BACKUP")
+    refused = []
+    for _ in range(CHANGES):
+        t0 = time.perf_counter()
+        assert not await a.spend(spent, "STORE_BACKUP")
+        refused.append((time.perf_counter() - t0) * 1000)
+    return {"quota_one_host_ms": statistics.median(one),
+            "quota_alternating_ms": statistics.median(alternating),
+            "quota_refused_ms": statistics.median(refused),
+            "quota_conflicts": a.conflicts + b.conflicts}
 
 
 def measure() -> dict:
@@ -64,10 +100,12 @@ def measure() -> dict:
         with tempfile.TemporaryDirectory(prefix="bench-control-") as d:
             rounds.append(asyncio.run(_round(Path(d))))
     med = {k: statistics.median(r[k] for r in rounds)
-           for k in ("one_host_ms", "alternating_ms", "miss_ms")}
+           for k in ("one_host_ms", "alternating_ms", "miss_ms", "quota_one_host_ms",
+                     "quota_alternating_ms", "quota_refused_ms")}
     return {"rounds": rounds, "median": med,
             "ratio_alternating": med["alternating_ms"] / med["one_host_ms"],
             "ratio_miss": med["miss_ms"] / med["one_host_ms"],
+            "ratio_quota_alternating": med["quota_alternating_ms"] / med["quota_one_host_ms"],
             "changes_per_round": CHANGES}
 
 
