@@ -79,12 +79,11 @@ from engine.ppp.session import Authenticated, Closing, CommandReceived, PppSessi
 from engine.ratelimit import KeyedBudgets, SlidingWindowLimiter
 from runtime import logs
 from runtime.config import PppConf, Settings
-from runtime.keys import load_or_create
 from runtime.listener import Listener
 from runtime.push_desk import PushDesk, desk_dir
 
 from .ppp_conn import PppConn, PppHttpProtocol, PppWsProtocol
-from .ppp_discovery import PEPPER_SEED_FILE, DiscoveryService
+from .ppp_discovery import DiscoveryService, pepper_seed
 from .ppp_rooms import SealedRoomOutcome
 from .ppp_service import PppService, SealedOutcome
 from .push_backends import PppDesk
@@ -257,7 +256,7 @@ class PppServer(Listener):
                                   room_sequence_timeout=self.conf.room_sequence_timeout_seconds,
                                   moderation=self.conf.moderation)
         self.service.discovery = DiscoveryService(
-            self.control, load_or_create(settings.data_dir, PEPPER_SEED_FILE).private_bytes,
+            self.control, pepper_seed(settings),
             max(1, round(self.conf.discovery_pepper_rotation_hours * 3600)), self.service._fail,
             clock=clock, monotonic=monotonic)
         self.budgets = KeyedBudgets(command_budget)   # per pubkey, both transports (C.3)

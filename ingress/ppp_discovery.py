@@ -21,14 +21,24 @@ Nothing here logs a hash or a pubkey.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable
 
 from delta_tables.ppp_control import PppControl
 from engine.ppp import discovery as D
 from engine.ppp import protocol as P
 from engine.ratelimit import SlidingWindowLimiter
+from runtime import keys
 
 PEPPER_SEED_FILE = "discovery_pepper.key"
+
+
+def pepper_seed(settings) -> bytes:
+    """The seed the peppers derive from: `ppp.discovery_pepper_seed_file` (the same file on
+    every PPP host), or `<data>/keys/discovery_pepper.key`, created on first start."""
+    if settings.ppp.discovery_pepper_seed_file:
+        return keys._load(Path(settings.ppp.discovery_pepper_seed_file)).private_bytes
+    return keys.load_or_create(settings.data_dir, PEPPER_SEED_FILE).private_bytes
 
 
 class DiscoveryService:

@@ -354,6 +354,10 @@ class PppConf:
     # Contact discovery (§9): the pepper rotates on this schedule; a client re-publishes its
     # hashes under each new pepper (engine/ppp/discovery.py).
     discovery_pepper_rotation_hours: float = 168.0
+    # The pepper seed (32 bytes, hex): empty is <data_dir>/keys/discovery_pepper.key, created
+    # on first start. PPP on several hosts: give every host the same file, or a PUBLISH on one
+    # host matches no QUERY on another (each would pepper with its own seed).
+    discovery_pepper_seed_file: str = ""
     # --- hostile clients ---
     # The request head must be complete this long after accept (and after the previous
     # response): the websockets client, browsers and http.client send the whole head in one

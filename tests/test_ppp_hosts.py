@@ -7,6 +7,7 @@ that never repeat, and the newest is fetched on either; a restarted host folds t
 from __future__ import annotations
 
 import asyncio
+import time
 
 from nacl.signing import SigningKey
 
@@ -16,6 +17,8 @@ from engine.ppp.tokens import recipient_delivery_token, sender_delivery_token
 from hosts_harness import Host
 from ppp_wire import Ws, ahttp, pack, unpack
 from test_ppp_end_to_end import presence
+
+FOLLOW_DEADLINE = 15.0     # the other host's follow: every second, generous for a busy machine
 
 
 def test_ppp_served_by_two_hosts_at_once(tmp_path):
@@ -78,6 +81,48 @@ async def _scenario(tmp_path) -> None:
                               "delivery_token": recipient_delivery_token(bob, alice.pubkey)})
         assert r["cmd"] == "DELIVERY_TOKEN_DEREGISTERED", r
         for c in (alice_a, bob_a):
+            await c.close()
+    finally:
+        codes = await asyncio.gather(a.stop(), b.stop())
+    assert codes == [0, 0]
+
+
+def test_contact_discovery_across_hosts_with_one_pepper_seed(tmp_path):
+    """Every PPP host given the same pepper seed file (`ppp.discovery_pepper_seed_file`) hands
+    out the same pepper, so identifiers published on host A are found by a query on host B."""
+    asyncio.run(_discovery(tmp_path))
+
+
+async def _discovery(tmp_path) -> None:
+    from runtime.keys import RelayKey, write_secret_file
+    from test_ppp_discovery import ALICE_PHONE, h
+
+    seed = tmp_path / "pepper-seed.key"
+    write_secret_file(seed, (RelayKey.generate().private_bytes.hex() + "\n").encode())
+    env = {"RELAY_PPP__DISCOVERY_PEPPER_SEED_FILE": str(seed)}
+    a, b = Host(tmp_path, "a", "ppp", env), Host(tmp_path, "b", "ppp", env)
+    await asyncio.gather(a.start(), b.start())
+    try:
+        a_sk, b_sk = SigningKey.generate(), SigningKey.generate()
+        alice, bob = await Ws.login(a.port(), a_sk), await Ws.login(b.port(), b_sk)
+        pa, pb = (await alice.call({"cmd": "DISCOVERY_PEPPER"}),
+                  await bob.call({"cmd": "DISCOVERY_PEPPER"}))
+        assert (pa["pepper"], pa["pepper_id"]) == (pb["pepper"], pb["pepper_id"])
+        mine = h(ALICE_PHONE, pa["pepper"])
+        r = await alice.call({"cmd": "DISCOVERY_PUBLISH", "hashes": [mine],
+                              "pubkey": bytes(a_sk.verify_key), "pepper_id": pa["pepper_id"]})
+        assert r["cmd"] == "DISCOVERY_PUBLISHED", r
+        deadline = time.monotonic() + FOLLOW_DEADLINE      # B's follow of A's rows
+        while True:
+            got = await bob.call({"cmd": "DISCOVERY_QUERY", "pepper_id": pb["pepper_id"],
+                                  "hashes": [mine]})
+            if got["matches"]:
+                break
+            assert time.monotonic() < deadline, "a publish on A is never found on B"
+            await asyncio.sleep(0.5)
+        assert [(m["hash"], m["pubkey"]) for m in got["matches"]] == [
+            (mine, bytes(a_sk.verify_key))]
+        for c in (alice, bob):
             await c.close()
     finally:
         codes = await asyncio.gather(a.stop(), b.stop())
