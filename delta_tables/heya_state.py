@@ -5,7 +5,8 @@ each row it writes with the same methods the loader replays at start, so its mem
 rebuild after a restart agree by construction. Compaction (`jobs/compact_heya.py`) folds the
 same way and deletes every row the current state no longer needs (`needed_at`).
 
-Rows of one table are applied in `at` order (the owner writes strictly increasing values).
+Rows of one table are applied in `at` order (strictly increasing in commit order, across
+hosts: `control.py`).
 Tables are applied in this order: mailboxes (which inbox tokens are consumed), inbox tokens,
 send tokens, push tokens, trims (a trim of a revoked token is ignored).
 """
@@ -23,7 +24,7 @@ from .query import sql
 from .schema_heya import (HEYA_INBOX_TOKENS, HEYA_MAILBOXES, HEYA_PUSH_TOKENS, HEYA_SEND_TOKENS,
                           HEYA_TABLES,
                           HEYA_TRIMS, OP_AUTH, OP_DALL, OP_DEAU, OP_EXTD, OP_INCO, OP_IOSA,
-                          OP_IOSD, H)
+                          OP_IOSD, OP_DALL_MARK, H)
 
 
 @dataclass
@@ -51,6 +52,7 @@ class HeyaState:
     owned: dict[bytes, set[bytes]] = field(default_factory=dict)  # owner -> send tokens
     push: dict[bytes, dict[str, int]] = field(default_factory=dict)  # owner -> device -> at
     trims: dict[bytes, tuple[int, int]] = field(default_factory=dict)  # token -> (up_to, at)
+    dalls: dict[bytes, int] = field(default_factory=dict)   # owner -> at of its last DALL mark
     last_at: int = 0
 
     def __repr__(self) -> str:
@@ -79,6 +81,9 @@ class HeyaState:
     def send_token_row(self, op: str, token: bytes, owner: bytes, start: int, end: int,
                        at: int) -> None:
         self._seen(at)
+        if op == OP_DALL_MARK:
+            self.dalls[owner] = max(at, self.dalls.get(owner, 0))
+            return
         if op == OP_AUTH:
             self.tokens[token] = SendToken(token, owner, start, end, at)
             self.owned.setdefault(owner, set()).add(token)
@@ -114,6 +119,12 @@ class HeyaState:
             self.trims[token] = (up_to, at)
 
     # --- queries ---------------------------------------------------------------------------
+    def open_mailbox(self, owner: bytes) -> bool:
+        """A mailbox with no DALL under way (one marked after its INCO): AUTH and IOSA may
+        add to it."""
+        registered = self.mailboxes.get(owner)
+        return registered is not None and self.dalls.get(owner, 0) < registered
+
     def tokens_of(self, owner: bytes) -> list[SendToken]:
         """In the order LIST and LAST use: start, end, token (interop §2, §3 LIST)."""
         return sorted((self.tokens[t] for t in self.owned.get(owner, ())),
@@ -132,7 +143,9 @@ class HeyaState:
         """Per table, the `at` of every row the current state rests on; compaction deletes
         the others (DEAU'd and DALL'd tokens, removed push tokens, consumed inbox tokens,
         superseded trims and EXTDs, the rows of deregistered mailboxes)."""
-        send = set()
+        # a DALL mark is needed while its DALL is under way (the mailbox still there)
+        send = {at for owner, at in self.dalls.items()
+                if owner in self.mailboxes and at > self.mailboxes[owner]}
         for tok in self.tokens.values():
             send.add(tok.auth_at)
             if tok.extd_at is not None:
@@ -163,29 +176,44 @@ def apply_inbox_tokens(state: HeyaState, t: pa.Table) -> None:
         state.mint(token, at)
 
 
-def load_state(tables: dict[str, Path]) -> HeyaState:
-    """`tables`: table name -> path, for the five tables of `schema_heya`."""
-    state = HeyaState()
-    t = read_table(tables[HEYA_MAILBOXES.name])
+def apply_mailboxes(state: HeyaState, t: pa.Table) -> None:
     for op, owner, inbox_token, at in zip(
             t.column(H.OP).to_pylist(), t.column(H.OWNER).to_pylist(),
             t.column(H.INBOX_TOKEN).to_pylist(), micros(t.column(H.AT))):
         state.mailbox_row(op, owner, inbox_token, at)
-    apply_inbox_tokens(state, read_table(tables[HEYA_INBOX_TOKENS.name]))
-    t = read_table(tables[HEYA_SEND_TOKENS.name])
+
+
+def apply_send_tokens(state: HeyaState, t: pa.Table) -> None:
     for row in zip(t.column(H.OP).to_pylist(), t.column(H.TOKEN).to_pylist(),
                    t.column(H.OWNER).to_pylist(), t.column(H.START_TIME).to_pylist(),
                    t.column(H.END_TIME).to_pylist(), micros(t.column(H.AT))):
         state.send_token_row(*row)
-    t = read_table(tables[HEYA_PUSH_TOKENS.name])
+
+
+def apply_push_tokens(state: HeyaState, t: pa.Table) -> None:
     for op, owner, device, at in zip(t.column(H.OP).to_pylist(), t.column(H.OWNER).to_pylist(),
                                      t.column(H.DEVICE_TOKEN).to_pylist(),
                                      micros(t.column(H.AT))):
         state.push_row(op, owner, device.decode("ascii"), at)
-    t = read_table(tables[HEYA_TRIMS.name])
+
+
+def apply_trims(state: HeyaState, t: pa.Table) -> None:
     for row in zip(t.column(H.TOKEN).to_pylist(), t.column(H.UP_TO_SEQ).to_pylist(),
                    micros(t.column(H.AT))):
         state.trim_row(*row)
+
+
+# Per table, in the order the fold applies them (the owner catches up in the same order).
+APPLY = {HEYA_MAILBOXES.name: apply_mailboxes, HEYA_INBOX_TOKENS.name: apply_inbox_tokens,
+         HEYA_SEND_TOKENS.name: apply_send_tokens, HEYA_PUSH_TOKENS.name: apply_push_tokens,
+         HEYA_TRIMS.name: apply_trims}
+
+
+def load_state(tables: dict[str, Path]) -> HeyaState:
+    """`tables`: table name -> path, for the five tables of `schema_heya`."""
+    state = HeyaState()
+    for name, apply in APPLY.items():
+        apply(state, read_table(tables[name]))
     return state
 
 

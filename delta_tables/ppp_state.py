@@ -1,7 +1,8 @@
 """The PPP control plane as data: the fold of `schema_ppp` tables.
 
-Pure: rows in, a `PppState` out. The owner (`delta_tables/ppp_control.py`) applies each row it
-writes with the same methods the loader replays at start, so memory and a rebuild after a
+Pure: rows in, a `PppState` out. Each host serving PPP (`delta_tables/ppp_control.py`) applies
+each row it writes, and those other hosts wrote (`apply`), with the methods the loader replays
+at start, so memory and a rebuild after a
 restart agree by construction. Backup ciphertext is not held: the state keeps each backup's
 version and `at`, and a FETCH_BACKUP reads that one row (`read_backup`). Rooms and their
 member tokens are folded by `room_state.RoomState` (`PppState.rooms`), carry groups by
@@ -157,67 +158,84 @@ def _read(tables: dict[str, Path], tdef, query: str) -> pa.Table:
     return sql({"t": DeltaTable(str(path))}, query)
 
 
+# What the fold reads of each table, in fold order (backup ciphertext stays on disk until a
+# FETCH_BACKUP asks for it).
+COLUMNS = {
+    PPP_DELIVERY_TOKENS.name: f"{Q.OP}, {Q.TOKEN}, {Q.RECIPIENT}, {Q.AT}",
+    PPP_BACKUPS.name: f"{Q.OP}, {Q.PUBKEY}, {Q.VERSION}, {Q.AT}",
+    PPP_ROOMS.name: "*",
+    PPP_ROOM_TOKENS.name: f"{Q.OP}, {Q.ROOM_ID}, {Q.TOKEN}, {Q.GRACE_UNTIL}, {Q.AT}",
+    PPP_DISCOVERY.name: f"{Q.OP}, {Q.PUBKEY}, {Q.HASH}, {Q.PEPPER_ID}, {Q.AT}",
+    PPP_PUSH_TOKENS.name: f"{Q.OP}, {Q.PUBKEY}, {Q.PLATFORM}, {Q.TOKEN}, {Q.AT}",
+    PPP_CARRY_GROUPS.name: f"{Q.OP}, {Q.GROUP_ID}, {Q.PUBKEY}, {Q.MEMBERS}, {Q.COURIERS}, {Q.AT}",
+}
+
+
 def load_state(tables: dict[str, Path]) -> PppState:
     state = PppState()
-    t = _read(tables, PPP_DELIVERY_TOKENS,
-              f"SELECT {Q.OP}, {Q.TOKEN}, {Q.RECIPIENT}, {Q.AT} FROM t ORDER BY {Q.AT}")
-    for op, token, recipient, at in zip(t.column(Q.OP).to_pylist(), t.column(Q.TOKEN).to_pylist(),
-                                        t.column(Q.RECIPIENT).to_pylist(), micros(t.column(Q.AT))):
-        state.token_row(op, token, recipient, at)
-    # Metadata only: ciphertext stays on disk until a FETCH_BACKUP asks for it.
-    t = _read(tables, PPP_BACKUPS,
-              f"SELECT {Q.OP}, {Q.PUBKEY}, {Q.VERSION}, {Q.AT} FROM t ORDER BY {Q.AT}")
-    for op, pubkey, version, at in zip(t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
-                                       t.column(Q.VERSION).to_pylist(), micros(t.column(Q.AT))):
-        state.backup_row(op, pubkey, version, at)
-    _load_rooms(tables, state)
-    t = _read(tables, PPP_DISCOVERY,
-              f"SELECT {Q.OP}, {Q.PUBKEY}, {Q.HASH}, {Q.PEPPER_ID}, {Q.AT} FROM t ORDER BY {Q.AT}")
-    for op, pk, h, pid, at in zip(t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
-                                  t.column(Q.HASH).to_pylist(),
-                                  t.column(Q.PEPPER_ID).to_pylist(), micros(t.column(Q.AT))):
-        state.discovery_row(op, pk, h, pid, at)
-    t = _read(tables, PPP_PUSH_TOKENS, f"SELECT {Q.OP}, {Q.PUBKEY}, {Q.PLATFORM}, {Q.TOKEN}, "
-                                       f"{Q.AT} FROM t ORDER BY {Q.AT}")
-    for op, pk, platform, token, at in zip(
-            t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
-            t.column(Q.PLATFORM).to_pylist(), t.column(Q.TOKEN).to_pylist(),
-            micros(t.column(Q.AT))):
-        state.push_row(op, pk, platform, token, at)
-    t = _read(tables, PPP_CARRY_GROUPS, f"SELECT {Q.OP}, {Q.GROUP_ID}, {Q.PUBKEY}, {Q.MEMBERS}, "
-                                        f"{Q.COURIERS}, {Q.AT} FROM t ORDER BY {Q.AT}")
-    for row in zip(t.column(Q.OP).to_pylist(), t.column(Q.GROUP_ID).to_pylist(),
-                   t.column(Q.PUBKEY).to_pylist(), t.column(Q.MEMBERS).to_pylist(),
-                   t.column(Q.COURIERS).to_pylist(), micros(t.column(Q.AT))):
-        state.carry_row(*row)
+    apply(state, {name: _read(tables, PPP_TABLES[name],
+                              f"SELECT {cols} FROM t ORDER BY {Q.AT}")
+                  for name, cols in COLUMNS.items()})
     return state
+
+
+def apply(state: PppState, found: dict[str, pa.Table]) -> None:
+    """Fold rows (table name -> rows in `at` order, `COLUMNS`; a table absent has none)."""
+    if (t := found.get(PPP_DELIVERY_TOKENS.name)) is not None:
+        for op, token, recipient, at in zip(
+                t.column(Q.OP).to_pylist(), t.column(Q.TOKEN).to_pylist(),
+                t.column(Q.RECIPIENT).to_pylist(), micros(t.column(Q.AT))):
+            state.token_row(op, token, recipient, at)
+    if (t := found.get(PPP_BACKUPS.name)) is not None:
+        for op, pubkey, version, at in zip(
+                t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
+                t.column(Q.VERSION).to_pylist(), micros(t.column(Q.AT))):
+            state.backup_row(op, pubkey, version, at)
+    _apply_rooms(state, found.get(PPP_ROOMS.name), found.get(PPP_ROOM_TOKENS.name))
+    if (t := found.get(PPP_DISCOVERY.name)) is not None:
+        for op, pk, h, pid, at in zip(t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
+                                      t.column(Q.HASH).to_pylist(),
+                                      t.column(Q.PEPPER_ID).to_pylist(), micros(t.column(Q.AT))):
+            state.discovery_row(op, pk, h, pid, at)
+    if (t := found.get(PPP_PUSH_TOKENS.name)) is not None:
+        for op, pk, platform, token, at in zip(
+                t.column(Q.OP).to_pylist(), t.column(Q.PUBKEY).to_pylist(),
+                t.column(Q.PLATFORM).to_pylist(), t.column(Q.TOKEN).to_pylist(),
+                micros(t.column(Q.AT))):
+            state.push_row(op, pk, platform, token, at)
+    if (t := found.get(PPP_CARRY_GROUPS.name)) is not None:
+        for row in zip(t.column(Q.OP).to_pylist(), t.column(Q.GROUP_ID).to_pylist(),
+                       t.column(Q.PUBKEY).to_pylist(), t.column(Q.MEMBERS).to_pylist(),
+                       t.column(Q.COURIERS).to_pylist(), micros(t.column(Q.AT))):
+            state.carry_row(*row)
 
 
 def _secs(col) -> list[int]:
     return [m // 1_000_000 for m in micros(col)]
 
 
-def _load_rooms(tables: dict[str, Path], state: PppState) -> None:
+def _apply_rooms(state: PppState, r: pa.Table | None, t: pa.Table | None) -> None:
     """Room and token rows replayed in one `at` order (a token row is about the room
     incarnation current when it was written)."""
-    r = _read(tables, PPP_ROOMS, "SELECT * FROM t")
-    cols = {c: r.column(c).to_pylist() for c in r.column_names
-            if c not in (Q.CREATED_AT, Q.EXPIRES_AT, Q.AT)}
     rows: list[tuple[int, int, tuple]] = []
-    for i, (created, expires, at) in enumerate(zip(
-            _secs(r.column(Q.CREATED_AT)), _secs(r.column(Q.EXPIRES_AT)), micros(r.column(Q.AT)))):
-        room = Room(cols[Q.ROOM_ID][i], cols[Q.ADMIN][i], cols[Q.ROOM_TYPE][i],
-                    cols[Q.S2_CELL][i], cols[Q.S2_COARSE][i], cols[Q.GATED][i],
-                    cols[Q.PROXIMITY][i], cols[Q.BLE][i], cols[Q.MAX_MEMBERS][i], created, expires)
-        rows.append((at, 0, (cols[Q.OP][i], room)))
-    t = _read(tables, PPP_ROOM_TOKENS,
-              f"SELECT {Q.OP}, {Q.ROOM_ID}, {Q.TOKEN}, {Q.GRACE_UNTIL}, {Q.AT} FROM t")
-    for op, room_id, token, g, at in zip(t.column(Q.OP).to_pylist(),
-                                         t.column(Q.ROOM_ID).to_pylist(),
-                                         t.column(Q.TOKEN).to_pylist(),
-                                         micros(t.column(Q.GRACE_UNTIL)),   # nulls stay None
-                                         micros(t.column(Q.AT))):
-        rows.append((at, 1, (op, room_id, token, g)))
+    if r is not None:
+        cols = {c: r.column(c).to_pylist() for c in r.column_names
+                if c not in (Q.CREATED_AT, Q.EXPIRES_AT, Q.AT)}
+        for i, (created, expires, at) in enumerate(zip(
+                _secs(r.column(Q.CREATED_AT)), _secs(r.column(Q.EXPIRES_AT)),
+                micros(r.column(Q.AT)))):
+            room = Room(cols[Q.ROOM_ID][i], cols[Q.ADMIN][i], cols[Q.ROOM_TYPE][i],
+                        cols[Q.S2_CELL][i], cols[Q.S2_COARSE][i], cols[Q.GATED][i],
+                        cols[Q.PROXIMITY][i], cols[Q.BLE][i], cols[Q.MAX_MEMBERS][i], created,
+                        expires)
+            rows.append((at, 0, (cols[Q.OP][i], room)))
+    if t is not None:
+        for op, room_id, token, g, at in zip(t.column(Q.OP).to_pylist(),
+                                             t.column(Q.ROOM_ID).to_pylist(),
+                                             t.column(Q.TOKEN).to_pylist(),
+                                             micros(t.column(Q.GRACE_UNTIL)),   # nulls: None
+                                             micros(t.column(Q.AT))):
+            rows.append((at, 1, (op, room_id, token, g)))
     rows.sort(key=lambda x: (x[0], x[1]))
     for at, kind, args in rows:
         if kind == 0:

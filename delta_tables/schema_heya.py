@@ -2,14 +2,14 @@
 
 Heya messages live in the shared `inbox` (protocol "heya", mailbox = the 32-byte send token,
 cursor = the Heya sequence number). What is Heya-only is control-plane state, kept in five
-small append-only Delta tables whose rows are events; the process that owns them (the ingress
-node hosting the Heya listener) folds them into an in-memory view at start
+small append-only Delta tables whose rows are events; every ingress node hosting the Heya
+listener folds them into an in-memory view at start and follows the others' commits
 (`delta_tables/heya_state.py`), and the compaction job deletes the rows the fold no longer
 needs (DEAU'd tokens, DALL'd mailboxes, removed push tokens, consumed inbox tokens).
 
 Secrets (tokens, digests, push tokens) are binary columns: delta-rs writes no statistics for
 those into the Delta log, so a deleted row's values leave with its data file. `at` orders the
-rows of a table (the owner writes strictly increasing values) and is the
+rows of a table (strictly increasing in commit order: `control.py`) and is the
 key compaction's MERGE joins on, so no token, certificate digest or push token is ever spelled
 into a predicate that the Delta log would record. Other modules refer to columns through `H`.
 """
@@ -40,8 +40,14 @@ OP_EXTD = "extd"
 OP_DEAU = "deau"
 OP_IOSA = "iosa"
 OP_IOSD = "iosd"
+# A DALL under way, in heya_send_tokens (token empty): from it on, until the owner registers
+# again, no host mints a send token or registers a push token for the owner. It is written
+# with the DALL's DEAUs, in the table an AUTH writes, so an AUTH racing a DALL on another
+# host either is revoked by it or sees it (control.py's fence) and is refused.
+OP_DALL_MARK = "dall"
 
-_AT = Column(H.AT, "timestamp", doc="when; strictly increasing per writer; the merge key")
+_AT = Column(H.AT, "timestamp", doc="when; strictly increasing per table in commit order "
+                                          "(fenced writers, control.py); the merge key")
 _OWNER = Column(H.OWNER, "binary",
                 doc="SHA-256 of the client certificate's DER: the Heya mailbox identity")
 
@@ -71,13 +77,14 @@ HEYA_SEND_TOKENS = TableDef(
     "heya_send_tokens", (
         Column(H.TOKEN, "binary", doc="32 random bytes; the inbox mailbox key of its messages"),
         _OWNER,
-        Column(H.OP, "string", doc="auth | extd | deau"),
+        Column(H.OP, "string", doc="auth | extd | deau | dall (a DALL under way; token empty)"),
         Column(H.START_TIME, "long", doc="unix seconds; SEND is refused before it"),
         Column(H.END_TIME, "long", doc="unix seconds; SEND is refused after it (extd: new end)"),
         _AT,
     ),
     dict(_COMMON),
-    doc="Send tokens of each mailbox: minted (AUTH), extended (EXTD), revoked (DEAU, DALL).",
+    doc="Send tokens of each mailbox: minted (AUTH), extended (EXTD), revoked (DEAU, DALL); "
+        "a `dall` row (empty token) marks a DALL under way.",
 )
 
 HEYA_PUSH_TOKENS = TableDef(

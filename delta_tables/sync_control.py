@@ -2,12 +2,14 @@
 and push registrations, in memory and durable in the `schema_sync` tables.
 
 A `ControlTables` (`control.py`): membership changes and push registrations are written first
-(one fsync'ed append; admissions that arrive together share it) and applied after the commit
-returned, under its lock, so what a client was told survives a restart and two joins /
-revokes cannot interleave. Ack progress is applied
-to memory at once and written by a group-committed appender in the background: losing the
-newest progress in a crash only delays a DELETE until the device pulls again (the safe
-direction).
+(one fsync'ed append fenced against the other hosts' commits; admissions that arrive together
+share it) and applied after the commit returned, so what a client was told survives a restart
+and two joins / revokes cannot interleave, on one host or several (a batch that loses its
+commit to another host is decided again on the refreshed state). Ack progress is applied to
+memory at once and written by a group-committed appender in the background, per host and
+unfenced: its fold keeps each device's highest cursor, whatever the order rows arrive in, so
+the other hosts read it back over `ACK_WINDOW_US` on each refresh. Losing the newest progress
+in a crash only delays a DELETE until the device pulls again (the safe direction).
 
 Policy (who may do what) is the shell's; this module stores. It never logs an id or token.
 """
@@ -17,27 +19,35 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import datetime, timezone
+from typing import Callable
 
 from runtime.log_rate import LogRate
 
-from .control import ControlTables
+from .control import ControlConflict, ControlTables, utc_micros
 from .group_commit import DeltaAppendTarget, GroupCommitAppender
 from .layout import Layout
 from .schema_sync import (OP_CREATE, OP_JOIN, OP_REGISTER, OP_REVOKE, OP_UNREGISTER,
                           SYNC_DEVICE_ACKS, SYNC_MEMBERS, SYNC_PUSH, SYNC_TABLES, S)
-from .sync_state import SyncState, load_state
+from .sync_state import SyncState, apply
 
 log = logging.getLogger("relay.ingress.sync")
 
 
+# Ack rows are written unfenced by each host, with its own clock: a refresh reads them again
+# this far back (a host's clock ahead of another's by more than this, plus its group commit's
+# delay, would hide its acks from that host until a restart; clocks are NTP-synchronised).
+ACK_WINDOW_US = 60_000_000
+
+
 class SyncControl(ControlTables):
     tables = SYNC_TABLES
+    unfenced = {SYNC_DEVICE_ACKS.name: ACK_WINDOW_US}
 
-    def __init__(self, layout: Layout, *, fsync: bool = True):
-        super().__init__(layout, fsync=fsync)
+    def __init__(self, layout: Layout, *, fsync: bool = True,
+                 clock: Callable[[], int] = utc_micros):
+        super().__init__(layout, fsync=fsync, clock=clock)
         self.state = SyncState()
         self._acks: GroupCommitAppender | None = None
-        self._last_at = 0
         self._pending_acks: set[asyncio.Task] = set()
         self._admits: list[tuple] = []          # (group, device, admitter, open_group, future)
         self._admitting: asyncio.Task | None = None
@@ -46,16 +56,19 @@ class SyncControl(ControlTables):
     async def load(self) -> None:
         # members: admissions that arrive together share an append; push: one per change;
         # acks: group-committed in the background
-        paths = await self.open({name: tdef for name, tdef in SYNC_TABLES.items()
-                                 if name != SYNC_DEVICE_ACKS.name})
-        self.state = await asyncio.to_thread(load_state, paths)
+        self.state = SyncState()
+        paths = await self.open()
         self._acks = GroupCommitAppender(
             DeltaAppendTarget(paths[SYNC_DEVICE_ACKS.name], SYNC_DEVICE_ACKS, fsync=self.fsync))
         await self._acks.start()
         log.info("sync control plane loaded", extra={
             "event": "sync_control_loaded", "groups": len(self.state.members)})
 
+    def fold(self, found) -> None:
+        apply(self.state, found)
+
     async def close(self) -> None:
+        await self.stop_following()
         if self._admitting is not None:
             await asyncio.gather(self._admitting, return_exceptions=True)
         if self._pending_acks:
@@ -64,10 +77,8 @@ class SyncControl(ControlTables):
             await self._acks.close()
 
     def _at(self) -> datetime:
-        """Strictly increasing row times (the fold orders by them); unlike the other control
-        planes' `next_at`, not carried on from the rows loaded (the fold keeps no `at`)."""
-        self._last_at = max(self.clock(), self._last_at + 1)
-        return datetime.fromtimestamp(self._last_at / 1_000_000, timezone.utc)
+        """Row times: after every `at` folded or written (`ControlTables.next_at`)."""
+        return datetime.fromtimestamp(self.next_at() / 1_000_000, timezone.utc)
 
     # --- membership ----------------------------------------------------------------------------
     async def admit(self, group: bytes, device: bytes, admitter: bytes | None, *,
@@ -93,12 +104,12 @@ class SyncControl(ControlTables):
         try:
             while self._admits:
                 batch, self._admits = self._admits, []
-                async with self.lock:
-                    await self._admit_batch(batch)
+                await self.change(lambda: self._admit_batch(batch))
         finally:
             self._admitting = None
 
     async def _admit_batch(self, batch: list) -> None:
+        await self._catch_up()   # a group or admitter another host made is no refusal here
         st = self.state
         joined: set[tuple[bytes, bytes]] = set()     # members by this batch's rows
         created: set[bytes] = set()
@@ -130,6 +141,8 @@ class SyncControl(ControlTables):
         if rows:
             try:
                 await self.write(SYNC_MEMBERS.name, rows)
+            except ControlConflict:
+                raise       # decided again on the refreshed state (`change`)
             except Exception as exc:     # noqa: BLE001 - the callers' error, not the loop's
                 failed = exc
             else:
@@ -145,14 +158,15 @@ class SyncControl(ControlTables):
 
     async def revoke(self, group: bytes, device: bytes, by: bytes) -> bool:
         """False if `device` is not a member (nothing written)."""
-        async with self.lock:
-            if not self.state.is_member(group, device):
+        async def body() -> bool:
+            if not await self.fresh(lambda: self.state.is_member(group, device)):
                 return False
             await self.write(SYNC_MEMBERS.name, [{
                 S.GROUP_ID: group, S.DEVICE_ID: device, S.OP: OP_REVOKE, S.ADMITTER: by,
                 S.AT: self._at()}])
             self.state.member_row(OP_REVOKE, group, device)
             return True
+        return await self.change(body)
 
     # --- ack progress --------------------------------------------------------------------------
     def record_ack(self, group: bytes, device: bytes, cursor: int) -> bool:
@@ -183,11 +197,12 @@ class SyncControl(ControlTables):
     async def push_registration(self, group: bytes, device: bytes, platform: str, token: bytes,
                                 register: bool) -> None:
         op = OP_REGISTER if register else OP_UNREGISTER
-        async with self.lock:
+        async def body() -> None:
             await self.write(SYNC_PUSH.name, [{
                 S.GROUP_ID: group, S.DEVICE_ID: device, S.OP: op, S.PLATFORM: platform,
                 S.TOKEN: token, S.AT: self._at()}])
             self.state.push_row(op, group, device, platform, token)
+        await self.change(body)
 
     def __repr__(self) -> str:
         return f"SyncControl({self.state!r})"

@@ -103,21 +103,27 @@ def _micros(t: pa.Table) -> list[int]:
     return pc.cast(t.column(S.AT), pa.int64()).to_pylist()
 
 
+def apply(state: SyncState, found: dict[str, pa.Table]) -> None:
+    """Fold rows (table name -> rows in `at` order; a table absent has none) into `state`."""
+    if (t := found.get(SYNC_MEMBERS.name)) is not None:
+        for row in zip(t.column(S.OP).to_pylist(), t.column(S.GROUP_ID).to_pylist(),
+                       t.column(S.DEVICE_ID).to_pylist(), _micros(t)):
+            state.member_row(*row)
+    if (t := found.get(SYNC_DEVICE_ACKS.name)) is not None:
+        for row in zip(t.column(S.GROUP_ID).to_pylist(), t.column(S.DEVICE_ID).to_pylist(),
+                       t.column(S.CURSOR).to_pylist(), _micros(t)):
+            state.ack_row(*row)
+    if (t := found.get(SYNC_PUSH.name)) is not None:
+        for row in zip(t.column(S.OP).to_pylist(), t.column(S.GROUP_ID).to_pylist(),
+                       t.column(S.DEVICE_ID).to_pylist(), t.column(S.PLATFORM).to_pylist(),
+                       t.column(S.TOKEN).to_pylist(), _micros(t)):
+            state.push_row(*row)
+
+
 def load_state(paths: dict[str, Path]) -> SyncState:
     state = SyncState()
-    t = _read(paths[SYNC_MEMBERS.name])
-    for row in zip(t.column(S.OP).to_pylist(), t.column(S.GROUP_ID).to_pylist(),
-                   t.column(S.DEVICE_ID).to_pylist(), _micros(t)):
-        state.member_row(*row)
-    t = _read(paths[SYNC_DEVICE_ACKS.name])
-    for row in zip(t.column(S.GROUP_ID).to_pylist(), t.column(S.DEVICE_ID).to_pylist(),
-                   t.column(S.CURSOR).to_pylist(), _micros(t)):
-        state.ack_row(*row)
-    t = _read(paths[SYNC_PUSH.name])
-    for row in zip(t.column(S.OP).to_pylist(), t.column(S.GROUP_ID).to_pylist(),
-                   t.column(S.DEVICE_ID).to_pylist(), t.column(S.PLATFORM).to_pylist(),
-                   t.column(S.TOKEN).to_pylist(), _micros(t)):
-        state.push_row(*row)
+    apply(state, {name: _read(paths[name]) for name in
+                  (SYNC_MEMBERS.name, SYNC_DEVICE_ACKS.name, SYNC_PUSH.name)})
     return state
 
 

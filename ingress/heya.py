@@ -190,6 +190,8 @@ class HeyaServer(Listener):
     async def start(self) -> None:
         await asyncio.to_thread(self.layout.ensure_shared_tables)
         await self.control.load()
+        self.control.start_following(
+            self.settings.ingress.control_follow_seconds)   # the other Heya hosts' changes
         self.tail.version = await self.inbox.bootstrap()
         self._stop = asyncio.Event()
         self._tail_task = asyncio.create_task(
@@ -203,6 +205,7 @@ class HeyaServer(Listener):
         if self.push_desk is not None:
             self.push_desk.close()
             self.push_desk = None
+        await self.control.stop_following()
         await super().close()
         self._stop.set()
         if self._tail_task is not None:
@@ -263,7 +266,7 @@ class _HeyaConnection:
             self.writer.transport.abort()
             return
         self.owner = tls.cert_digest(der)
-        mailbox = self.control.is_mailbox(self.owner)
+        mailbox = await self.control.find_mailbox(self.owner)   # INCO'd here or elsewhere
         if not self._admit(mailbox):
             self.writer.transport.abort()   # this address holds its share of strangers
             return
@@ -450,9 +453,10 @@ class _HeyaConnection:
                 return
 
     # --- commands ------------------------------------------------------------------------------
-    def _mailbox(self) -> bool:
-        """The control plane is authoritative (another connection may have run DALL)."""
-        return self.control.is_mailbox(self.owner)
+    async def _mailbox(self) -> bool:
+        """The control plane is authoritative (another connection, here or on another host,
+        may have run INCO or DALL)."""
+        return await self.control.find_mailbox(self.owner)
 
     async def _inco(self, rid: int, cmd: Inco) -> None:
         if not await self.control.inco(self.owner, cmd.token):
@@ -464,10 +468,13 @@ class _HeyaConnection:
 
     async def _auth(self, rid: int, cmd: Auth) -> None:
         # interop §5.1: the public server accepts end < start and ends in the past.
-        if not self._mailbox() or cmd.start > cmd.end or cmd.end < int(self.server.clock()):
+        if not await self._mailbox() or cmd.start > cmd.end or cmd.end < int(self.server.clock()):
             self._refuse(rid, "auth")
             return
         tok = await self.control.auth(self.owner, cmd.start, cmd.end)
+        if tok is None:                # its DALL under way, on this host or another
+            self._refuse(rid, "auth")
+            return
         self.core.reply(rid, frames.auth(tok.token, cmd.start, cmd.end))
 
     async def _deau(self, rid: int, cmd: Deau) -> None:
@@ -490,7 +497,7 @@ class _HeyaConnection:
         self.core.reply(rid, frames.list_tokens(entries))
 
     async def _send(self, rid: int, cmd: Send) -> None:
-        tok = self.control.send_token(cmd.token)
+        tok = await self.control.find_send_token(cmd.token)   # AUTH'd here or elsewhere
         if tok is None or not tok.valid_at(self.server.clock()):
             self._refuse(rid, "send_token")   # README "SEND": error -> close
             return
@@ -526,7 +533,7 @@ class _HeyaConnection:
     async def _want(self, rid: int, cmd: Want) -> None:
         # Only the token's owner reads its messages; anyone else hears GONE (interop §3 WANT).
         body = None
-        if self.control.owner_of(cmd.token) == self.owner:
+        if await self.control.owns(self.owner, cmd.token):
             body = await self.inbox.body(cmd.token, cmd.seq)
         self.core.reply(rid, frames.gone(cmd.token, cmd.seq) if body is None
                         else frames.give(cmd.token, cmd.seq, body))
@@ -534,7 +541,7 @@ class _HeyaConnection:
     async def _trim(self, rid: int, cmd: Trim) -> None:
         # interop §5.2: scoped to its token (the public server trims every token). Only
         # messages that exist are trimmed, so a TRIM ahead of the stream never eats later ones.
-        if self.control.owner_of(cmd.token) != self.owner:
+        if not await self.control.owns(self.owner, cmd.token):
             self._refuse(rid, "send_token")
             return
         before = self.control.trimmed(cmd.token)
@@ -547,10 +554,12 @@ class _HeyaConnection:
         self.core.reply(rid, frames.trim(cmd.token, cmd.seq, count))
 
     async def _iosa(self, rid: int, cmd: Iosa) -> None:
-        if not self._mailbox():
+        if not await self._mailbox():
             self._refuse(rid, "not_a_mailbox")   # README "IOSA ... non-mailbox will close"
             return
-        await self.control.iosa(self.owner, cmd.device_token)
+        if not await self.control.iosa(self.owner, cmd.device_token):
+            self._refuse(rid, "not_a_mailbox")   # its DALL under way, here or on another host
+            return
         self.core.reply(rid, frames.iosa(cmd.device_token))
 
     async def _iosd(self, rid: int, cmd: Iosd) -> None:

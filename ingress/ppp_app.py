@@ -283,6 +283,8 @@ class PppServer(Listener):
     async def start(self) -> None:
         await asyncio.to_thread(self.layout.ensure_shared_tables)
         await self.control.load()
+        self.control.start_following(
+            self.settings.ingress.control_follow_seconds)   # the other PPP hosts' changes
         await self.ack_appender.start()
         # Each view read its own snapshot; the tail goes on from the older one (a view skips
         # the rows it has, by cursor).
@@ -345,6 +347,7 @@ class PppServer(Listener):
             await self._serve_task
             self._uvicorn = None
         logging.getLogger("uvicorn.error").removeFilter(self._noise)
+        await self.control.stop_following()
         self._stop.set()
         for t in self._tasks:
             if t.get_name() == "ppp-sweep":
@@ -735,7 +738,7 @@ def build_app(server: PppServer) -> FastAPI:
             note = P.decode_sealed_note(body)
         except P.ProtocolError:
             return outcome(SealedOutcome.INVALID, 400)
-        if server.control.recipient_of(note.delivery_token) is None:
+        if await server.control.find_recipient(note.delivery_token) is None:
             return outcome(SealedOutcome.UNKNOWN_TOKEN, 401)
         if not server.sealed_token.allow(note.delivery_token, now):
             return outcome(SealedOutcome.RATE_LIMITED, 429,

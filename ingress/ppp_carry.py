@@ -84,6 +84,8 @@ class CarryService:
         if cmd.sig is not None and not K.verified(
                 pubkey, K.fetch_message(cmd.group_id, cmd.since), cmd.sig):
             return self._fail(cmd.name, "bad signature", request_id)
+        # registered on another host: looked for in the tables before a refusal
+        await self.control.known(lambda: self._carried(pubkey, cmd) is not None)
         members = self._carried(pubkey, cmd)
         if members is None:
             return self._fail(cmd.name, K.UNKNOWN, request_id)

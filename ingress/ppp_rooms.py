@@ -135,7 +135,7 @@ class RoomService:
                                            f"{R.MIN_DISCOVERY_LEVEL}", rid)
             found = self.control.rooms.discover(cell, now, R.MAX_DISCOVERED)
             return P.rooms([r.info(self.control.rooms.members(r.room_id)) for r in found])
-        room = self.control.rooms.rooms.get(cmd.room_id)
+        room = await self._room(cmd.room_id)
         if room is None:
             return self.fail(cmd.name, UNKNOWN_ROOM, rid)
         if room.expired(now):
@@ -295,15 +295,26 @@ class RoomService:
                         "stored_at": m.stored_at})
         return P.room_messages(room.room_id, out)
 
+    async def _room(self, room_id: bytes) -> R.Room | None:
+        """The room, looked for in the tables too (created on another host)."""
+        await self.control.known(lambda: room_id in self.control.rooms.rooms)
+        return self.control.rooms.rooms.get(room_id)
+
     async def _store(self, pubkey: bytes, room: R.Room, cmd: P.StoreRoom, rid: str,
                      session: Subscriber | None, now: float) -> P.Reply:
         why = R.check_message(cmd.nonce, cmd.ciphertext)
         if why is not None:
             return self.fail(cmd.name, why, rid)
         if room.gated and pubkey != room.admin:
-            known = self.control.rooms.known_member(room.room_id, pubkey)
-            token = cmd.member_token is not None and self.control.rooms.token_valid(
-                room.room_id, cmd.member_token, int(now * 1_000_000))
+            rooms = self.control.rooms
+
+            def member() -> tuple[bool, bool]:
+                return (rooms.known_member(room.room_id, pubkey),
+                        cmd.member_token is not None and rooms.token_valid(
+                            room.room_id, cmd.member_token, int(now * 1_000_000)))
+            # registered on another host: looked for in the tables before a refusal
+            await self.control.known(lambda: any(member()))
+            known, token = member()
             if not (known or token):
                 return self.fail(cmd.name, MEMBERSHIP, rid)
             if token and not known:
@@ -324,13 +335,13 @@ class RoomService:
         now = self.clock()
         if R.check_message(sub.nonce, sub.ciphertext) is not None:
             return SealedRoomOutcome.INVALID, None
-        room = self.control.rooms.rooms.get(sub.room_id)
+        room = await self._room(sub.room_id)
         if room is None:
             return SealedRoomOutcome.UNKNOWN_ROOM, None
         if room.expired(now):
             return SealedRoomOutcome.EXPIRED, None
-        if not self.control.rooms.token_valid(room.room_id, sub.member_token,
-                                              int(now * 1_000_000)):
+        if not await self.control.known(lambda: self.control.rooms.token_valid(
+                room.room_id, sub.member_token, int(now * 1_000_000))):
             return SealedRoomOutcome.TOKEN, None
         if not token_allowed(sub.room_id + sub.member_token):
             return SealedRoomOutcome.RATE_LIMITED, None

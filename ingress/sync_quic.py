@@ -487,6 +487,8 @@ class SyncServer(Listener):
     async def start(self) -> None:
         await asyncio.to_thread(self.layout.ensure_shared_tables)
         await self.control.load()
+        self.control.start_following(
+            self.settings.ingress.control_follow_seconds)   # the other sync hosts' changes
         self.acks = GroupCommitAppender(DeltaAppendTarget(self.layout.acks, ACKS,
                                                           fsync=self.fsync))
         await self.acks.start()

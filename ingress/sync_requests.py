@@ -193,9 +193,11 @@ class SyncRequests:
         srv, ctl, dev = self.server, self.server.control, self.device_id
         self.session.check_hello(msg)
         group = msg.group_id
+        # admitted or revoked on another host: looked for in the tables before a refusal
+        member = await ctl.known(lambda: ctl.state.is_member(group, dev))
         if ctl.state.is_revoked(group, dev):
             raise Refused(Code.DEVICE_REVOKED, "device revoked from this group")
-        if not ctl.state.is_member(group, dev):
+        if not member:
             if ctl.state.exists(group) and not self.conf.open_groups:
                 raise Refused(Code.NOT_A_MEMBER, "not a member of this group")
             outcome = await ctl.admit(group, dev, None, open_group=self.conf.open_groups)

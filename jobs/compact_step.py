@@ -156,18 +156,36 @@ def delete_unneeded(target: DeltaTable, rows: pa.Table, needed, identity: tuple[
     from `target`'s snapshot) whose `at` is not in `needed`, the set a protocol's state fold
     still rests on. The MERGE joins on the non-secret `at` only; the identity columns (tokens,
     keys) are compared by name in the clause, never spelled into a predicate the Delta log
-    records. No commit when nothing is unneeded. Used by the Heya, PPP and sync steps."""
+    records. No commit when nothing is unneeded. Used by the Heya, PPP and sync steps.
+
+    `at` is unique in a table written through `control.py`'s fence; a table each host
+    appends to on its own (sync's ack progress) may hold one `at` twice, from two hosts. Such
+    rows are deleted in rounds, each with one source row per `at` (a MERGE whose target row
+    two source rows match is refused), and a row shares its fate with every row of its `at`
+    only in being kept: a needed `at` keeps them all (never a needed row deleted)."""
     import pyarrow.compute as pc
     keep = pc.is_in(pc.cast(rows.column(at), pa.int64()), pa.array(sorted(needed), pa.int64()))
     source = rows.filter(pc.invert(keep)).select([at, *identity])
-    if source.num_rows == 0:
-        return 0
     same = " AND ".join(f"{T}.{c} = {S}.{c}" for c in identity)
-    try:
-        m = merge(target, source, (at,))
-    except RuntimeError:   # two rows share an `at` (never written so): leave them
-        return 0
-    return int(m.when_matched_delete(same).execute()["num_target_rows_deleted"])
+    deleted = 0
+    for part in _rounds(source, at):
+        m = merge(target, part, (at,))
+        deleted += int(m.when_matched_delete(same).execute()["num_target_rows_deleted"])
+    return deleted
+
+
+def _rounds(source: pa.Table, at: str) -> list[pa.Table]:
+    """`source` split so that no part holds one `at` twice (the n-th row of each `at` in
+    part n): usually one part."""
+    import pyarrow.compute as pc
+    ats = pc.cast(source.column(at), pa.int64()).to_pylist()
+    seen: dict[int, int] = {}
+    rank = []
+    for a in ats:
+        rank.append(seen.get(a, 0))
+        seen[a] = rank[-1] + 1
+    ranks = pa.array(rank)
+    return [source.filter(pc.equal(ranks, n)) for n in range(max(rank, default=-1) + 1)]
 
 
 def delete_older(path: Path, column: str, cutoff: datetime,

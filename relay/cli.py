@@ -331,6 +331,9 @@ def cmd_bench(args) -> None:
     if args.state:
         from .bench import state
         sys.exit(state.main(args))
+    if args.control_hosts:
+        from .bench import control_hosts
+        sys.exit(control_hosts.main(args))
     from .bench import run   # the benchmark is loaded by its command only
     sys.exit(run.main(args))
 
@@ -1387,6 +1390,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the stream's state store at 1 M and 5 M live event ids (--quick: "
                         "0.2 M and 1 M): memory of the stream's process tree and the time "
                         "from a restart to its first batch -> bench-state.json")
+    p.add_argument("--control-hosts", action="store_true",
+                   help="a Heya control change on one host, on two hosts in turn (each "
+                        "change loses to the other's and is decided again) and a token "
+                        "looked up on the host that did not make it -> bench-control-hosts.json")
     p.set_defaults(func=cmd_bench)
     _add_ppp_parser(sub)
     return parser

@@ -98,6 +98,12 @@ class IngressConf:
     # lease_seconds stops writing, and its id can be taken over. A clean stop releases it.
     lease_seconds: float = 15.0
     lease_renew_seconds: float = 3.0
+    # Heya, PPP and cursor-sync may run on several ingress hosts at once; each host folds what
+    # the others changed in the protocol's control tables every control_follow_seconds (a
+    # stat, or a HEAD on S3, per control table when nothing changed). A token or mailbox made
+    # on another host is looked for at once; this bounds how long a revocation there (DEAU,
+    # REVOKE, a deregistered delivery token) is still honoured here.
+    control_follow_seconds: float = 1.0
     # `relay up` runs one ingress process per protocol (`relay ingress --protocol P`, node id
     # `<node_id>-<P>`): an attack on one listener, or its CPU, cannot stall another's event
     # loop, and the protocols spread over the cores. false: one process runs every listener.
@@ -241,8 +247,8 @@ class MetricsConf:
 
 @dataclass
 class HeyaConf:
-    # The Heya listener runs in the ingress process, which owns the Heya control tables; with
-    # several ingress nodes, enable it on one of them (its control plane has one owner).
+    # The Heya listener, in the ingress process. Any number of ingress hosts may run it at
+    # once over one set of tables: they share its control tables (decision 0009).
     enabled: bool = True
     port: int = 8337
     # Server certificate and key (PEM). Empty: <data_dir>/keys/heya_server.{crt,key},
@@ -408,8 +414,8 @@ class PppConf:
 
 @dataclass
 class SyncConf:
-    # The cursor-sync relay over QUIC (ALPN /0k-sync/1), hosted by the ingress process, which
-    # owns the sync control tables (enable it on one ingress node). Limits: engine/sync/limits.
+    # The cursor-sync relay over QUIC (ALPN /0k-sync/1), hosted by the ingress process; any
+    # number of ingress hosts may run it at once (decision 0009). Limits: engine/sync/limits.
     enabled: bool = True
     port: int = 4433
     # Server certificate and key (PEM). Empty: <data_dir>/keys/sync_server.{crt,key}, created
@@ -966,6 +972,7 @@ RANGES: dict[str, tuple[float | None, float | None, str]] = {
     "ingress.lease_seconds": (1, None, "at least 1"),
     "ingress.lease_renew_seconds": (0.1, None, "at least 0.1"),
     "cluster.peer_refresh_seconds": (0.1, None, "at least 0.1"),
+    "ingress.control_follow_seconds": (0.05, None, "at least 0.05"),
     # 0 would delete every reject and audit row as it is written
     "compaction.audit_retention_days": (1 / 86400, None, "at least 1/86400 (one second)"),
 }

@@ -131,6 +131,8 @@ EVENTS: dict[str, str] = {
     "heya_write_timeout": "a Heya client stopped reading replies; closed",
     "heya_store_failed": "a SEND's landing commit failed; closed, no RECV (size, error)",
     "heya_control_loaded": "the Heya control tables were loaded (mailboxes, send_tokens)",
+    "control_refresh_failed": "a Heya, PPP or cursor-sync host could not fold the other "
+                              "hosts' control changes this round; tried again next (error)",
     "heya_inbox_bootstrap": "the Heya inbox view was rebuilt (version, tokens)",
     "server_cert_created": "a listener's server certificate was created (listener, path)",
     "server_cert_recreated": "a listener's key without certificate was replaced by a new pair",

@@ -1,7 +1,7 @@
 """Two ingress nodes, one stream (issue 18): a second ingress process stands for another host
 (its own data directory, keys and node id; the same tables: a shared directory, or the S3
-server with RELAY_TEST_TABLES=s3). It runs trueseal push only: Heya, PPP and cursor-sync
-listeners own their protocol's control tables, one process each, so they are not run twice.
+server with RELAY_TEST_TABLES=s3). It runs trueseal push only (Heya, PPP and cursor-sync on
+two hosts: tests/test_heya_hosts.py, test_ppp_hosts.py, test_sync_hosts.py).
 Both take pushes while one stream and one egress serve them; the second node is killed with
 SIGKILL mid-load and never comes back. Every push either node acked is delivered, none twice
 in the inbox, cursors gap-free: a dead node's landing is still read."""
