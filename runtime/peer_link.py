@@ -1,4 +1,5 @@
-"""asyncio shell of the peer channel: ingress hands landed envelopes to egress on other hosts.
+"""asyncio shell of the peer channel: a process hands landed envelopes to the processes on
+other hosts that have their recipients online.
 
 The local hand-off (runtime/handoff.py) reaches egress on the same host only. Across hosts:
 
@@ -16,6 +17,11 @@ The local hand-off (runtime/handoff.py) reaches egress on the same host only. Ac
   only earliness, and a duplicate one is ignored.
 * The listener never blocks or raises into the push listener: past
   `cluster.peer_send_buffer_bytes` waiting for one peer, hand-offs to it are dropped (counted).
+* PPP (and each protocol whose listener serves its own recipients) is both sides in one
+  process, with one registration listing its protocols: its `PeerListener` sends its own
+  STOREs' hand-offs, its `PeerDialer` (`register=False`) dials the other hosts' listeners
+  of the same protocol and subscribes its own online recipients. A dialler dials only
+  listeners whose registration lists one of its protocols.
 * Every `peer_refresh_seconds` both sides read the live peers again: a channel whose other
   end is no longer listed (its lease or registration expired, it stopped) is closed.
 
@@ -120,7 +126,8 @@ class _Link:
         return self.core.state is State.OPEN and not self.writer.is_closing()
 
     def send(self, payload: bytes) -> bool:
-        if self.core.state is State.CLOSED or self.writer.is_closing():
+        if self.core.state is State.CLOSED or self.writer.is_closing() \
+                or len(payload) > self.core.max_message:
             return False
         if self.writer.transport.get_write_buffer_size() + self.core.queued + len(payload) \
                 > self.buffer_max:
@@ -185,11 +192,12 @@ class _Registered:
 
 
 class PeerListener:
-    """Ingress's side (the trueseal push process): accepts egress hosts the store lists,
+    """Ingress's side (a process that lands `protocols`): accepts the hosts the store lists,
     keeps their subscriptions, and `send`s each landed hand-off to the subscribers."""
 
     def __init__(self, settings, key: keys.RelayKey, tables, name: str, *, epoch: int = 0,
-                 host: str | None = None, port: int | None = None):
+                 host: str | None = None, port: int | None = None,
+                 protocols=("trueseal",)):
         conf = settings.cluster
         self.conf = conf
         self.key = key
@@ -199,6 +207,7 @@ class PeerListener:
         self.tables = tables
         self.name = name
         self.epoch = epoch
+        self.protocols = tuple(protocols)
         self.lease_seconds = settings.ingress.lease_seconds
         self.renew_seconds = min(conf.peer_refresh_seconds, settings.ingress.lease_renew_seconds)
         self.directory = PeerDirectory(tables, conf.peer_refresh_seconds)
@@ -222,7 +231,8 @@ class PeerListener:
         self.bound_port = self._server.sockets[0].getsockname()[1]
         self._registered = _Registered(
             PeerRegistration(self.tables, self.name, "ingress", self.key.public, self.endpoint,
-                             epoch=self.epoch, seconds=self.lease_seconds),
+                             epoch=self.epoch, seconds=self.lease_seconds,
+                             protocols=self.protocols),
             self.renew_seconds)
         await self._registered.start()
         self._watch = asyncio.create_task(self._revalidate(), name="peer-revalidate")
@@ -355,14 +365,14 @@ class PeerListener:
 
 
 class PeerDialer:
-    """Egress's side: dials every live ingress that listens, subscribes the trueseal
-    mailboxes online here, and passes each hand-off to `deliver`."""
-
-    PROTOCOLS = ("trueseal",)
+    """The receiving side (egress; a PPP listener): dials every live listener of one of
+    `protocols`, subscribes those protocols' mailboxes online here, and passes each
+    hand-off to `deliver`. `register=False`: the process's `PeerListener` lists its key."""
 
     def __init__(self, settings, key: keys.RelayKey, tables, name: str,
                  deliver: Callable[[Handoff], None],
-                 online: Callable[[str], list[bytes]]):
+                 online: Callable[[str], list[bytes]], *, protocols=("trueseal",),
+                 register: bool = True):
         conf = settings.cluster
         self.conf = conf
         self.key = key
@@ -370,11 +380,13 @@ class PeerDialer:
         self.name = name
         self.deliver = deliver
         self.online = online
+        self.protocols = tuple(protocols)
         self.directory = PeerDirectory(tables, conf.peer_refresh_seconds)
         self.renew_seconds = min(conf.peer_refresh_seconds, settings.ingress.lease_renew_seconds)
         self._registered = _Registered(
             PeerRegistration(tables, name, "egress", key.public,
-                             seconds=settings.ingress.lease_seconds), self.renew_seconds)
+                             seconds=settings.ingress.lease_seconds, protocols=self.protocols),
+            self.renew_seconds) if register else None
         self.links: dict[bytes, _Link] = {}         # listener key -> its channel
         self._dialing: dict[bytes, asyncio.Task] = {}  # listener key -> its channel's task
         self._unreached: set[bytes] = set()     # dialled and failed since the last success
@@ -383,12 +395,13 @@ class PeerDialer:
         self.malformed = 0
 
     async def start(self) -> None:
-        await self._registered.start()
+        if self._registered is not None:
+            await self._registered.start()
         self._loop_task = asyncio.create_task(self._run(), name="peer-dialer")
 
     def watch(self, protocol: str, mailbox: bytes, online: bool) -> None:
         """MailboxHub.watch: a mailbox's first session opened, or its last closed."""
-        if protocol not in self.PROTOCOLS:
+        if protocol not in self.protocols:
             return
         payload = _sub(SUBSCRIBE if online else UNSUBSCRIBE, protocol, mailbox)
         for link in self.links.values():
@@ -399,7 +412,8 @@ class PeerDialer:
         while True:
             peers = await self.directory.refresh()
             wanted = {p.key: p for p in peers
-                      if p.role == "ingress" and p.endpoint and p.key != self.key.public}
+                      if p.role == "ingress" and p.endpoint and p.key != self.key.public
+                      and any(p.serves(proto) for proto in self.protocols)}
             for key, link in list(self.links.items()):
                 if key not in wanted:
                     log.info("peer expired; channel closed", extra={
@@ -426,7 +440,7 @@ class PeerDialer:
                 return
             self.links[peer.key] = link
             self._unreached.discard(peer.key)
-            for protocol in self.PROTOCOLS:
+            for protocol in self.protocols:
                 for mailbox in self.online(protocol):
                     link.send(_sub(SUBSCRIBE, protocol, mailbox))
             log.info("peer connected", extra={"event": "peer_connected", "peer": peer.name})
@@ -480,4 +494,5 @@ class PeerDialer:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._registered.stop()
+        if self._registered is not None:
+            await self._registered.stop()
