@@ -66,33 +66,42 @@ class IngressNode:
 
     def _peer_channel(self, settings: Settings, lease) -> None:
         """Other hosts get what lands here at once (`peer_listen`: trueseal pushes for their
-        egress, PPP STOREs for their PPP listeners); a PPP listener also dials the others'
-        (`peer_dial`) for its own recipients. One registration per process, listing its
-        protocols (runtime/peer_link.py)."""
+        egress, PPP STOREs for their PPP listeners) and the stream's wake-ups this host
+        hears (PPP, Heya, cursor-sync); with `peer_dial` a PPP, Heya or cursor-sync listener
+        dials the others' for its own. One registration per process, listing its protocols
+        (runtime/peer_link.py)."""
         cluster = settings.cluster
-        sends = [p for p, on in (("trueseal", self.trueseal is not None
-                                  and settings.trueseal.early_delivery),
-                                 ("ppp", self.ppp is not None)) if on]
-        if not (cluster.peer_listen and sends) and not (cluster.peer_dial and self.ppp):
+        tailing = {p: srv for p, srv in (("ppp", self.ppp), ("heya", self.heya),
+                                         ("sync", self.sync)) if srv is not None}
+        sends = ["trueseal"] if self.trueseal is not None and settings.trueseal.early_delivery \
+            else []
+        sends += list(tailing)
+        listen = cluster.peer_listen and bool(sends)
+        dial = cluster.peer_dial and bool(tailing)
+        if not (listen or dial):
             return
         from runtime.peer_link import PeerDialer, PeerListener, peer_key
         key = peer_key(settings.data_dir)
-        if cluster.peer_listen and sends:
+        if listen:
             self.peers = PeerListener(settings, key, self.layout.tables, self.node_id,
                                       epoch=lease.epoch if lease is not None else 0,
                                       protocols=sends)
-            if self.trueseal is not None and "trueseal" in sends:
+            if "trueseal" in sends:
                 self.trueseal.peers = self.peers
             if self.ppp is not None:
                 self.ppp.service.peers = self.peers
-        if cluster.peer_dial and self.ppp is not None:
-            inbox = self.ppp.inbox
+            for protocol, srv in tailing.items():
+                srv.tail.on_signal = lambda p=protocol: self.peers.wake(p)
+        if dial:
+            ppp = self.ppp.inbox if self.ppp is not None else None
             self.dialer = PeerDialer(
                 settings, key, self.layout.tables, f"{self.node_id}-dial", self._handed,
-                lambda protocol: inbox.sessions.keys(), protocols=("ppp",),
-                register=self.peers is None)
-            inbox.sessions.watch = lambda mailbox, online: self.dialer.watch(
-                "ppp", mailbox, online)
+                lambda protocol: ppp.sessions.keys() if protocol == "ppp" and ppp else [],
+                protocols=tuple(tailing), register=not listen,
+                wakes=lambda protocol: tailing[protocol].tail.poke())
+            if ppp is not None:
+                ppp.sessions.watch = lambda mailbox, online: self.dialer.watch(
+                    "ppp", mailbox, online)
 
     def _handed(self, h) -> None:
         """A hand-off from another host's listener: early if its recipient is online here."""

@@ -25,8 +25,16 @@ The local hand-off (runtime/handoff.py) reaches egress on the same host only. Ac
 * Every `peer_refresh_seconds` both sides read the live peers again: a channel whose other
   end is no longer listed (its lease or registration expired, it stopped) is closed.
 
+* Heya and cursor-sync number their messages in the stream (a HAVE's seq, a NOTIFY's
+  cursor), so nothing of theirs can be served before its inbox row, on one host or many.
+  What the channel carries for them (and for PPP's rows) is the stream's wake-up: the
+  listener on the stream's host, signalled by its commit (runtime/inbox_signal.py), sends
+  WAKE to the same protocol's listeners on other hosts, which poll the inbox at once
+  instead of at `egress.poll_interval_ms`. A dialler asks for them with a subscription of
+  the empty mailbox.
+
 Messages (the channel's payloads): one byte of kind, then SUBSCRIBE / UNSUBSCRIBE msgpack
-[protocol, mailbox], or HANDOFF `runtime.handoff.encode`. Logs name peers by node name only:
+[protocol, mailbox], HANDOFF `runtime.handoff.encode`, or WAKE msgpack [protocol]. Logs name peers by node name only:
 no key bytes, no addresses.
 """
 
@@ -50,7 +58,8 @@ from .handoff import Handoff, decode, encode
 log = logging.getLogger("relay.peer")
 
 PEER_KEY_FILE = "peer_static.key"
-SUBSCRIBE, UNSUBSCRIBE, HANDOFF = 1, 2, 3
+SUBSCRIBE, UNSUBSCRIBE, HANDOFF, WAKE = 1, 2, 3, 4
+EVERY_MAILBOX = b""     # a subscription to a protocol's WAKEs
 READ_SIZE = 65536
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
 MAX_CHANNELS = 256              # connections to a listener, handshakes included
@@ -66,6 +75,14 @@ def peer_key(data_dir) -> keys.RelayKey:
 
 def _sub(kind: int, protocol: str, mailbox: bytes) -> bytes:
     return bytes([kind]) + msgpack.packb([protocol, mailbox])
+
+
+def _woken(payload: bytes) -> str | None:
+    try:
+        (protocol,) = msgpack.unpackb(payload[1:])
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    return protocol if isinstance(protocol, str) else None
 
 
 class PeerDirectory:
@@ -251,6 +268,16 @@ class PeerListener:
             else:
                 self.dropped += 1
 
+    def wake(self, protocol: str) -> None:
+        """The stream on this host committed: to every channel that asked for `protocol`'s
+        wake-ups."""
+        links = self.by_mailbox.get((protocol, EVERY_MAILBOX))
+        if not links:
+            return
+        payload = bytes([WAKE]) + msgpack.packb([protocol])
+        for link in links:
+            link.send(payload)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._tasks.add(task)
@@ -372,7 +399,7 @@ class PeerDialer:
     def __init__(self, settings, key: keys.RelayKey, tables, name: str,
                  deliver: Callable[[Handoff], None],
                  online: Callable[[str], list[bytes]], *, protocols=("trueseal",),
-                 register: bool = True):
+                 register: bool = True, wakes: Callable[[str], None] | None = None):
         conf = settings.cluster
         self.conf = conf
         self.key = key
@@ -381,6 +408,7 @@ class PeerDialer:
         self.deliver = deliver
         self.online = online
         self.protocols = tuple(protocols)
+        self.wakes = wakes      # (protocol): another host's stream committed
         self.directory = PeerDirectory(tables, conf.peer_refresh_seconds)
         self.renew_seconds = min(conf.peer_refresh_seconds, settings.ingress.lease_renew_seconds)
         self._registered = _Registered(
@@ -441,6 +469,8 @@ class PeerDialer:
             self.links[peer.key] = link
             self._unreached.discard(peer.key)
             for protocol in self.protocols:
+                if self.wakes is not None:
+                    link.send(_sub(SUBSCRIBE, protocol, EVERY_MAILBOX))
                 for mailbox in self.online(protocol):
                     link.send(_sub(SUBSCRIBE, protocol, mailbox))
             log.info("peer connected", extra={"event": "peer_connected", "peer": peer.name})
@@ -475,6 +505,11 @@ class PeerDialer:
         while True:
             for ev in await link.read_events():
                 if isinstance(ev, MessageReceived):
+                    if ev.payload[:1] == bytes([WAKE]) and self.wakes is not None:
+                        protocol = _woken(ev.payload)
+                        if protocol in self.protocols:
+                            self.wakes(protocol)
+                            continue
                     h = decode(ev.payload[1:]) if ev.payload[:1] == bytes([HANDOFF]) else None
                     if h is None:
                         self.malformed += 1
