@@ -415,9 +415,10 @@ class PeerDialer:
             PeerRegistration(tables, name, "egress", key.public,
                              seconds=settings.ingress.lease_seconds, protocols=self.protocols),
             self.renew_seconds) if register else None
-        self.links: dict[bytes, _Link] = {}         # listener key -> its channel
-        self._dialing: dict[bytes, asyncio.Task] = {}  # listener key -> its channel's task
-        self._unreached: set[bytes] = set()     # dialled and failed since the last success
+        # by (name, key) of the listener: processes on one host share its key (one data dir)
+        self.links: dict[tuple, _Link] = {}         # listener -> its channel
+        self._dialing: dict[tuple, asyncio.Task] = {}  # listener -> its channel's task
+        self._unreached: set[tuple] = set()     # dialled and failed since the last success
         self._loop_task: asyncio.Task | None = None
         self.received = 0
         self.malformed = 0
@@ -439,7 +440,7 @@ class PeerDialer:
     async def _run(self) -> None:
         while True:
             peers = await self.directory.refresh()
-            wanted = {p.key: p for p in peers
+            wanted = {(p.name, p.key): p for p in peers
                       if p.role == "ingress" and p.endpoint and p.key != self.key.public
                       and any(p.serves(proto) for proto in self.protocols)}
             for key, link in list(self.links.items()):
@@ -466,8 +467,8 @@ class PeerDialer:
             link.flush()
             if not await asyncio.wait_for(self._opened(link), HANDSHAKE_TIMEOUT_SECONDS):
                 return
-            self.links[peer.key] = link
-            self._unreached.discard(peer.key)
+            self.links[(peer.name, peer.key)] = link
+            self._unreached.discard((peer.name, peer.key))
             for protocol in self.protocols:
                 if self.wakes is not None:
                     link.send(_sub(SUBSCRIBE, protocol, EVERY_MAILBOX))
@@ -476,16 +477,16 @@ class PeerDialer:
             log.info("peer connected", extra={"event": "peer_connected", "peer": peer.name})
             await self._serve(link)
         except (OSError, ValueError, asyncio.TimeoutError) as exc:
-            if peer.key not in self._unreached:     # once, not at every refresh
-                self._unreached.add(peer.key)
+            if (peer.name, peer.key) not in self._unreached:    # once, not at every refresh
+                self._unreached.add((peer.name, peer.key))
                 log.info("peer not reached", extra={"event": "peer_dial_failed",
                                                     "peer": peer.name,
                                                     "error": type(exc).__name__})
         finally:
-            self._dialing.pop(peer.key, None)
+            self._dialing.pop((peer.name, peer.key), None)
             if link is not None:
-                if self.links.get(peer.key) is link:
-                    del self.links[peer.key]
+                if self.links.get((peer.name, peer.key)) is link:
+                    del self.links[(peer.name, peer.key)]
                 link.close()
 
     async def _opened(self, link: _Link) -> bool:

@@ -246,3 +246,45 @@ def test_a_peer_listener_on_every_address_needs_the_address_others_dial():
                             "cluster.peer_advertise to the address other hosts dial")
     s = config.load(None, env=dict(env, RELAY_CLUSTER__PEER_ADVERTISE="10.0.0.5"))
     assert s.cluster.peer_advertise == "10.0.0.5"
+
+
+def test_a_dialer_reaches_each_listener_of_its_protocols_even_two_sharing_a_hosts_key(
+        cluster, layout, tmp_path):
+    """Host A runs PPP and Heya as two processes (one data directory, one peer key) and a
+    trueseal push process; host B's PPP+Heya dialler (it lists no row of its own: its
+    listener's) dials the two of its protocols, not the trueseal one, and a WAKE it asked for
+    reaches it. A row from before the protocols column counts as trueseal's."""
+    async def main():
+        key_a = peer_key(tmp_path / "a")
+        ppp, heya, push = (PeerListener(cluster, key_a, layout.tables, name, host="127.0.0.1",
+                                        port=0, protocols=protos)
+                           for name, protos in (("a-ppp", ["ppp"]), ("a-heya", ["heya"]),
+                                                ("a-trueseal", ["trueseal"])))
+        b = PeerListener(cluster, peer_key(tmp_path / "b"), layout.tables, "b-ppp",
+                         host="127.0.0.1", port=0, protocols=["ppp", "heya"])
+        for listener in (ppp, heya, push, b):
+            await listener.start()
+        woken: list[str] = []
+        dialer = PeerDialer(cluster, peer_key(tmp_path / "b"), layout.tables, "unused",
+                            lambda h: None, lambda protocol: [], protocols=("ppp", "heya"),
+                            register=False, wakes=woken.append)
+        await dialer.start()
+        try:
+            await until(lambda: len(dialer.links) == 2)
+            assert sorted(name for name, _ in dialer.links) == ["a-heya", "a-ppp"]
+            assert not push.links and not b.links       # not trueseal's; not its own
+            assert "unused" not in {p.name for p in peer_registry.live(layout.tables)}
+            await until(lambda: heya.by_mailbox and ppp.by_mailbox)
+            heya.wake("heya")
+            ppp.wake("sync")                            # not asked for: nothing sent
+            await until(lambda: woken)
+            await asyncio.sleep(0.2)
+            assert woken == ["heya"]
+        finally:
+            await dialer.close()
+            for listener in (ppp, heya, push, b):
+                await listener.close()
+        old = peer_registry.Peer("x", "ingress", "h", b"k" * 32, "e:1", 0,
+                                 datetime.now(timezone.utc), datetime.now(timezone.utc), False)
+        assert old.serves("trueseal") and not old.serves("ppp")
+    asyncio.run(main())
