@@ -34,8 +34,8 @@ The local hand-off (runtime/handoff.py) reaches egress on the same host only. Ac
   the empty mailbox.
 
 Messages (the channel's payloads): one byte of kind, then SUBSCRIBE / UNSUBSCRIBE msgpack
-[protocol, mailbox], HANDOFF `runtime.handoff.encode`, or WAKE msgpack [protocol]. Logs name peers by node name only:
-no key bytes, no addresses.
+[protocol, mailbox], HANDOFF `runtime.handoff.encode`, or WAKE msgpack [protocol]. Logs
+name peers by node name only: no key bytes, no addresses.
 """
 
 from __future__ import annotations

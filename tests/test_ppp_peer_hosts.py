@@ -23,6 +23,7 @@ from runtime import config
 
 from hosts_harness import Host
 from ppp_wire import Ws
+from test_peer_hosts import ack_rows
 from test_ppp_end_to_end import presence
 
 PEERS = {"RELAY_CLUSTER__PEER_LISTEN": "true", "RELAY_CLUSTER__PEER_DIAL": "true",
@@ -83,17 +84,13 @@ async def _scenario(tmp_path, settings, spark) -> None:
         query, _ = start_inbox_stream(spark, settings, fsync=False)
         try:
             deadline = time.monotonic() + 120
-            while DeltaTable(str(layout.acks)).to_pyarrow_table().num_rows == 0:
-                assert time.monotonic() < deadline, "the early ACK's row was never written"
-                await asyncio.sleep(0.2)
+            await ack_rows(layout, 1, deadline)         # the early ACK's
             assert await quiet(bob_b, 1.0) is None          # the rows NOTIFY nothing again
             got = await bob_b.call({"cmd": "FETCH", "since": 0})
             assert got["cmd"] == "EVENTS" and got["events"] == [gw2.encode()]
             assert await bob_b.call({"cmd": "ACK", "event_ids": [gw2.event_id]}) == {
                 "cmd": "ACKED", "count": 1}
-            while DeltaTable(str(layout.acks)).to_pyarrow_table().num_rows < 2:
-                assert time.monotonic() < deadline, "the second ack row was never written"
-                await asyncio.sleep(0.2)
+            await ack_rows(layout, 2, deadline)
         finally:
             query.stop()
         rows = DeltaTable(str(layout.inbox)).to_pyarrow_table().to_pylist()

@@ -148,7 +148,8 @@ def _run_ppp(spark, args, root: Path, layout: str, p: dict) -> dict:
                 first = s
             logs = root / f"logs-{'ab'[n]}"
             logs.mkdir(parents=True, exist_ok=True)
-            proc, listening = start_role("ingress", args, d, logs, write_conf(s, root / f"{n}.toml"))
+            proc, listening = start_role("ingress", args, d, logs,
+                                         write_conf(s, root / f"{n}.toml"))
             procs.append((proc, logs))
             ports.append(int(listening["ppp"].rsplit(":", 1)[1]))
         for _, logs in procs[1:]:
