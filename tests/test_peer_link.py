@@ -253,7 +253,7 @@ def test_a_dialer_reaches_each_listener_of_its_protocols_even_two_sharing_a_host
     """Host A runs PPP and Heya as two processes (one data directory, one peer key) and a
     trueseal push process; host B's PPP+Heya dialler (it lists no row of its own: its
     listener's) dials the two of its protocols, not the trueseal one, and a WAKE it asked for
-    reaches it. A row from before the protocols column counts as trueseal's."""
+    reaches it."""
     async def main():
         key_a = peer_key(tmp_path / "a")
         ppp, heya, push = (PeerListener(cluster, key_a, layout.tables, name, host="127.0.0.1",
@@ -284,7 +284,29 @@ def test_a_dialer_reaches_each_listener_of_its_protocols_even_two_sharing_a_host
             await dialer.close()
             for listener in (ppp, heya, push, b):
                 await listener.close()
-        old = peer_registry.Peer("x", "ingress", "h", b"k" * 32, "e:1", 0,
-                                 datetime.now(timezone.utc), datetime.now(timezone.utc), False)
-        assert old.serves("trueseal") and not old.serves("ppp")
     asyncio.run(main())
+
+
+def test_a_registration_table_from_before_the_protocols_column_takes_it(cluster, layout,
+                                                                        tmp_path):
+    """A row table written by the previous version (no `protocols`) is read as trueseal's,
+    and the next registration under that name writes the column."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from delta_tables.node_lease import open_one_row_table
+    old_schema = pa.schema([f for f in peer_registry.SCHEMA if f.name != "protocols"])
+    path = peer_registry.peers_root(layout.tables) / "old"
+    now = datetime.now(timezone.utc)
+    row = {"name": "old", "role": "ingress", "host": "h", "key": b"k" * 32, "endpoint": "e:1",
+           "epoch": 0, "heartbeat": now, "expires": now + timedelta(minutes=1),
+           "released": False}
+    write_deltalake(open_one_row_table(path, old_schema, "peer"),
+                    pa.Table.from_pylist([row], schema=old_schema), mode="overwrite")
+    (old,) = peer_registry.live(layout.tables)
+    assert old.protocols is None and old.serves("trueseal") and not old.serves("ppp")
+    reg = PeerRegistration(layout.tables, "old", "ingress", b"k" * 32, "e:1",
+                           protocols=["ppp", "heya"]).register()
+    reg.renew()
+    (new,) = peer_registry.live(layout.tables)
+    assert new.protocols == "heya,ppp" and new.serves("ppp") and not new.serves("trueseal")
