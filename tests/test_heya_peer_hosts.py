@@ -4,7 +4,7 @@ wait after the row. Two `relay ingress --protocol heya` processes ("hosts" A and
 directories and peer keys, one tables directory), the stream running beside A (A's data
 directory: its commits signal A's listener, runtime/inbox_signal.py). Both poll the inbox
 only every 60 s here, so B hears of the row only through A's WAKE over the channel: Alice's
-session on B gets its HAVE within seconds of her session on A, once."""
+session on B gets its HAVE as her session on A does, not a poll later, once."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ shortens the wait after it. Two `relay ingress --protocol sync` processes (hosts
 data directories and peer keys, one tables directory), QUIC clients built byte by byte
 (`sync_client.py`), the stream beside A (its commits signal A's listener). Both poll the inbox
 only every 60 s here, so B hears of a row only through A's WAKE: the laptop on B is NOTIFY'd
-of the phone's PUSH on A, and its own PUSH on B is acked with its cursor, in seconds, once."""
+of the phone's PUSH on A, and its own PUSH on B acked with its cursor, not a poll later, once."""
 
 from __future__ import annotations
 
