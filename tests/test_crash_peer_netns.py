@@ -1,9 +1,9 @@
 """The peer channel between two network hosts (runtime/peer_link.py): ingress on this host,
-egress (or a second PPP listener) on a host of its own (a network namespace with its own address, joined by a veth pair;
-created here and removed after), each with its own data directory, keys and node id, the
-tables shared. A receiver connected to the egress host over the veth gets pushes made to the
-ingress host before any inbox row exists (no stream runs); egress killed with SIGKILL drops
-the channel, and its registration expires with it."""
+egress (or a second PPP listener) on a host of its own (a network namespace with its own
+address, joined by a veth pair; created here and removed after), each with its own data
+directory, keys and node id, the tables shared. A receiver connected to the egress host over
+the veth gets pushes made to the ingress host before any inbox row exists (no stream runs);
+egress killed with SIGKILL drops the channel, and its registration expires with it."""
 
 from __future__ import annotations
 
@@ -64,6 +64,27 @@ def network_host():
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
 
 
+def run_then_clean(main, *procs: RoleProc) -> None:
+    try:
+        asyncio.run(main())
+    finally:
+        for proc in procs:
+            proc.cleanup()
+
+
+async def no_rows_then_b_gone(tmp_path, tables, a: RoleProc, b: RoleProc, a_name: str) -> None:
+    """No stream ran, so no inbox row exists (what B got came over the channel); then host B
+    is killed with SIGKILL: A sees the channel drop, B's registration expires, A stops clean."""
+    settings = config.load(None, env={}, data_dir=str(tmp_path / "x"), tables_dir=str(tables))
+    assert DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().num_rows == 0
+    b.kill9()
+    await wait_log(a, "peer_disconnected", 10)
+    time.sleep(3.5)
+    now = datetime.now(timezone.utc)
+    assert [p.name for p in peer_registry.live(tables, now)] == [a_name]
+    assert await a.term(30) == 0
+
+
 def test_pushes_reach_a_receiver_on_another_network_host_early(tmp_path):
     with network_host() as (ns, here, there):
         _pushes_across(tmp_path, ns, here, there)
@@ -114,22 +135,8 @@ def _pushes_across(tmp_path, ns: str, here: str, there: str) -> None:
                 got.append(env)
             assert got == sent[pub]                 # in landing order, each once
             rx.close()
-        settings = config.load(None, env={}, data_dir=str(tmp_path / "x"),
-                               tables_dir=str(tables))
-        assert DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().num_rows == 0
-
-        egress.kill9()                              # host B is gone
-        await wait_log(ingress, "peer_disconnected", 10)
-        time.sleep(3.5)                             # its registration expires
-        now = datetime.now(timezone.utc)
-        assert [p.name for p in peer_registry.live(tables, now)] == ["node-0-trueseal"]
-        assert await ingress.term(30) == 0
-
-    try:
-        asyncio.run(main())
-    finally:
-        egress.cleanup()
-        ingress.cleanup()
+        await no_rows_then_b_gone(tmp_path, tables, ingress, egress, "node-0-trueseal")
+    run_then_clean(main, egress, ingress)
 
 
 def test_stores_reach_a_ppp_recipient_on_another_network_host_early(tmp_path):
@@ -184,20 +191,7 @@ def _stores_across(tmp_path, ns: str, here: str, there: str) -> None:
         assert notified == STORES
         got = await bob_b.call({"cmd": "FETCH", "since": 0})
         assert got["events"] == [gw.encode() for gw in wraps]   # landing order, each once
-        settings = config.load(None, env={}, data_dir=str(tmp_path / "x"),
-                               tables_dir=str(tables))
-        assert DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().num_rows == 0
         for ws in (alice_a, bob_b):
             await ws.close()
-
-        b.kill9()                                   # host B is gone
-        await wait_log(a, "peer_disconnected", 10)
-        time.sleep(3.5)                             # its registration expires
-        now = datetime.now(timezone.utc)
-        assert [p.name for p in peer_registry.live(tables, now)] == ["host-a-ppp"]
-        assert await a.term(30) == 0
-    try:
-        asyncio.run(main())
-    finally:
-        b.cleanup()
-        a.cleanup()
+        await no_rows_then_b_gone(tmp_path, tables, a, b, "host-a-ppp")
+    run_then_clean(main, b, a)
