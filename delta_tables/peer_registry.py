@@ -5,7 +5,9 @@ host-to-host channel (engine/peer_channel.py): its name (an ingress node id, or
 `<node_id>-egress`), role, the public half of its peer key (the private half never leaves
 its data dir, runtime/keys.py), the endpoint other hosts dial (`host:port`, empty for an
 egress that only dials), the node lease epoch it runs under (ingress; 0 for egress) and a
-heartbeat with an expiry, renewed like the lease (node_lease.py). A registration is live
+heartbeat with an expiry, renewed like the lease (node_lease.py), and the protocols whose
+hand-offs it takes part in (comma-separated: a listener sends those, a dialler subscribes
+those; a row written before the column existed is trueseal's). A registration is live
 while it is not released, its expiry has not passed and, for an ingress node, the node's
 lease is live with the same epoch: a node whose lease expired or was taken over is no
 longer a peer, whatever its own row says. Every host reads the same rows, so a peer is
@@ -25,7 +27,8 @@ from . import node_lease, object_store
 _TS = pa.timestamp("us", tz="UTC")
 SCHEMA = pa.schema([("name", pa.string()), ("role", pa.string()), ("host", pa.string()),
                     ("key", pa.binary()), ("endpoint", pa.string()), ("epoch", pa.int64()),
-                    ("heartbeat", _TS), ("expires", _TS), ("released", pa.bool_())])
+                    ("heartbeat", _TS), ("expires", _TS), ("released", pa.bool_()),
+                    ("protocols", pa.string())])
 VACUUM_EVERY = node_lease.VACUUM_EVERY
 
 
@@ -40,12 +43,16 @@ class Peer:
     heartbeat: datetime
     expires: datetime
     released: bool
+    protocols: str | None = None    # None: a row from before the column, trueseal's
 
     def __repr__(self) -> str:      # no key, no endpoint
         return f"Peer({self.name}, role={self.role})"
 
     def live(self, now: datetime) -> bool:
         return not self.released and now < self.expires
+
+    def serves(self, protocol: str) -> bool:
+        return protocol in (self.protocols or "trueseal").split(",")
 
 
 def peers_root(tables):
@@ -94,7 +101,7 @@ class PeerRegistration:
     """This process's row: `register`, then `renew` every few seconds, `release` at a stop."""
 
     def __init__(self, tables, name: str, role: str, key: bytes, endpoint: str = "", *,
-                 epoch: int = 0, seconds: float = 15.0):
+                 epoch: int = 0, seconds: float = 15.0, protocols=("trueseal",)):
         self.path = peers_root(tables) / name
         self.name = name
         self.role = role
@@ -102,6 +109,7 @@ class PeerRegistration:
         self.endpoint = endpoint
         self.epoch = epoch
         self.seconds = seconds
+        self.protocols = ",".join(sorted(protocols))
         self._dt = None
         self._renewals = 0
 
@@ -111,8 +119,10 @@ class PeerRegistration:
         row = {"name": self.name, "role": self.role, "host": socket.gethostname(),
                "key": self.key, "endpoint": self.endpoint, "epoch": self.epoch,
                "heartbeat": now, "expires": now + timedelta(seconds=self.seconds),
-               "released": released}
-        write_deltalake(self._dt, pa.Table.from_pylist([row], schema=SCHEMA), mode="overwrite")
+               "released": released, "protocols": self.protocols}
+        # schema_mode: a row table made before the protocols column takes it at its next write
+        write_deltalake(self._dt, pa.Table.from_pylist([row], schema=SCHEMA), mode="overwrite",
+                        schema_mode="overwrite")
 
     def register(self) -> "PeerRegistration":
         self._dt = node_lease.open_one_row_table(self.path, SCHEMA, "peer")

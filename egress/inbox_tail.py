@@ -14,7 +14,7 @@ import logging
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -114,6 +114,12 @@ class InboxTail:
         self.version = -1
         self.lag_versions = 0
         self.woken = 0        # polls started by the stream's signal, not the interval
+        # Called when the stream on this host signalled a commit: the peer channel passes
+        # the wake-up to the same protocol's listeners on other hosts (runtime/peer_link.py),
+        # which have no signal from a stream elsewhere and would wait for their next poll.
+        self.on_signal: Callable[[], None] | None = None
+        self._wake: InboxSignal | None = None
+        self.peer_woken = 0   # polls started by another host's wake-up
 
     def _wanted(self, t: pa.Table) -> pa.Table:
         if self.protocols is not None:
@@ -178,12 +184,20 @@ class InboxTail:
         `egress.poll_interval_ms` besides."""
         wake = None
         if settings.egress.inbox_signal:
-            wake = await InboxSignal.open(signal_dir(settings.data_dir), name)
+            wake = self._wake = await InboxSignal.open(signal_dir(settings.data_dir), name)
         try:
             await self.run(settings.egress.poll_interval_ms / 1000, stop, wake)
         finally:
+            self._wake = None
             if wake is not None:
                 wake.close()
+
+    def poke(self) -> None:
+        """Another host's stream committed (a peer's wake-up): poll now, not at the interval
+        (without `egress.inbox_signal` the interval only)."""
+        if self._wake is not None:
+            self.peer_woken += 1
+            self._wake.poke()
 
     async def run(self, interval: float, stop: asyncio.Event,
                   wake: InboxSignal | None = None) -> None:
@@ -217,8 +231,12 @@ class InboxTail:
                             "event": "egress_poll_failed", "failures": failures,
                             "error": type(e).__name__})
                 if wake is not None:
+                    signals = wake.received
                     if await wake.wait(interval):
                         self.woken += 1
+                        if wake.received > signals and self.on_signal is not None \
+                                and not stop.is_set():
+                            self.on_signal()    # this host's stream, not a poke
                     continue
                 try:
                     await asyncio.wait_for(stop.wait(), interval)

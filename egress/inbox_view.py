@@ -75,9 +75,15 @@ class Sessions(Generic[S]):
         self._by_key: dict[bytes, set[S]] = {}
         self.last_seen = LastSeen()
         self.remember = remember
+        # (key, online): a key's first session opened or its last closed (the peer
+        # channel's subscriptions, runtime/peer_link.py)
+        self.watch: Callable[[bytes, bool], None] | None = None
 
     def register(self, key: bytes, session: S) -> None:
-        self._by_key.setdefault(key, set()).add(session)
+        mine = self._by_key.setdefault(key, set())
+        mine.add(session)
+        if len(mine) == 1 and self.watch is not None:
+            self.watch(key, True)
 
     def unregister(self, key: bytes, session: S) -> None:
         mine = self._by_key.get(key)
@@ -85,6 +91,8 @@ class Sessions(Generic[S]):
             mine.discard(session)
             if not mine:
                 del self._by_key[key]
+                if self.watch is not None:
+                    self.watch(key, False)
                 if self.remember is None or self.remember(key):
                     self.last_seen.left(key)
                 else:
@@ -93,6 +101,10 @@ class Sessions(Generic[S]):
     def __len__(self) -> int:
         """Keys with a session connected now."""
         return len(self._by_key)
+
+    def keys(self) -> list[bytes]:
+        """Keys with a session connected now."""
+        return list(self._by_key)
 
     def of(self, key: bytes) -> set[S]:
         """A copy: a session may unregister while it is told."""

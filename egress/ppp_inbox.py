@@ -29,6 +29,10 @@ stream's new inbox rows, per mailbox in cursor order).
   landing order. They cost memory only until their row arrives, and at most
   `early_max_bytes`; without room, or in a process the recipient is not connected to, the
   event waits for the stream as before.
+* Early events from other hosts (runtime/peer_link.py): the PPP process that landed an event
+  hands it over the peer channel to the hosts where its recipient has a session, which add it
+  the same way (`land_handed`), unless its inbox row has arrived here already (its id is
+  known): a late hand-off is dropped, so the event is served by its row alone.
 * ACK ids: a fetched event can be acked by its stored id or by the authenticated-path id of
   its GiftWrap (`event_id(ephemeral_pk, nonce, ciphertext)`): a sealed note is stored under
   the sealed-path id, which the recipient cannot compute (it does not know which of its
@@ -291,6 +295,21 @@ class PppInbox:   # an inbox_view.InboxView
         self.early_landed += 1
         self._queue_notify(recipient, 1)
         return True
+
+    def land_handed(self, recipient: bytes, event_id: bytes, envelope: bytes,
+                    expires: float) -> bool:
+        """An event another host just landed (the peer channel): early, as `land_early`,
+        unless its row came first; False when it is not served early."""
+        if event_id in self.known:
+            return False
+        try:
+            gw = GiftWrap.decode(envelope)
+        except GiftWrapError:
+            return False
+        if gw.recipient != recipient:
+            return False
+        return self.land_early(recipient, event_id, gw.event_id, envelope, gw.created_at,
+                               expires)
 
     # --- NOTIFY batching -----------------------------------------------------------------------
     def _queue_notify(self, pubkey: bytes, count: int) -> None:

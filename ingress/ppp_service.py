@@ -41,6 +41,7 @@ from engine.ppp.limits import (EVENT_ID_LEN, FETCH_PAGE_SIZE, MAX_ACK_IDS, MAX_B
                                MAX_CIPHERTEXT_SIZE, MAX_EVENT_TTL_SECS, QUOTAS)
 from engine.ppp.session import with_request_id
 from engine.push.platforms import TokenError, check_token
+from runtime.handoff import Handoff
 from runtime.log_rate import LogRate
 
 from .ppp_carry import CarryService
@@ -96,6 +97,9 @@ class PppService:
         # The listener's `accepted` / `rejected` counters (runtime/listener.py, metrics).
         self.counters = counters
         self._landing: set[bytes] = set()   # ids being landed by this process
+        # runtime/peer_link.PeerListener: hosts where a recipient has a session get its
+        # events at once (None: one host, or the peer channel off)
+        self.peers = None
         self._deferred: set[asyncio.Task] = set()   # ack rows of events acked early
         inbox.on_deferred_acks = self._write_deferred_acks
         self.stored = 0
@@ -210,7 +214,8 @@ class PppService:
     async def _land(self, eid: bytes, wrap_id: bytes, recipient: bytes, envelope: bytes,
                     created_at: int, expires: int, now: float) -> str | None:
         """Append and wait for the landing commit; the refusal reason or None. A recipient
-        connected here gets the event at once (`PppInbox.land_early`)."""
+        connected here gets the event at once (`PppInbox.land_early`), one connected to another
+        host over the peer channel (`PppInbox.land_handed` there)."""
         if self.inbox.is_known(eid) or eid in self._landing:
             return "duplicate event"
         self._landing.add(eid)
@@ -228,6 +233,9 @@ class PppService:
             self._landing.discard(eid)
         self.inbox.remember(eid, float(expires))
         self.inbox.land_early(recipient, eid, wrap_id, envelope, created_at, float(expires))
+        if self.peers is not None:
+            self.peers.send(Handoff(PROTOCOL, recipient, eid,
+                                    datetime.fromtimestamp(expires, timezone.utc), envelope))
         self.stored += 1
         if self.counters is not None:
             self.counters.accepted += 1

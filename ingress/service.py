@@ -49,16 +49,10 @@ class IngressNode:
         wanted = set(ingress_protocols(settings) if protocol is None else [protocol])
         self.key = keys.load_or_create(settings.data_dir)
         self.trueseal = self.heya = self.sync = self.ppp = None
-        self.peers = None
+        self.peers = self.dialer = None
         if "trueseal" in wanted:
             from .trueseal_push import PushServer
             self.trueseal = PushServer(settings, self.appender, self.key)
-            if settings.cluster.peer_listen and settings.trueseal.early_delivery:
-                # egress on other hosts gets each landed push at once (runtime/peer_link.py)
-                from runtime.peer_link import PeerListener, peer_key
-                self.peers = self.trueseal.peers = PeerListener(
-                    settings, peer_key(settings.data_dir), self.layout.tables, self.node_id,
-                    epoch=lease.epoch if lease is not None else 0)
         if "heya" in wanted:
             from .heya import HeyaServer
             self.heya = HeyaServer(settings, self.appender, fsync=fsync)
@@ -68,6 +62,52 @@ class IngressNode:
         if "ppp" in wanted:
             from .ppp_app import PppServer
             self.ppp = PppServer(settings, self.appender, fsync=fsync)
+        self._peer_channel(settings, lease)
+
+    def _peer_channel(self, settings: Settings, lease) -> None:
+        """Other hosts get what lands here at once (`peer_listen`: trueseal pushes for their
+        egress, PPP STOREs for their PPP listeners) and the stream's wake-ups this host
+        hears (PPP, Heya, cursor-sync); with `peer_dial` a PPP, Heya or cursor-sync listener
+        dials the others' for its own. One registration per process, listing its protocols
+        (runtime/peer_link.py)."""
+        cluster = settings.cluster
+        tailing = {p: srv for p, srv in (("ppp", self.ppp), ("heya", self.heya),
+                                         ("sync", self.sync)) if srv is not None}
+        sends = ["trueseal"] if self.trueseal is not None and settings.trueseal.early_delivery \
+            else []
+        sends += list(tailing)
+        listen = cluster.peer_listen and bool(sends)
+        dial = cluster.peer_dial and bool(tailing)
+        if not (listen or dial):
+            return
+        from runtime.peer_link import PeerDialer, PeerListener, peer_key
+        key = peer_key(settings.data_dir)
+        if listen:
+            self.peers = PeerListener(settings, key, self.layout.tables, self.node_id,
+                                      epoch=lease.epoch if lease is not None else 0,
+                                      protocols=sends)
+            if "trueseal" in sends:
+                self.trueseal.peers = self.peers
+            if self.ppp is not None:
+                self.ppp.service.peers = self.peers
+            for protocol, srv in tailing.items():
+                srv.tail.on_signal = lambda p=protocol: self.peers.wake(p)
+        if dial:
+            ppp = self.ppp.inbox if self.ppp is not None else None
+            self.dialer = PeerDialer(
+                settings, key, self.layout.tables, f"{self.node_id}-dial", self._handed,
+                lambda protocol: ppp.sessions.keys() if protocol == "ppp" and ppp else [],
+                protocols=tuple(tailing), register=not listen,
+                wakes=lambda protocol: tailing[protocol].tail.poke())
+            if ppp is not None:
+                ppp.sessions.watch = lambda mailbox, online: self.dialer.watch(
+                    "ppp", mailbox, online)
+
+    def _handed(self, h) -> None:
+        """A hand-off from another host's listener: early if its recipient is online here."""
+        if h.protocol == "ppp" and self.ppp is not None:
+            self.ppp.inbox.land_handed(h.mailbox, h.event_id, h.envelope,
+                                       h.expires_at.timestamp())
 
     def _named(self) -> list[tuple[str, object]]:
         return [(name, srv) for name, srv in (("trueseal_push", self.trueseal),
@@ -80,6 +120,8 @@ class IngressNode:
             await srv.start()
         if self.peers is not None:
             await self.peers.start()
+        if self.dialer is not None:
+            await self.dialer.start()
 
     def listeners(self) -> list:
         return [srv for _, srv in self._named()]
@@ -95,6 +137,8 @@ class IngressNode:
 
     async def close(self) -> None:
         """Stop accepting; pushes already being stored finish (and are acked) first."""
+        if self.dialer is not None:
+            await self.dialer.close()
         for _, srv in self._named():
             await srv.close()
         if self.peers is not None:

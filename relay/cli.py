@@ -1373,8 +1373,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hosts", action="store_true",
                    help="push on one host, Deliver on another (ingress and egress on their "
                         "own data directories, the peer channel between them) against both "
-                        "on one host, alternating: p50/p90/p99 and their ratio "
-                        "-> bench-hosts.json")
+                        "on one host, alternating, and a PPP STORE to a recipient on "
+                        "another host's PPP listener against the same one: p50/p90/p99 "
+                        "and their ratios -> bench-hosts.json")
     p.add_argument("--startup", action="store_true",
                    help="`relay up` from cold, each round: seconds to the first PPP ack and to "
                         "ready, then idle CPU and memory -> bench-startup.json")

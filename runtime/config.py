@@ -609,20 +609,25 @@ class ProcessConf:
 @dataclass
 class ClusterConf:
     # The peer channel between hosts (docs/operating/peer-channel.md): ingress hands each
-    # landed trueseal push to egress on other hosts at once, over Noise IK with each host's
-    # own key (<data_dir>/keys/peer_static.key), so a receiver connected to any host gets it
-    # in milliseconds rather than after a micro-batch. Off by default: one host needs none
-    # (its Unix socket hand-off stays), and no port is opened unless asked.
-    # true: the trueseal push ingress listens for peers on peer_bind:peer_port and lists its
-    # key and endpoint in the store (tables_dir/_relay/peers) while its lease is live.
+    # landed trueseal push (egress) and PPP STORE (PPP listeners) to the hosts where its
+    # recipient is online, and the stream's inbox wake-up to PPP, Heya and cursor-sync
+    # listeners on other hosts, over Noise IK with each host's own key
+    # (<data_dir>/keys/peer_static.key), so a recipient connected to any host gets it in
+    # milliseconds rather than after a micro-batch or a poll. Off by default: one host needs
+    # none (its Unix socket hand-off stays), and no port is opened unless asked.
+    # true: an ingress process (trueseal push, PPP, Heya, cursor-sync) listens for peers on
+    # peer_bind:peer_port and lists its key, endpoint and protocols in the store
+    # (tables_dir/_relay/peers) while its lease is live.
     peer_listen: bool = False
     # Empty: the address in `bind`. 0 for the port: any free port (what is bound is listed).
     peer_bind: str = ""
     peer_port: int = 7702
     # The host other hosts dial (empty: the bound address; set it when binding 0.0.0.0).
     peer_advertise: str = ""
-    # true: egress lists its own key in the store and dials every live ingress that listens,
-    # subscribing the trueseal mailboxes that have a session on it.
+    # true: egress dials every live trueseal ingress that listens, subscribing the trueseal
+    # mailboxes that have a session on it; a PPP, Heya or cursor-sync listener dials the
+    # same protocol's listeners on other hosts (PPP: its online recipients; all: the
+    # stream's wake-ups). A process that does not listen lists its own key.
     peer_dial: bool = False
     # How often the peer list is read from the store (new hosts dialled, expired ones
     # dropped) and this process's registration renewed; it expires after

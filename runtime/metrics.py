@@ -88,7 +88,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "relay_peer_channels": ("gauge", (), "open peer channels of this process"),
     "relay_peer_handoffs_total": (
         "counter", ("result",), "hand-offs over peer channels: sent or dropped (a slow peer; "
-        "its receivers get them from the inbox) by ingress, received by egress"),
+        "its receivers get them from the inbox) by ingress, received by egress or a PPP "
+        "listener"),
     "relay_peer_rejected_total": (
         "counter", (), "dialling hosts refused: their key is not listed for a live node"),
     # stream
@@ -221,11 +222,11 @@ def _listener_families(listeners: list[Listener]) -> Iterator[Metric]:
     yield from (fam, held, evicted, refused, pauses, decisions)
 
 
-def _peer_families(peers, handoffs: dict[str, int],
+def _peer_families(channels_open: int, handoffs: dict[str, int],
                    rejected: int | None = None) -> Iterator[Metric]:
     """A process's side of the peer channel (runtime/peer_link.py)."""
     channels = _family("gauge", "relay_peer_channels")
-    channels.add_metric([], len(peers.links))
+    channels.add_metric([], channels_open)
     fam = _family("counter", "relay_peer_handoffs_total", ["result"])
     for result, n in handoffs.items():
         fam.add_metric([result], n)
@@ -260,10 +261,14 @@ def ingress_registry(node, role: str = "ingress") -> CollectorRegistry:
             rejected.add_metric([p, r], n)
         yield from (accepted, rejected)
         yield from _listener_families(listeners)
-        if node.peers is not None:
-            yield from _peer_families(node.peers, {"sent": node.peers.sent,
-                                                   "dropped": node.peers.dropped},
-                                      node.peers.rejected)
+        peers, dialer = node.peers, getattr(node, "dialer", None)
+        if peers is not None or dialer is not None:   # a PPP listener may be both ends
+            handoffs = {"sent": peers.sent, "dropped": peers.dropped} if peers else {}
+            if dialer is not None:
+                handoffs["received"] = dialer.received
+            yield from _peer_families(
+                (len(peers.links) if peers else 0) + (len(dialer.links) if dialer else 0),
+                handoffs, peers.rejected if peers else None)
 
     reg.register(_Collect(collect))
     return reg
@@ -297,7 +302,7 @@ def egress_registry(node) -> CollectorRegistry:
         yield from (delivered, acked, pending, lag, early, waiting)
         yield from _listener_families(listeners_of(node))
         if node.peers is not None:
-            yield from _peer_families(node.peers, {"received": node.peers.received})
+            yield from _peer_families(len(node.peers.links), {"received": node.peers.received})
 
     reg.register(_Collect(collect))
     return reg

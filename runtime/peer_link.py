@@ -1,4 +1,5 @@
-"""asyncio shell of the peer channel: ingress hands landed envelopes to egress on other hosts.
+"""asyncio shell of the peer channel: a process hands landed envelopes to the processes on
+other hosts that have their recipients online.
 
 The local hand-off (runtime/handoff.py) reaches egress on the same host only. Across hosts:
 
@@ -16,12 +17,25 @@ The local hand-off (runtime/handoff.py) reaches egress on the same host only. Ac
   only earliness, and a duplicate one is ignored.
 * The listener never blocks or raises into the push listener: past
   `cluster.peer_send_buffer_bytes` waiting for one peer, hand-offs to it are dropped (counted).
+* PPP (and each protocol whose listener serves its own recipients) is both sides in one
+  process, with one registration listing its protocols: its `PeerListener` sends its own
+  STOREs' hand-offs, its `PeerDialer` (`register=False`) dials the other hosts' listeners
+  of the same protocol and subscribes its own online recipients. A dialler dials only
+  listeners whose registration lists one of its protocols.
 * Every `peer_refresh_seconds` both sides read the live peers again: a channel whose other
   end is no longer listed (its lease or registration expired, it stopped) is closed.
 
+* Heya and cursor-sync number their messages in the stream (a HAVE's seq, a NOTIFY's
+  cursor), so nothing of theirs can be served before its inbox row, on one host or many.
+  What the channel carries for them (and for PPP's rows) is the stream's wake-up: the
+  listener on the stream's host, signalled by its commit (runtime/inbox_signal.py), sends
+  WAKE to the same protocol's listeners on other hosts, which poll the inbox at once
+  instead of at `egress.poll_interval_ms`. A dialler asks for them with a subscription of
+  the empty mailbox.
+
 Messages (the channel's payloads): one byte of kind, then SUBSCRIBE / UNSUBSCRIBE msgpack
-[protocol, mailbox], or HANDOFF `runtime.handoff.encode`. Logs name peers by node name only:
-no key bytes, no addresses.
+[protocol, mailbox], HANDOFF `runtime.handoff.encode`, or WAKE msgpack [protocol]. Logs
+name peers by node name only: no key bytes, no addresses.
 """
 
 from __future__ import annotations
@@ -44,7 +58,8 @@ from .handoff import Handoff, decode, encode
 log = logging.getLogger("relay.peer")
 
 PEER_KEY_FILE = "peer_static.key"
-SUBSCRIBE, UNSUBSCRIBE, HANDOFF = 1, 2, 3
+SUBSCRIBE, UNSUBSCRIBE, HANDOFF, WAKE = 1, 2, 3, 4
+EVERY_MAILBOX = b""     # a subscription to a protocol's WAKEs
 READ_SIZE = 65536
 HANDSHAKE_TIMEOUT_SECONDS = 10.0
 MAX_CHANNELS = 256              # connections to a listener, handshakes included
@@ -60,6 +75,14 @@ def peer_key(data_dir) -> keys.RelayKey:
 
 def _sub(kind: int, protocol: str, mailbox: bytes) -> bytes:
     return bytes([kind]) + msgpack.packb([protocol, mailbox])
+
+
+def _woken(payload: bytes) -> str | None:
+    try:
+        (protocol,) = msgpack.unpackb(payload[1:])
+    except (ValueError, TypeError, msgpack.UnpackException):
+        return None
+    return protocol if isinstance(protocol, str) else None
 
 
 class PeerDirectory:
@@ -120,7 +143,8 @@ class _Link:
         return self.core.state is State.OPEN and not self.writer.is_closing()
 
     def send(self, payload: bytes) -> bool:
-        if self.core.state is State.CLOSED or self.writer.is_closing():
+        if self.core.state is State.CLOSED or self.writer.is_closing() \
+                or len(payload) > self.core.max_message:
             return False
         if self.writer.transport.get_write_buffer_size() + self.core.queued + len(payload) \
                 > self.buffer_max:
@@ -185,11 +209,12 @@ class _Registered:
 
 
 class PeerListener:
-    """Ingress's side (the trueseal push process): accepts egress hosts the store lists,
+    """Ingress's side (a process that lands `protocols`): accepts the hosts the store lists,
     keeps their subscriptions, and `send`s each landed hand-off to the subscribers."""
 
     def __init__(self, settings, key: keys.RelayKey, tables, name: str, *, epoch: int = 0,
-                 host: str | None = None, port: int | None = None):
+                 host: str | None = None, port: int | None = None,
+                 protocols=("trueseal",)):
         conf = settings.cluster
         self.conf = conf
         self.key = key
@@ -199,6 +224,7 @@ class PeerListener:
         self.tables = tables
         self.name = name
         self.epoch = epoch
+        self.protocols = tuple(protocols)
         self.lease_seconds = settings.ingress.lease_seconds
         self.renew_seconds = min(conf.peer_refresh_seconds, settings.ingress.lease_renew_seconds)
         self.directory = PeerDirectory(tables, conf.peer_refresh_seconds)
@@ -222,7 +248,8 @@ class PeerListener:
         self.bound_port = self._server.sockets[0].getsockname()[1]
         self._registered = _Registered(
             PeerRegistration(self.tables, self.name, "ingress", self.key.public, self.endpoint,
-                             epoch=self.epoch, seconds=self.lease_seconds),
+                             epoch=self.epoch, seconds=self.lease_seconds,
+                             protocols=self.protocols),
             self.renew_seconds)
         await self._registered.start()
         self._watch = asyncio.create_task(self._revalidate(), name="peer-revalidate")
@@ -240,6 +267,16 @@ class PeerListener:
                 self.sent += 1
             else:
                 self.dropped += 1
+
+    def wake(self, protocol: str) -> None:
+        """The stream on this host committed: to every channel that asked for `protocol`'s
+        wake-ups."""
+        links = self.by_mailbox.get((protocol, EVERY_MAILBOX))
+        if not links:
+            return
+        payload = bytes([WAKE]) + msgpack.packb([protocol])
+        for link in links:
+            link.send(payload)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -355,14 +392,14 @@ class PeerListener:
 
 
 class PeerDialer:
-    """Egress's side: dials every live ingress that listens, subscribes the trueseal
-    mailboxes online here, and passes each hand-off to `deliver`."""
-
-    PROTOCOLS = ("trueseal",)
+    """The receiving side (egress; a PPP listener): dials every live listener of one of
+    `protocols`, subscribes those protocols' mailboxes online here, and passes each
+    hand-off to `deliver`. `register=False`: the process's `PeerListener` lists its key."""
 
     def __init__(self, settings, key: keys.RelayKey, tables, name: str,
                  deliver: Callable[[Handoff], None],
-                 online: Callable[[str], list[bytes]]):
+                 online: Callable[[str], list[bytes]], *, protocols=("trueseal",),
+                 register: bool = True, wakes: Callable[[str], None] | None = None):
         conf = settings.cluster
         self.conf = conf
         self.key = key
@@ -370,25 +407,30 @@ class PeerDialer:
         self.name = name
         self.deliver = deliver
         self.online = online
+        self.protocols = tuple(protocols)
+        self.wakes = wakes      # (protocol): another host's stream committed
         self.directory = PeerDirectory(tables, conf.peer_refresh_seconds)
         self.renew_seconds = min(conf.peer_refresh_seconds, settings.ingress.lease_renew_seconds)
         self._registered = _Registered(
             PeerRegistration(tables, name, "egress", key.public,
-                             seconds=settings.ingress.lease_seconds), self.renew_seconds)
-        self.links: dict[bytes, _Link] = {}         # listener key -> its channel
-        self._dialing: dict[bytes, asyncio.Task] = {}  # listener key -> its channel's task
-        self._unreached: set[bytes] = set()     # dialled and failed since the last success
+                             seconds=settings.ingress.lease_seconds, protocols=self.protocols),
+            self.renew_seconds) if register else None
+        # by (name, key) of the listener: processes on one host share its key (one data dir)
+        self.links: dict[tuple, _Link] = {}         # listener -> its channel
+        self._dialing: dict[tuple, asyncio.Task] = {}  # listener -> its channel's task
+        self._unreached: set[tuple] = set()     # dialled and failed since the last success
         self._loop_task: asyncio.Task | None = None
         self.received = 0
         self.malformed = 0
 
     async def start(self) -> None:
-        await self._registered.start()
+        if self._registered is not None:
+            await self._registered.start()
         self._loop_task = asyncio.create_task(self._run(), name="peer-dialer")
 
     def watch(self, protocol: str, mailbox: bytes, online: bool) -> None:
         """MailboxHub.watch: a mailbox's first session opened, or its last closed."""
-        if protocol not in self.PROTOCOLS:
+        if protocol not in self.protocols:
             return
         payload = _sub(SUBSCRIBE if online else UNSUBSCRIBE, protocol, mailbox)
         for link in self.links.values():
@@ -398,8 +440,9 @@ class PeerDialer:
     async def _run(self) -> None:
         while True:
             peers = await self.directory.refresh()
-            wanted = {p.key: p for p in peers
-                      if p.role == "ingress" and p.endpoint and p.key != self.key.public}
+            wanted = {(p.name, p.key): p for p in peers
+                      if p.role == "ingress" and p.endpoint and p.key != self.key.public
+                      and any(p.serves(proto) for proto in self.protocols)}
             for key, link in list(self.links.items()):
                 if key not in wanted:
                     log.info("peer expired; channel closed", extra={
@@ -424,24 +467,26 @@ class PeerDialer:
             link.flush()
             if not await asyncio.wait_for(self._opened(link), HANDSHAKE_TIMEOUT_SECONDS):
                 return
-            self.links[peer.key] = link
-            self._unreached.discard(peer.key)
-            for protocol in self.PROTOCOLS:
+            self.links[(peer.name, peer.key)] = link
+            self._unreached.discard((peer.name, peer.key))
+            for protocol in self.protocols:
+                if self.wakes is not None:
+                    link.send(_sub(SUBSCRIBE, protocol, EVERY_MAILBOX))
                 for mailbox in self.online(protocol):
                     link.send(_sub(SUBSCRIBE, protocol, mailbox))
             log.info("peer connected", extra={"event": "peer_connected", "peer": peer.name})
             await self._serve(link)
         except (OSError, ValueError, asyncio.TimeoutError) as exc:
-            if peer.key not in self._unreached:     # once, not at every refresh
-                self._unreached.add(peer.key)
+            if (peer.name, peer.key) not in self._unreached:    # once, not at every refresh
+                self._unreached.add((peer.name, peer.key))
                 log.info("peer not reached", extra={"event": "peer_dial_failed",
                                                     "peer": peer.name,
                                                     "error": type(exc).__name__})
         finally:
-            self._dialing.pop(peer.key, None)
+            self._dialing.pop((peer.name, peer.key), None)
             if link is not None:
-                if self.links.get(peer.key) is link:
-                    del self.links[peer.key]
+                if self.links.get((peer.name, peer.key)) is link:
+                    del self.links[(peer.name, peer.key)]
                 link.close()
 
     async def _opened(self, link: _Link) -> bool:
@@ -461,6 +506,11 @@ class PeerDialer:
         while True:
             for ev in await link.read_events():
                 if isinstance(ev, MessageReceived):
+                    if ev.payload[:1] == bytes([WAKE]) and self.wakes is not None:
+                        protocol = _woken(ev.payload)
+                        if protocol in self.protocols:
+                            self.wakes(protocol)
+                            continue
                     h = decode(ev.payload[1:]) if ev.payload[:1] == bytes([HANDOFF]) else None
                     if h is None:
                         self.malformed += 1
@@ -480,4 +530,5 @@ class PeerDialer:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._registered.stop()
+        if self._registered is not None:
+            await self._registered.stop()

@@ -47,17 +47,17 @@ class Ws:
         self.conn = conn
 
     @classmethod
-    async def open(cls, port: int) -> tuple["Ws", bytes]:
+    async def open(cls, port: int, host: str = "127.0.0.1") -> tuple["Ws", bytes]:
         """Connect and read the CHALLENGE; returns (client, nonce)."""
-        conn = await connect(f"ws://127.0.0.1:{port}/v1/ws", max_size=8 << 20)
+        conn = await connect(f"ws://{host}:{port}/v1/ws", max_size=8 << 20)
         c = cls(conn)
         ch = await c.recv()
         assert ch["cmd"] == "CHALLENGE" and len(ch["nonce"]) == 32
         return c, ch["nonce"]
 
     @classmethod
-    async def login(cls, port: int, sk: SigningKey) -> "Ws":
-        c, nonce = await cls.open(port)
+    async def login(cls, port: int, sk: SigningKey, host: str = "127.0.0.1") -> "Ws":
+        c, nonce = await cls.open(port, host)
         await c.send({"cmd": "AUTH", "pubkey": bytes(sk.verify_key),
                       "sig": sk.sign(nonce).signature})
         assert (await c.recv()) == {"cmd": "AUTH_OK"}

@@ -1,46 +1,96 @@
 """The peer channel between two network hosts (runtime/peer_link.py): ingress on this host,
-egress on a host of its own (a network namespace with its own address, joined by a veth pair;
-created here and removed after), each with its own data directory, keys and node id, the
-tables shared. A receiver connected to the egress host over the veth gets pushes made to the
-ingress host before any inbox row exists (no stream runs); egress killed with SIGKILL drops
-the channel, and its registration expires with it."""
+egress (or a second PPP listener) on a host of its own (a network namespace with its own
+address, joined by a veth pair; created here and removed after), each with its own data
+directory, keys and node id, the tables shared. A receiver connected to the egress host over
+the veth gets pushes made to the ingress host before any inbox row exists (no stream runs);
+egress killed with SIGKILL drops the channel, and its registration expires with it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import time
 from datetime import datetime, timezone
 
 import pytest
+from nacl.signing import SigningKey
 
 from crash_harness import RoleProc, free_ports
 from delta_tables import peer_registry
 from delta_tables.layout import Layout
 from deltalake import DeltaTable
 from egress.pending import EARLY_BASE
+from engine.ppp.keys import Identity
+from ppp_wire import Ws
 from runtime import config
 from test_end_to_end import parse_deliver
 from test_peer_hosts import host_env, start_hosts, wait_log
+from test_ppp_end_to_end import presence
 from trueseal_client import ACK, NK, XX, AsyncClient, keypair, push_frame
 
 pytestmark = pytest.mark.crash
 
 PUSHES = 20
+STORES = 10
 
 
 def _ip(*argv: str) -> None:
     subprocess.run(["ip", *argv], check=True, capture_output=True)
 
 
-def test_pushes_reach_a_receiver_on_another_network_host_early(tmp_path):
+@contextlib.contextmanager
+def network_host():
+    """A network namespace joined to this host by a veth pair: (its name, this host's
+    address, its address); removed after."""
     if os.geteuid() != 0:
         pytest.skip("a network namespace needs root")
     pid = os.getpid()
     n = pid % 250 + 1
     ns, host_if, ns_if = f"relaypeer{pid}", f"rph{pid}", f"rpc{pid}"
     here, there = f"10.232.{n}.1", f"10.232.{n}.2"
+    _ip("netns", "add", ns)
+    try:
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns)
+        _ip("addr", "add", f"{here}/24", "dev", host_if)
+        _ip("link", "set", host_if, "up")
+        _ip("-n", ns, "addr", "add", f"{there}/24", "dev", ns_if)
+        _ip("-n", ns, "link", "set", ns_if, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        yield ns, here, there
+    finally:
+        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def run_then_clean(main, *procs: RoleProc) -> None:
+    try:
+        asyncio.run(main())
+    finally:
+        for proc in procs:
+            proc.cleanup()
+
+
+async def no_rows_then_b_gone(tmp_path, tables, a: RoleProc, b: RoleProc, a_name: str) -> None:
+    """No stream ran, so no inbox row exists (what B got came over the channel); then host B
+    is killed with SIGKILL: A sees the channel drop, B's registration expires, A stops clean."""
+    settings = config.load(None, env={}, data_dir=str(tmp_path / "x"), tables_dir=str(tables))
+    assert DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().num_rows == 0
+    b.kill9()
+    await wait_log(a, "peer_disconnected", 10)
+    time.sleep(3.5)
+    now = datetime.now(timezone.utc)
+    assert [p.name for p in peer_registry.live(tables, now)] == [a_name]
+    assert await a.term(30) == 0
+
+
+def test_pushes_reach_a_receiver_on_another_network_host_early(tmp_path):
+    with network_host() as (ns, here, there):
+        _pushes_across(tmp_path, ns, here, there)
+
+
+def _pushes_across(tmp_path, ns: str, here: str, there: str) -> None:
     tables = tmp_path / "tables"
     push, peer, receive = free_ports(3)
     (tmp_path / "logs").mkdir()
@@ -85,28 +135,63 @@ def test_pushes_reach_a_receiver_on_another_network_host_early(tmp_path):
                 got.append(env)
             assert got == sent[pub]                 # in landing order, each once
             rx.close()
-        settings = config.load(None, env={}, data_dir=str(tmp_path / "x"),
-                               tables_dir=str(tables))
-        assert DeltaTable(str(Layout.of(settings).inbox)).to_pyarrow_table().num_rows == 0
+        await no_rows_then_b_gone(tmp_path, tables, ingress, egress, "node-0-trueseal")
+    run_then_clean(main, egress, ingress)
 
-        egress.kill9()                              # host B is gone
-        await wait_log(ingress, "peer_disconnected", 10)
-        time.sleep(3.5)                             # its registration expires
-        now = datetime.now(timezone.utc)
-        assert [p.name for p in peer_registry.live(tables, now)] == ["node-0-trueseal"]
-        assert await ingress.term(30) == 0
 
-    _ip("netns", "add", ns)
-    try:
-        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns)
-        _ip("addr", "add", f"{here}/24", "dev", host_if)
-        _ip("link", "set", host_if, "up")
-        _ip("-n", ns, "addr", "add", f"{there}/24", "dev", ns_if)
-        _ip("-n", ns, "link", "set", ns_if, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        asyncio.run(main())
-    finally:
-        egress.cleanup()
-        ingress.cleanup()
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+def test_stores_reach_a_ppp_recipient_on_another_network_host_early(tmp_path):
+    """PPP on both hosts (each a listener and a dialler), Bob connected to host B over the
+    veth: Alice's STOREs on host A reach him (NOTIFY, FETCH) before any inbox row exists, each
+    once; host B killed with SIGKILL drops the channel and its registration expires."""
+    with network_host() as (ns, here, there):
+        _stores_across(tmp_path, ns, here, there)
+
+
+def _stores_across(tmp_path, ns: str, here: str, there: str) -> None:
+    tables = tmp_path / "tables"
+    a_port, b_port, a_peer, b_peer = free_ports(4)
+    (tmp_path / "logs").mkdir()
+    quick = {"RELAY_CLUSTER__PEER_LISTEN": "true", "RELAY_CLUSTER__PEER_DIAL": "true",
+             "RELAY_INGRESS__LEASE_SECONDS": "3", "RELAY_INGRESS__LEASE_RENEW_SECONDS": "1",
+             "RELAY_PPP__NOTIFY_WINDOW_MS": "20"}
+    a = RoleProc("ingress-ppp", host_env(
+        tmp_path, "a", tables, RELAY_NODE_ID="host-a", RELAY_BIND=here,
+        RELAY_PPP_PORT=str(a_port), RELAY_CLUSTER__PEER_PORT=str(a_peer), **quick),
+        [], tmp_path / "logs", command=["ingress", "--protocol", "ppp"])
+    b = RoleProc("ingress-ppp", host_env(
+        tmp_path, "b", tables, RELAY_NODE_ID="host-b", RELAY_BIND=there,
+        RELAY_PPP_PORT=str(b_port), RELAY_CLUSTER__PEER_PORT=str(b_peer), **quick),
+        [], tmp_path / "logs", command=["ingress", "--protocol", "ppp"])
+    b.argv = ["ip", "netns", "exec", ns, *b.argv]             # host B
+    b.stderr_path = tmp_path / "logs" / "ingress-ppp-b.stderr"
+
+    async def main():
+        a.start()
+        b.start()
+        await a.wait_ready(60)
+        await b.wait_ready(60)
+        await wait_log(a, "peer_connected")
+        await wait_log(b, "peer_connected")
+        listed = {p.name: p for p in peer_registry.live(tables)}
+        assert listed["host-a-ppp"].endpoint == f"{here}:{a_peer}"
+        assert listed["host-b-ppp"].endpoint == f"{there}:{b_peer}"
+        alice, bob = Identity.generate(), Identity.generate()
+        bob_b = await Ws.login(b_port, SigningKey(bob.seed), host=there)
+        alice_a = await Ws.login(a_port, SigningKey(alice.seed), host=here)
+        await asyncio.sleep(1.0)        # bob's subscription crosses to host A
+        wraps = [presence(alice, bob, f"across the veth {i}") for i in range(STORES)]
+        for gw in wraps:
+            assert (await alice_a.call({"cmd": "STORE", "event": gw.encode()}))["cmd"] \
+                == "STORED"
+        notified = 0
+        while notified < STORES:
+            m = await bob_b.recv(timeout=5)
+            assert m["cmd"] == "NOTIFY"
+            notified += m["count"]
+        assert notified == STORES
+        got = await bob_b.call({"cmd": "FETCH", "since": 0})
+        assert got["events"] == [gw.encode() for gw in wraps]   # landing order, each once
+        for ws in (alice_a, bob_b):
+            await ws.close()
+        await no_rows_then_b_gone(tmp_path, tables, a, b, "host-a-ppp")
+    run_then_clean(main, b, a)

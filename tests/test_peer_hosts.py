@@ -43,6 +43,13 @@ async def wait_log(proc: RoleProc, event: str, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.1)
 
 
+async def ack_rows(layout: Layout, n: int, deadline: float) -> None:
+    """Until the acks table holds `n` rows (the stream gave their envelopes their rows)."""
+    while DeltaTable(str(layout.acks)).to_pyarrow_table().num_rows < n:
+        assert time.monotonic() < deadline, f"fewer than {n} ack rows were written"
+        await asyncio.sleep(0.2)
+
+
 async def start_hosts(ingress: RoleProc, egress: RoleProc, tmp_path) -> tuple[bytes, bytes]:
     """Ingress on host A, then egress on host B until its channel to A is open; the trueseal
     keys of A and B (each host its own)."""
@@ -99,10 +106,7 @@ def test_a_push_to_host_a_reaches_a_receiver_on_host_b_before_its_row_and_once(
 
         query, _ = start_inbox_stream(spark, settings, fsync=False)
         try:
-            deadline = time.monotonic() + 120
-            while DeltaTable(str(layout.acks)).to_pyarrow_table().num_rows == 0:
-                assert time.monotonic() < deadline, "the ack row was never written"
-                await asyncio.sleep(0.2)
+            await ack_rows(layout, 1, time.monotonic() + 120)
         finally:
             query.stop()
         (r,) = DeltaTable(str(layout.inbox)).to_pyarrow_table().to_pylist()

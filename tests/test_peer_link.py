@@ -246,3 +246,67 @@ def test_a_peer_listener_on_every_address_needs_the_address_others_dial():
                             "cluster.peer_advertise to the address other hosts dial")
     s = config.load(None, env=dict(env, RELAY_CLUSTER__PEER_ADVERTISE="10.0.0.5"))
     assert s.cluster.peer_advertise == "10.0.0.5"
+
+
+def test_a_dialer_reaches_each_listener_of_its_protocols_even_two_sharing_a_hosts_key(
+        cluster, layout, tmp_path):
+    """Host A runs PPP and Heya as two processes (one data directory, one peer key) and a
+    trueseal push process; host B's PPP+Heya dialler (it lists no row of its own: its
+    listener's) dials the two of its protocols, not the trueseal one, and a WAKE it asked for
+    reaches it."""
+    async def main():
+        key_a = peer_key(tmp_path / "a")
+        ppp, heya, push = (PeerListener(cluster, key_a, layout.tables, name, host="127.0.0.1",
+                                        port=0, protocols=protos)
+                           for name, protos in (("a-ppp", ["ppp"]), ("a-heya", ["heya"]),
+                                                ("a-trueseal", ["trueseal"])))
+        b = PeerListener(cluster, peer_key(tmp_path / "b"), layout.tables, "b-ppp",
+                         host="127.0.0.1", port=0, protocols=["ppp", "heya"])
+        for listener in (ppp, heya, push, b):
+            await listener.start()
+        woken: list[str] = []
+        dialer = PeerDialer(cluster, peer_key(tmp_path / "b"), layout.tables, "unused",
+                            lambda h: None, lambda protocol: [], protocols=("ppp", "heya"),
+                            register=False, wakes=woken.append)
+        await dialer.start()
+        try:
+            await until(lambda: len(dialer.links) == 2)
+            assert sorted(name for name, _ in dialer.links) == ["a-heya", "a-ppp"]
+            assert not push.links and not b.links       # not trueseal's; not its own
+            assert "unused" not in {p.name for p in peer_registry.live(layout.tables)}
+            await until(lambda: heya.by_mailbox and ppp.by_mailbox)
+            heya.wake("heya")
+            ppp.wake("sync")                            # not asked for: nothing sent
+            await until(lambda: woken)
+            await asyncio.sleep(0.2)
+            assert woken == ["heya"]
+        finally:
+            await dialer.close()
+            for listener in (ppp, heya, push, b):
+                await listener.close()
+    asyncio.run(main())
+
+
+def test_a_registration_table_from_before_the_protocols_column_takes_it(cluster, layout,
+                                                                        tmp_path):
+    """A row table written by the previous version (no `protocols`) is read as trueseal's,
+    and the next registration under that name writes the column."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from delta_tables.node_lease import open_one_row_table
+    old_schema = pa.schema([f for f in peer_registry.SCHEMA if f.name != "protocols"])
+    path = peer_registry.peers_root(layout.tables) / "old"
+    now = datetime.now(timezone.utc)
+    row = {"name": "old", "role": "ingress", "host": "h", "key": b"k" * 32, "endpoint": "e:1",
+           "epoch": 0, "heartbeat": now, "expires": now + timedelta(minutes=1),
+           "released": False}
+    write_deltalake(open_one_row_table(path, old_schema, "peer"),
+                    pa.Table.from_pylist([row], schema=old_schema), mode="overwrite")
+    (old,) = peer_registry.live(layout.tables)
+    assert old.protocols is None and old.serves("trueseal") and not old.serves("ppp")
+    reg = PeerRegistration(layout.tables, "old", "ingress", b"k" * 32, "e:1",
+                           protocols=["ppp", "heya"]).register()
+    reg.renew()
+    (new,) = peer_registry.live(layout.tables)
+    assert new.protocols == "heya,ppp" and new.serves("ppp") and not new.serves("trueseal")

@@ -13,6 +13,13 @@ sessions that DeliverAck each Deliver, the inbox stream in this process):
   IK over loopback TCP) carries a push ahead of its inbox row. The clients push to A's key
   and receive with B's.
 
+PPP (`ppp_same_host`, `ppp_cross_host`, after the trueseal rounds of each round): senders
+STORE to `relay ingress` on A at a steady rate, one recipient connected to the same process
+(same host: PPP's own early delivery) or to `relay ingress` on B (cross host: both PPP
+listeners peer_listen and peer_dial; the STORE is handed over the channel); latency = NOTIFY
+arrival - STORE write (`relay bench`'s `ppp_store_to_notify_ms` client, window 0), the
+inbox stream running beside A.
+
 Latency = Deliver arrival - the time written into the envelope just before its Push (one
 client process: one clock). Figures: p50/p90/p99 per layout, medians over the rounds, and
 cross/same ratios; `early_share`: Delivers that came before their inbox row;
@@ -40,6 +47,8 @@ ROUNDS = 3
 FULL = {"rate": 500, "seconds": 30, "receivers": 50}
 QUICK = {"rate": 200, "seconds": 8, "receivers": 20}
 LAYOUTS = ("same_host", "cross_host")
+PPP_LAYOUTS = ("ppp_same_host", "ppp_cross_host")
+PPP = {"rate": 20, "seconds": 6}    # inside C.3's STORE budget of the client's identities
 # the issue's targets across hosts on loopback: name -> (quantile, at most ms)
 TARGETS = {"cross_host_p50_ms": ("p50", 20), "cross_host_p99_ms": ("p99", 100)}
 
@@ -114,6 +123,58 @@ def _run(spark, args, root: Path, layout: str, p: dict, seed: int) -> dict:
         stop_process(ingress, 30)
 
 
+def _run_ppp(spark, args, root: Path, layout: str, p: dict) -> dict:
+    from jobs.inbox_stream import start_inbox_stream
+
+    from .ppp import notify_worker
+    tables = root / "tables"
+    dirs = [root / "a"] + ([root / "b"] if layout == "ppp_cross_host" else [])
+    ports, procs = [], []
+    query = None
+    try:
+        for n, d in enumerate(dirs):
+            s = settings_for(args, d)
+            s.tables_dir = str(tables)
+            s.ppp.port = 0
+            s.ppp.notify_window_ms = 0
+            s.heya.enabled = s.sync.enabled = False
+            if len(dirs) > 1:
+                s.ingress.node_id = f"node-{'ab'[n]}"
+                s.cluster.peer_listen = s.cluster.peer_dial = True
+                s.cluster.peer_port = 0
+            if n == 0:
+                from delta_tables.layout import Layout
+                Layout.of(s).ensure_shared_tables()
+                first = s
+            logs = root / f"logs-{'ab'[n]}"
+            logs.mkdir(parents=True, exist_ok=True)
+            proc, listening = start_role("ingress", args, d, logs,
+                                         write_conf(s, root / f"{n}.toml"))
+            procs.append((proc, logs))
+            ports.append(int(listening["ppp"].rsplit(":", 1)[1]))
+        for _, logs in procs[1:]:
+            _wait_log(logs / "ingress.log", "peer connected", 30)
+        query, _ = start_inbox_stream(spark, first)
+        queue = mp.get_context("spawn").Queue()
+        proc = spawn(notify_worker, queue, ports[0], p["rate"], p["seconds"], ports[-1])
+        res = wait_result(queue, proc, p["seconds"] + 300)
+        proc.join(timeout=10)
+        if not res.get("ok"):
+            raise RuntimeError(f"ppp client failed: {res.get('error')}")
+        lat = res["latency_ms"]
+        return {"p50": rounded(percentile(lat, 50), 2), "p90": rounded(percentile(lat, 90), 2),
+                "p99": rounded(percentile(lat, 99), 2), "notified": len(lat),
+                "store_to_stored_ms_p50": rounded(percentile(res["stored_ms"], 50), 2)}
+    finally:
+        if query is not None:
+            try:
+                query.stop()
+            except Exception:
+                pass
+        for proc, _ in reversed(procs):
+            stop_process(proc, 30)
+
+
 def main(args) -> int:
     quick = bool(getattr(args, "quick", False))
     p = QUICK if quick else FULL
@@ -135,24 +196,33 @@ def main(args) -> int:
                     f"{one[layout]['p99']}; early {one[layout]['early_share']}, not "
                     f"delivered {one[layout]['not_delivered']}, duplicates "
                     f"{one[layout]['duplicates_seen']}")
+            for layout in (PPP_LAYOUTS if n % 2 == 0 else PPP_LAYOUTS[::-1]):
+                say(f"round {n + 1} of {rounds}: {layout}, {PPP['rate']} STOREs/s for "
+                    f"{PPP['seconds']} s, one recipient")
+                one[layout] = _run_ppp(spark, args, root / f"r{n}-{layout}", layout, PPP)
+                say(f"  STORE->NOTIFY p50 {one[layout]['p50']} ms, p99 {one[layout]['p99']}")
             res["rounds"].append(one)
     finally:
         stop_children()
         shutil.rmtree(root, ignore_errors=True)
     med = {layout: {k: rounded(statistics.median(r[layout][k] or 0 for r in res["rounds"]), 3)
-                    for k in res["rounds"][0][layout]} for layout in LAYOUTS}
+                    for k in res["rounds"][0][layout]} for layout in LAYOUTS + PPP_LAYOUTS}
     res["median"] = med
     res["cross_over_same"] = {q: rounded(med["cross_host"][q] / med["same_host"][q], 2)
                               if med["same_host"][q] else None for q in ("p50", "p90", "p99")}
+    res["ppp_cross_over_same"] = {
+        q: rounded(med["ppp_cross_host"][q] / med["ppp_same_host"][q], 2)
+        if med["ppp_same_host"][q] else None for q in ("p50", "p90", "p99")}
+    res["ppp_load"] = PPP
     res["targets"] = {name: {"target": t, "kind": "at most", "measured": med["cross_host"][q],
                              "met": bool(med["cross_host"][q]) and med["cross_host"][q] <= t}
                       for name, (q, t) in TARGETS.items()}
     res["method"] = __doc__.split("\n\n", 1)[1].strip()
     out_path.write_text(json.dumps(res, indent=2) + "\n")
-    for layout in LAYOUTS:
+    for layout in LAYOUTS + PPP_LAYOUTS:
         m = med[layout]
-        say(f"{layout:<10} push->deliver ms p50 {m['p50']} p90 {m['p90']} p99 {m['p99']} "
-            f"(early {m['early_share']})")
+        say(f"{layout:<14} ms p50 {m['p50']} p90 {m['p90']} p99 {m['p99']}"
+            + (f" (early {m['early_share']})" if "early_share" in m else ""))
     say(f"cross/same: {res['cross_over_same']}")
     say(f"wrote {out_path}")
     return 0

@@ -145,17 +145,19 @@ async def _throughput(settings, p: dict) -> dict:
                        "STORED replies / (last reply - first send)")}
 
 
-def notify_worker(queue, port: int, rate: float, seconds: float) -> None:
-    """Latency load (a spawned process): one recipient, `LATENCY_SENDERS` senders."""
+def notify_worker(queue, port: int, rate: float, seconds: float,
+                  rx_port: int | None = None) -> None:
+    """Latency load (a spawned process): one recipient (on `rx_port`, another host's
+    listener, if given), `LATENCY_SENDERS` senders."""
     try:
-        asyncio.run(_notify_worker(queue, port, rate, seconds))
+        asyncio.run(_notify_worker(queue, port, rate, seconds, rx_port or port))
     except Exception as exc:
         queue.put({"ok": False, "error": f"{type(exc).__name__}: {exc}"})
 
 
-async def _notify_worker(queue, port, rate, seconds) -> None:
+async def _notify_worker(queue, port, rate, seconds, rx_port) -> None:
     import msgpack
-    rx, rx_pk = await _login(port)
+    rx, rx_pk = await _login(rx_port)
     senders = [await _login(port) for _ in range(LATENCY_SENDERS)]
     # Warm-up (not timed): the stream's and the tail's first batches pay one-off costs
     # (Python worker start, first Delta reads) that a steady relay does not.
