@@ -23,7 +23,6 @@ import asyncio
 import multiprocessing as mp
 import os
 import queue as queue_mod
-import subprocess
 import time
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from ppp_wire import Ws, giftwrap
 from relay.bench import netns
 from relay.bench.s3_server import s3_server
 from sync_client import Device, device_session, group_id, pull, push
+from test_crash_ppp_sync import fetch_all
 
 pytestmark = pytest.mark.crash
 
@@ -56,10 +56,6 @@ LOAD_SENDERS = 4               # PPP's STORE budget is 60 a minute per pubkey (a
 KILL_AFTER_ACKS = 40
 EXP = 2 ** 40
 END = 2220385707
-
-
-def _ip(*argv: str) -> None:
-    subprocess.run(["ip", *argv], check=True, capture_output=True)
 
 
 # -- host B's clients: run in B's network namespace (a spawned worker) --------------------------
@@ -130,28 +126,10 @@ def _spawn_in_b(ns: str, target, *args) -> tuple[mp.Process, mp.Queue]:
 
 # -- host A's side -------------------------------------------------------------------------------
 
-async def _fetch_all(port: int, sk: SigningKey) -> list[bytes]:
-    ws = await Ws.login(port, sk)
-    try:
-        out, cursor = [], None
-        while True:
-            req = {"cmd": "FETCH", "since": 0}
-            if cursor is not None:
-                req["cursor"] = cursor
-            r = await ws.call(req)
-            assert r.get("cmd") == "EVENTS", r
-            out += r["events"]
-            cursor = r.get("cursor")
-            if cursor is None:
-                return out
-    finally:
-        await ws.close()
-
-
 async def _until_fetched(port: int, sk: SigningKey, wanted: list[bytes]) -> list[bytes]:
     deadline = time.monotonic() + DELIVERY_DEADLINE
     while True:
-        got = await _fetch_all(port, sk)
+        got = await fetch_all(port, sk)
         if set(wanted) <= set(got) or time.monotonic() > deadline:
             return got
         await asyncio.sleep(1.0)
@@ -160,34 +138,23 @@ async def _until_fetched(port: int, sk: SigningKey, wanted: list[bytes]) -> list
 def test_every_protocol_across_network_hosts_with_the_tables_on_s3(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("a network namespace needs root")
-    pid = os.getpid()
-    n = pid % 250 + 1
-    ns, host_if, ns_if = f"relayb{pid}", f"rbh{pid}", f"rbc{pid}"
-    here, there = f"10.233.{n}.1", f"10.233.{n}.2"
-    _ip("netns", "add", ns)
     a = b = None
-    try:
-        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns)
-        _ip("addr", "add", f"{here}/24", "dev", host_if)
-        _ip("link", "set", host_if, "up")
-        _ip("-n", ns, "addr", "add", f"{there}/24", "dev", ns_if)
-        _ip("-n", ns, "link", "set", ns_if, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        with s3_server(host=here) as endpoint:      # the S3 server lives on host A
-            root = tmp_path / "a"
-            root.mkdir()
-            a = RelayProcesses(root, CONF, ROLES, endpoint)
-            env_b = dict(a.env, RELAY_DATA_DIR=str(tmp_path / "data-b"), RELAY_NODE_ID="node-b")
-            (tmp_path / "logs-b").mkdir()
-            b = RoleProc("ingress", env_b, a.prefix, tmp_path / "logs-b")
-            b.argv = ["ip", "netns", "exec", ns, *b.argv]
-            asyncio.run(_scenario(tmp_path, ns, a, b, endpoint))
-    finally:
-        for r in (a, b):
-            if r is not None:
-                r.cleanup()
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with netns.other_host("relayb", 233) as (ns, here, _):
+        try:
+            with s3_server(host=here) as endpoint:      # the S3 server lives on host A
+                root = tmp_path / "a"
+                root.mkdir()
+                a = RelayProcesses(root, CONF, ROLES, endpoint)
+                env_b = dict(a.env, RELAY_DATA_DIR=str(tmp_path / "data-b"),
+                             RELAY_NODE_ID="node-b")
+                (tmp_path / "logs-b").mkdir()
+                b = RoleProc("ingress", env_b, a.prefix, tmp_path / "logs-b")
+                b.argv = ["ip", "netns", "exec", ns, *b.argv]
+                asyncio.run(_scenario(tmp_path, ns, a, b, endpoint))
+        finally:
+            for r in (a, b):
+                if r is not None:
+                    r.cleanup()
 
 
 async def _scenario(tmp_path: Path, ns: str, a: RelayProcesses, b: RoleProc,

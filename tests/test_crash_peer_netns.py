@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import subprocess
 import time
 from datetime import datetime, timezone
 
@@ -24,6 +23,7 @@ from deltalake import DeltaTable
 from egress.pending import EARLY_BASE
 from engine.ppp.keys import Identity
 from ppp_wire import Ws
+from relay.bench import netns
 from runtime import config
 from test_end_to_end import parse_deliver
 from test_peer_hosts import host_env, start_hosts, wait_log
@@ -36,32 +36,14 @@ PUSHES = 20
 STORES = 10
 
 
-def _ip(*argv: str) -> None:
-    subprocess.run(["ip", *argv], check=True, capture_output=True)
-
-
 @contextlib.contextmanager
 def network_host():
     """A network namespace joined to this host by a veth pair: (its name, this host's
     address, its address); removed after."""
     if os.geteuid() != 0:
         pytest.skip("a network namespace needs root")
-    pid = os.getpid()
-    n = pid % 250 + 1
-    ns, host_if, ns_if = f"relaypeer{pid}", f"rph{pid}", f"rpc{pid}"
-    here, there = f"10.232.{n}.1", f"10.232.{n}.2"
-    _ip("netns", "add", ns)
-    try:
-        _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns)
-        _ip("addr", "add", f"{here}/24", "dev", host_if)
-        _ip("link", "set", host_if, "up")
-        _ip("-n", ns, "addr", "add", f"{there}/24", "dev", ns_if)
-        _ip("-n", ns, "link", "set", ns_if, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        yield ns, here, there
-    finally:
-        subprocess.run(["ip", "link", "del", host_if], capture_output=True)
-        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+    with netns.other_host("relaypeer", 232) as host:
+        yield host
 
 
 def run_then_clean(main, *procs: RoleProc) -> None:

@@ -29,29 +29,39 @@ def _ip(*argv: str) -> None:
 
 
 @contextlib.contextmanager
-def client_host():
-    """A network namespace for the load generator and a veth pair to it on 10.231.N.0/24
-    (N from our pid, so two benches do not collide): this side .1, the namespace's side
-    .2-.201, the addresses its push loops connect from (trueseal_client.source_address).
-    Yields (namespace name, the relay's address as the clients see it)."""
-    from .trueseal_client import NETNS_SOURCES
-    n = os.getpid() % 250 + 1
-    ns, host_if, ns_if = f"relaybench{os.getpid()}", f"rbh{os.getpid()}", f"rbc{os.getpid()}"
-    relay_addr = f"10.231.{n}.1"
-    if os.geteuid() != 0:
-        raise RuntimeError("--trueseal-netns creates a network namespace: run it as root")
+def other_host(name: str, net: int, addresses: int = 1):
+    """A network host of its own: network namespace `<name><pid>` joined to this one by a veth
+    pair on 10.`net`.N.0/24 (N from our pid, so two runs do not collide), this side .1, the
+    namespace's side .2 on (`addresses` of them). Root only; removed on exit. Yields (the
+    namespace, this side's address, the namespace's first address)."""
+    pid = os.getpid()
+    n = pid % 250 + 1
+    ns, host_if, ns_if = f"{name}{pid}", f"{name[-2:]}h{pid}", f"{name[-2:]}c{pid}"
+    here = f"10.{net}.{n}.1"
     _ip("netns", "add", ns)
     try:
         _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", ns)
-        _ip("addr", "add", f"{relay_addr}/24", "dev", host_if)
+        _ip("addr", "add", f"{here}/24", "dev", host_if)
         _ip("link", "set", host_if, "up")
-        batch = "".join(f"addr add 10.231.{n}.{i + 2}/24 dev {ns_if}\n"
-                        for i in range(NETNS_SOURCES))
+        batch = "".join(f"addr add 10.{net}.{n}.{i + 2}/24 dev {ns_if}\n"
+                        for i in range(addresses))
         subprocess.run(["ip", "-n", ns, "-batch", "-"], input=batch, text=True, check=True,
                        capture_output=True)
         _ip("-n", ns, "link", "set", ns_if, "up")
         _ip("-n", ns, "link", "set", "lo", "up")
-        yield ns, relay_addr
+        yield ns, here, f"10.{net}.{n}.2"
     finally:
         subprocess.run(["ip", "link", "del", host_if], capture_output=True)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@contextlib.contextmanager
+def client_host():
+    """The load generator's host (`other_host` on 10.231.N.0/24): its push loops connect from
+    the namespace's addresses (trueseal_client.source_address). Yields (namespace name, the
+    relay's address as the clients see it)."""
+    from .trueseal_client import NETNS_SOURCES
+    if os.geteuid() != 0:
+        raise RuntimeError("--trueseal-netns creates a network namespace: run it as root")
+    with other_host("relaybench", 231, NETNS_SOURCES) as (ns, relay_addr, _):
+        yield ns, relay_addr
