@@ -149,3 +149,18 @@ class PeerRegistration:
         except Exception:   # the store out of reach: the row expires by itself
             pass
         self._dt = None
+
+
+class PeerStore:
+    """The store as the peer channel sees it (runtime/peer_link.PeerStore): the live
+    registrations of `tables`, and a registration of this process's own there."""
+
+    def __init__(self, tables):
+        self.tables = tables
+
+    def live(self) -> list[Peer]:
+        return live(self.tables)
+
+    def registration(self, name: str, role: str, key: bytes, endpoint: str = "",
+                     **kw) -> PeerRegistration:
+        return PeerRegistration(self.tables, name, role, key, endpoint, **kw)

@@ -44,8 +44,10 @@ class EgressNode:
         self.peers = None
         if settings.cluster.peer_dial and settings.trueseal.early_delivery:
             # pushes landed on other hosts' ingress, handed over at once (runtime/peer_link.py)
+            from delta_tables.peer_registry import PeerStore
             from runtime.peer_link import PeerDialer, peer_key
-            self.peers = PeerDialer(settings, peer_key(settings.data_dir), self.layout.tables,
+            self.peers = PeerDialer(settings, peer_key(settings.data_dir),
+                                    PeerStore(self.layout.tables),
                                     f"{settings.ingress.node_id}-egress", self._early,
                                     self.hub.mailboxes_online)
             self.hub.watch = self.peers.watch

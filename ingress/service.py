@@ -80,10 +80,12 @@ class IngressNode:
         dial = cluster.peer_dial and bool(tailing)
         if not (listen or dial):
             return
+        from delta_tables.peer_registry import PeerStore
         from runtime.peer_link import PeerDialer, PeerListener, peer_key
         key = peer_key(settings.data_dir)
+        store = PeerStore(self.layout.tables)
         if listen:
-            self.peers = PeerListener(settings, key, self.layout.tables, self.node_id,
+            self.peers = PeerListener(settings, key, store, self.node_id,
                                       epoch=lease.epoch if lease is not None else 0,
                                       protocols=sends)
             if "trueseal" in sends:
@@ -95,7 +97,7 @@ class IngressNode:
         if dial:
             ppp = self.ppp.inbox if self.ppp is not None else None
             self.dialer = PeerDialer(
-                settings, key, self.layout.tables, f"{self.node_id}-dial", self._handed,
+                settings, key, store, f"{self.node_id}-dial", self._handed,
                 lambda protocol: ppp.sessions.keys() if protocol == "ppp" and ppp else [],
                 protocols=tuple(tailing), register=not listen,
                 wakes=lambda protocol: tailing[protocol].tail.poke())

@@ -43,12 +43,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Callable
+from typing import Callable, Protocol
 
 import msgpack
 
-from delta_tables import peer_registry
-from delta_tables.peer_registry import Peer, PeerRegistration
 from engine.peer_channel import (ChannelClosed, ChannelOpen, MessageReceived, PeerChannel,
                                  PeerIdentified, State)
 
@@ -85,12 +83,32 @@ def _woken(payload: bytes) -> str | None:
     return protocol if isinstance(protocol, str) else None
 
 
+class Peer(Protocol):
+    """A registration as the store lists it (delta_tables.peer_registry.Peer)."""
+    name: str
+    role: str
+    key: bytes
+    endpoint: str
+
+    def serves(self, protocol: str) -> bool: ...
+
+
+class PeerStore(Protocol):
+    """What the channel needs of the store, handed in by the role that opens it
+    (delta_tables.peer_registry.PeerStore), so runtime/ stays below delta_tables/: the live
+    registrations, and one of this process's own (register / renew / release)."""
+
+    def live(self) -> list[Peer]: ...
+
+    def registration(self, name: str, role: str, key: bytes, endpoint: str = "", **kw): ...
+
+
 class PeerDirectory:
     """The live peers as the store lists them, read at most every `refresh_seconds` (in a
     worker thread) and at once, at most every `LOOKUP_MIN_SECONDS`, for an unknown key."""
 
-    def __init__(self, tables, refresh_seconds: float):
-        self.tables = tables
+    def __init__(self, store: PeerStore, refresh_seconds: float):
+        self.store = store
         self.refresh_seconds = refresh_seconds
         self.peers: list[Peer] = []
         self._read_at = -1e9
@@ -102,7 +120,7 @@ class PeerDirectory:
             wait = LOOKUP_MIN_SECONDS if force else self.refresh_seconds
             if now - self._read_at >= wait:
                 try:
-                    self.peers = await asyncio.to_thread(peer_registry.live, self.tables)
+                    self.peers = await asyncio.to_thread(self.store.live)
                 except Exception as exc:   # the store out of reach: keep the last view
                     log.warning("peer list not read", extra={
                         "event": "peer_list_failed", "error": type(exc).__name__})
@@ -183,7 +201,7 @@ class _Link:
 class _Registered:
     """A registration renewed in the background (the listener's and the dialer's)."""
 
-    def __init__(self, registration: PeerRegistration, renew_seconds: float):
+    def __init__(self, registration, renew_seconds: float):
         self.registration = registration
         self.renew_seconds = renew_seconds
         self._task: asyncio.Task | None = None
@@ -212,8 +230,8 @@ class PeerListener:
     """Ingress's side (a process that lands `protocols`): accepts the hosts the store lists,
     keeps their subscriptions, and `send`s each landed hand-off to the subscribers."""
 
-    def __init__(self, settings, key: keys.RelayKey, tables, name: str, *, epoch: int = 0,
-                 host: str | None = None, port: int | None = None,
+    def __init__(self, settings, key: keys.RelayKey, store: PeerStore, name: str, *,
+                 epoch: int = 0, host: str | None = None, port: int | None = None,
                  protocols=("trueseal",)):
         conf = settings.cluster
         self.conf = conf
@@ -221,13 +239,13 @@ class PeerListener:
         self.host = host if host is not None else (conf.peer_bind or settings.bind)
         self.port = conf.peer_port if port is None else port
         self.advertise = conf.peer_advertise
-        self.tables = tables
+        self.store = store
         self.name = name
         self.epoch = epoch
         self.protocols = tuple(protocols)
         self.lease_seconds = settings.ingress.lease_seconds
         self.renew_seconds = min(conf.peer_refresh_seconds, settings.ingress.lease_renew_seconds)
-        self.directory = PeerDirectory(tables, conf.peer_refresh_seconds)
+        self.directory = PeerDirectory(store, conf.peer_refresh_seconds)
         self.links: set[_Link] = set()
         self.by_mailbox: dict[tuple[str, bytes], set[_Link]] = {}
         self.bound_port: int | None = None
@@ -247,9 +265,9 @@ class PeerListener:
         self._server = await asyncio.start_server(self._accept, self.host, self.port)
         self.bound_port = self._server.sockets[0].getsockname()[1]
         self._registered = _Registered(
-            PeerRegistration(self.tables, self.name, "ingress", self.key.public, self.endpoint,
-                             epoch=self.epoch, seconds=self.lease_seconds,
-                             protocols=self.protocols),
+            self.store.registration(self.name, "ingress", self.key.public, self.endpoint,
+                                    epoch=self.epoch, seconds=self.lease_seconds,
+                                    protocols=self.protocols),
             self.renew_seconds)
         await self._registered.start()
         self._watch = asyncio.create_task(self._revalidate(), name="peer-revalidate")
@@ -396,24 +414,24 @@ class PeerDialer:
     `protocols`, subscribes those protocols' mailboxes online here, and passes each
     hand-off to `deliver`. `register=False`: the process's `PeerListener` lists its key."""
 
-    def __init__(self, settings, key: keys.RelayKey, tables, name: str,
+    def __init__(self, settings, key: keys.RelayKey, store: PeerStore, name: str,
                  deliver: Callable[[Handoff], None],
                  online: Callable[[str], list[bytes]], *, protocols=("trueseal",),
                  register: bool = True, wakes: Callable[[str], None] | None = None):
         conf = settings.cluster
         self.conf = conf
         self.key = key
-        self.tables = tables
+        self.store = store
         self.name = name
         self.deliver = deliver
         self.online = online
         self.protocols = tuple(protocols)
         self.wakes = wakes      # (protocol): another host's stream committed
-        self.directory = PeerDirectory(tables, conf.peer_refresh_seconds)
+        self.directory = PeerDirectory(store, conf.peer_refresh_seconds)
         self.renew_seconds = min(conf.peer_refresh_seconds, settings.ingress.lease_renew_seconds)
         self._registered = _Registered(
-            PeerRegistration(tables, name, "egress", key.public,
-                             seconds=settings.ingress.lease_seconds, protocols=self.protocols),
+            store.registration(name, "egress", key.public,
+                               seconds=settings.ingress.lease_seconds, protocols=self.protocols),
             self.renew_seconds) if register else None
         # by (name, key) of the listener: processes on one host share its key (one data dir)
         self.links: dict[tuple, _Link] = {}         # listener -> its channel

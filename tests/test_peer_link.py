@@ -14,7 +14,7 @@ import pytest
 
 from delta_tables import peer_registry
 from delta_tables.node_lease import NodeLease
-from delta_tables.peer_registry import PeerRegistration
+from delta_tables.peer_registry import PeerRegistration, PeerStore
 from egress.pending import MailboxHub
 from engine.noise_session import LengthPrefixDeframer
 from engine.peer_channel import PeerChannel
@@ -49,11 +49,12 @@ async def until(cond, timeout=10.0):
 
 
 async def start_pair(settings, layout, tmp_path):
-    listener = PeerListener(settings, peer_key(tmp_path / "a"), layout.tables, "node-a",
+    store = PeerStore(layout.tables)
+    listener = PeerListener(settings, peer_key(tmp_path / "a"), store, "node-a",
                             host="127.0.0.1", port=0)
     await listener.start()
     hub = MailboxHub(_acks)
-    dialer = PeerDialer(settings, peer_key(tmp_path / "b"), layout.tables, "node-b-egress",
+    dialer = PeerDialer(settings, peer_key(tmp_path / "b"), store, "node-b-egress",
                         lambda h: hub.add_early(h.protocol, h.mailbox, h.event_id,
                                                 h.envelope, h.expires_at),
                         hub.mailboxes_online)
@@ -128,7 +129,8 @@ def test_unlisted_and_expired_keys_are_refused_without_an_answer(cluster, layout
 
     async def main():
         a = peer_key(tmp_path / "a")
-        listener = PeerListener(cluster, a, layout.tables, "node-a", host="127.0.0.1", port=0)
+        listener = PeerListener(cluster, a, PeerStore(layout.tables), "node-a",
+                                host="127.0.0.1", port=0)
         await listener.start()
         try:
             # never listed
@@ -207,7 +209,8 @@ def test_a_peer_that_stops_reading_costs_dropped_hand_offs_never_a_blocked_sende
 
     async def main():
         a = peer_key(tmp_path / "a")
-        listener = PeerListener(cluster, a, layout.tables, "node-a", host="127.0.0.1", port=0)
+        listener = PeerListener(cluster, a, PeerStore(layout.tables), "node-a",
+                                host="127.0.0.1", port=0)
         await listener.start()
         PeerRegistration(layout.tables, "node-s-egress", "egress",
                          peer_key(tmp_path / "s").public, seconds=60).register()
@@ -256,16 +259,17 @@ def test_a_dialer_reaches_each_listener_of_its_protocols_even_two_sharing_a_host
     reaches it."""
     async def main():
         key_a = peer_key(tmp_path / "a")
-        ppp, heya, push = (PeerListener(cluster, key_a, layout.tables, name, host="127.0.0.1",
+        store = PeerStore(layout.tables)
+        ppp, heya, push = (PeerListener(cluster, key_a, store, name, host="127.0.0.1",
                                         port=0, protocols=protos)
                            for name, protos in (("a-ppp", ["ppp"]), ("a-heya", ["heya"]),
                                                 ("a-trueseal", ["trueseal"])))
-        b = PeerListener(cluster, peer_key(tmp_path / "b"), layout.tables, "b-ppp",
+        b = PeerListener(cluster, peer_key(tmp_path / "b"), store, "b-ppp",
                          host="127.0.0.1", port=0, protocols=["ppp", "heya"])
         for listener in (ppp, heya, push, b):
             await listener.start()
         woken: list[str] = []
-        dialer = PeerDialer(cluster, peer_key(tmp_path / "b"), layout.tables, "unused",
+        dialer = PeerDialer(cluster, peer_key(tmp_path / "b"), store, "unused",
                             lambda h: None, lambda protocol: [], protocols=("ppp", "heya"),
                             register=False, wakes=woken.append)
         await dialer.start()
