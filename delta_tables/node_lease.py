@@ -44,7 +44,7 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 
-from . import object_store
+from . import object_store, query
 from .node_claim import NodeIdTaken
 
 LEASE_APP = "relay:lease"
@@ -129,14 +129,9 @@ def _row(dt) -> Lease | None:
 
 
 def table_rows(dt) -> list[dict]:
-    """Every row of a small table (a lease, a peer registration) as dicts."""
-    from deltalake import QueryBuilder
-    # Read through delta-rs's own engine, not `to_pyarrow_table`: that one scans through
-    # pyarrow over Python file objects, and a scan's reader still being torn down on one of
-    # pyarrow's threads when a short command (`relay status`) exits aborts the process.
-    qb = QueryBuilder()
-    qb.register("t", dt)
-    return pa.table(qb.execute("SELECT * FROM t").read_all()).to_pylist()
+    """Every row of a small table (a lease, a peer registration) as dicts, through DataFusion
+    (`query.read`: a pyarrow scan can abort a short command such as `relay status` at exit)."""
+    return query.read(dt).to_pylist()
 
 
 def open_one_row_table(path, schema: pa.Schema, name: str):

@@ -20,6 +20,11 @@ def sql(tables: dict[str, DeltaTable], query: str) -> pa.Table:
                                for f in out.schema]))
 
 
+def rows(tables: dict[str, DeltaTable], query: str) -> list[dict]:
+    """`sql`'s answer as a list of dicts."""
+    return sql(tables, query).to_pylist()
+
+
 def read(dt: DeltaTable, columns: list[str] | None = None) -> pa.Table:
     """The whole of `dt` (or `columns` of it) in its own Arrow types, through DataFusion: for
     a command that reads and exits at once, where a pyarrow scan's teardown can abort it."""

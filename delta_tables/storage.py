@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 
-import pyarrow as pa
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import DeltaTable
 
-from . import removed_files
+from . import query, removed_files
 from .layout import Layout
 from .object_store import disk_usage
 from .schema import INBOX, C
@@ -53,13 +52,6 @@ def measure(layout: Layout, now: datetime, *, live: int | None = None) -> Storag
                    on_disk / keep if keep else None)
 
 
-def _sql(tables: dict[str, DeltaTable], sql: str) -> list[dict]:
-    qb = QueryBuilder()
-    for name, dt in tables.items():
-        qb.register(name, dt)
-    return pa.table(qb.execute(sql).read_all()).to_pylist()
-
-
 def ts_literal(now: datetime) -> str:
     return f"arrow_cast('{now.isoformat()}', 'Timestamp(Microsecond, Some(\"UTC\"))')"
 
@@ -80,7 +72,7 @@ def table_bytes(layout: Layout) -> dict[str, int]:
 def live_bytes(layout: Layout, now: datetime) -> int:
     """Ciphertext still to deliver: envelopes not purged, not expired and not acked."""
     inbox, acks = DeltaTable(str(layout.inbox)), DeltaTable(str(layout.acks))
-    (row,) = _sql({"inbox": inbox, "acks": acks}, f"""
+    (row,) = query.rows({"inbox": inbox, "acks": acks}, f"""
         SELECT sum({byte_length('i.' + C.ENVELOPE)}) AS b FROM inbox i LEFT JOIN acks a
           ON a.{C.SEQ} = i.{C.SEQ} AND a.{C.PROTOCOL} = i.{C.PROTOCOL}
          AND a.{C.MAILBOX} = i.{C.MAILBOX}
@@ -103,8 +95,8 @@ def row_metadata_bytes(layout: Layout) -> int:
             terms.append(f"coalesce(sum({byte_length(col.name)}), 0)")
         else:
             terms.append(f"coalesce(sum(octet_length({col.name})), 0)")
-    (row,) = _sql({"inbox": DeltaTable(str(layout.inbox))},
-                  f"SELECT {' + '.join(terms)} AS b FROM inbox")
+    (row,) = query.rows({"inbox": DeltaTable(str(layout.inbox))},
+                        f"SELECT {' + '.join(terms)} AS b FROM inbox")
     return int(row["b"] or 0)
 
 
@@ -113,7 +105,7 @@ def oldest_delivered_s(layout: Layout, now: datetime) -> float | None:
     kept its bytes in the inbox, or a file the log removed has waited for VACUUM (in any
     table but landing, whose generations go whole), whichever is older; None: none."""
     inbox, acks = DeltaTable(str(layout.inbox)), DeltaTable(str(layout.acks))
-    (row,) = _sql({"inbox": inbox, "acks": acks}, f"""
+    (row,) = query.rows({"inbox": inbox, "acks": acks}, f"""
         SELECT min(a.{C.ACKED_AT}) AS oldest FROM acks a JOIN inbox i
           ON a.{C.SEQ} = i.{C.SEQ} AND a.{C.PROTOCOL} = i.{C.PROTOCOL}
          AND a.{C.MAILBOX} = i.{C.MAILBOX}

@@ -27,10 +27,9 @@ from urllib.parse import urlsplit
 
 from engine.ppp.rooms import ROOM_PROTOCOL
 
-import pyarrow as pa
-from deltalake import DeltaTable, QueryBuilder
+from deltalake import DeltaTable
 
-from delta_tables import node_lease, peer_registry, storage
+from delta_tables import node_lease, peer_registry, query, storage
 from delta_tables.landing_lag import landing_lag
 from delta_tables.layout import Layout
 from delta_tables.object_store import disk_usage
@@ -103,13 +102,6 @@ class Status:
     peers: list[PeerStatus] = field(default_factory=list)   # the peer channel's registrations
 
 
-def _sql(tables: dict[str, DeltaTable], sql: str) -> list[dict]:
-    qb = QueryBuilder()
-    for name, dt in tables.items():
-        qb.register(name, dt)
-    return pa.table(qb.execute(sql).read_all()).to_pylist()
-
-
 def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
     layout.ensure_shared_tables()
     inbox, acks = DeltaTable(str(layout.inbox)), DeltaTable(str(layout.acks))
@@ -120,10 +112,10 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
     def get(p: str) -> ProtocolStatus:
         return out.setdefault(p, ProtocolStatus())
 
-    for r in _sql({"inbox": inbox}, f"SELECT {C.PROTOCOL} AS p, count(*) AS n FROM inbox "
-                                    f"GROUP BY {C.PROTOCOL}"):
+    for r in query.rows({"inbox": inbox}, f"SELECT {C.PROTOCOL} AS p, count(*) AS n "
+                                          f"FROM inbox GROUP BY {C.PROTOCOL}"):
         get(r["p"]).inbox_rows = r["n"]
-    for r in _sql({"inbox": inbox, "acks": acks}, f"""
+    for r in query.rows({"inbox": inbox, "acks": acks}, f"""
             SELECT i.{C.PROTOCOL} AS p, count(*) AS n, min(i.{C.RECEIVED_AT}) AS oldest,
                    sum({storage.byte_length('i.' + C.ENVELOPE)}) AS b
             FROM inbox i LEFT JOIN acks a
@@ -139,11 +131,11 @@ def table_status(layout: Layout, now: datetime) -> dict[str, ProtocolStatus]:
             continue
         s.pending = r["n"]
         s.oldest_pending_s = (now - r["oldest"]).total_seconds() if r["oldest"] else None
-    for r in _sql({"acks": acks}, f"SELECT {C.PROTOCOL} AS p, count(*) AS n FROM acks "
-                                  f"GROUP BY {C.PROTOCOL}"):
+    for r in query.rows({"acks": acks}, f"SELECT {C.PROTOCOL} AS p, count(*) AS n FROM acks "
+                                        f"GROUP BY {C.PROTOCOL}"):
         get(r["p"]).acks = r["n"]
-    for r in _sql({"rejects": rejects}, f"SELECT {C.PROTOCOL} AS p, {C.REASON} AS r, "
-                                        f"count(*) AS n FROM rejects GROUP BY 1, 2"):
+    for r in query.rows({"rejects": rejects}, f"SELECT {C.PROTOCOL} AS p, {C.REASON} AS r, "
+                                              f"count(*) AS n FROM rejects GROUP BY 1, 2"):
         get(r["p"]).rejects[r["r"]] = r["n"]
     return dict(sorted(out.items()))
 
