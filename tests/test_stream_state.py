@@ -173,3 +173,43 @@ def test_landing_lag_is_read_from_the_tables_alone(spark, settings, layout, tmp_
     land(layout, [landing_row(MB[0], envelope(99))], node="node-b")
     lag = landing_lag(layout, elsewhere)
     assert lag.versions == 1 and lag.seconds >= 0
+
+
+def _state_rows(spark, checkpoint: Path, var: str) -> int:
+    """Rows of one state variable of the processor, through Spark's state data source."""
+    return (spark.read.format("statestore").option("stateVarName", var)
+            .load(str(checkpoint)).count())
+
+
+def test_expired_ids_are_swept_from_the_state_store(spark, tmp_path):
+    """The dedup index forgets an id once its envelope has expired: each mailbox's one timer
+    sweeps them (no TTL index per id). A 2-second dedup window: after the first batch the
+    state holds every accepted id; a batch past the window leaves only its own, and each
+    swept mailbox keeps its cursor."""
+    rules = StreamRules(max_ttl_us=2 * 10**6, cursor_start={}, max_envelope={}, overhead={})
+    src, ckpt = tmp_path / "in", tmp_path / "ckpt"
+    src.mkdir()
+
+    def land_file(n: int, mailboxes: list[bytes], first: int) -> None:
+        now = datetime.now(timezone.utc)
+        rows = [landing_row(mailboxes[i % len(mailboxes)], envelope(first + i), received_at=now,
+                            expires_at=now + timedelta(hours=1)) for i in range(n)]
+        for r in rows:
+            r[C.LANDING_TABLE], r[C.LANDING_VERSION] = "n-a/g000001", first
+        pq.write_table(pa.Table.from_pylist(rows, schema=LANDING_SOURCE.arrow_schema()),
+                       src / f"part-{first:03d}.parquet")
+
+    def run() -> None:
+        stream = spark.readStream.schema(LANDING_SOURCE.spark_schema()).parquet(str(src))
+        query = (decided(stream, rules).writeStream.format("noop")
+                 .option("checkpointLocation", str(ckpt)).trigger(availableNow=True).start())
+        query.awaitTermination(300)
+        assert query.exception() is None
+
+    land_file(30, MB[:3], first=0)
+    run()
+    assert [_state_rows(spark, ckpt, v) for v in ("seen", "cursor", "sweep_at")] == [30, 3, 3]
+    time.sleep(3.5)          # past the window (2 s) and the sweep's step (1 s)
+    land_file(1, MB[3:4], first=100)
+    run()                    # the batch that takes the new row also fires the due sweeps
+    assert [_state_rows(spark, ckpt, v) for v in ("seen", "cursor", "sweep_at")] == [1, 4, 1]

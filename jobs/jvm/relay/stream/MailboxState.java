@@ -2,7 +2,6 @@ package relay.stream;
 
 import java.nio.ByteBuffer;
 import java.sql.Timestamp;
-import java.time.Duration;
 import java.time.Instant;
 import java.util.ArrayList;
 import java.util.Arrays;
@@ -17,6 +16,7 @@ import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.streaming.ExpiredTimerInfo;
 import org.apache.spark.sql.streaming.MapState;
 import org.apache.spark.sql.streaming.OutputMode;
 import org.apache.spark.sql.streaming.StatefulProcessorWithInitialState;
@@ -30,13 +30,24 @@ import org.apache.spark.sql.types.StructType;
 /**
  * The inbox stream's state, in Spark's state store: per (protocol, mailbox) the last cursor
  * (kept for ever: cursors never restart) and the event ids accepted within the dedup window
- * (a TTL of the longest envelope TTL), with each id's expiry. The same rules as
+ * (the longest envelope TTL), with each id's expiry. The same rules as
  * jobs/inbox_transform.decide, which the tests hold this class to.
+ *
+ * <p>Expired ids are swept by one processing-time timer per mailbox, not by the state store's
+ * TTL: a TTL on the map keeps a second RocksDB entry per id (its expiry index, keyed by time,
+ * so with no key prefix shared between neighbours) and wraps each value with its own expiry,
+ * which the value here already is. Measured at 5 M live ids, the TTL index was about half of
+ * the state's bytes on disk, and those bytes are what a restart copies, compacts and looks up
+ * through (docs/results/2026-12-02-stream-state.md). An id past its expiry that no sweep has
+ * reached yet is never taken for live (`live` compares the expiry), so a late sweep costs disk,
+ * never correctness. It is late by at most one step, or, for an id whose TTL is shorter than
+ * that of the id its mailbox's pending sweep waits for, by at most the dedup window.
  *
  * <p>JVM code because a Python stateful function costs a Python call (and for
  * transformWithStateInPandas a socket round trip per state access) per mailbox per batch:
  * measured at ~2.5k rows/s against the stream's 100k target (docs/decisions/0008). Here a
- * batch's rows of one mailbox cost a sort and a RocksDB lookup per row.
+ * batch's rows of one mailbox cost a sort, a RocksDB lookup and a write per accepted row, and
+ * two lookups (the cursor, the pending sweep) and a write per mailbox.
  *
  * <p>Deterministic, so a batch replayed after a crash yields the same rows: the rows of a
  * mailbox are ordered by (received_at, landing_table, landing_version, event_id, envelope,
@@ -57,18 +68,71 @@ public final class MailboxState extends StatefulProcessorWithInitialState<Row, R
     private final Map<String, Long> firstCursor;
     private transient ValueState<Long> cursor;
     private transient MapState<byte[], Long> seen;
+    private transient ValueState<Long> sweepAt;
+
+    /**
+     * Sweeps are rounded up to this step, so a busy mailbox keeps one timer, moved rarely: a
+     * sixteenth of the dedup window, between one second and one minute.
+     */
+    private final long sweepStepMs;
 
     public MailboxState(long dedupWindowMs, Map<String, Long> maxEnvelope, Map<String, Long> firstCursor) {
         this.dedupWindowMs = dedupWindowMs;
         this.maxEnvelope = maxEnvelope;
         this.firstCursor = firstCursor;
+        this.sweepStepMs = Math.max(1_000L, Math.min(60_000L, dedupWindowMs / 16));
+    }
+
+    private long roundUp(long ms) {
+        return Math.floorDiv(ms + sweepStepMs - 1, sweepStepMs) * sweepStepMs;
     }
 
     @Override
     public void init(OutputMode outputMode, TimeMode timeMode) {
         cursor = getHandle().getValueState("cursor", Encoders.LONG(), TTLConfig.NONE());
-        seen = getHandle().getMapState("seen", Encoders.BINARY(), Encoders.LONG(),
-                TTLConfig.apply(Duration.ofMillis(dedupWindowMs)));
+        seen = getHandle().getMapState("seen", Encoders.BINARY(), Encoders.LONG(), TTLConfig.NONE());
+        sweepAt = getHandle().getValueState("sweep_at", Encoders.LONG(), TTLConfig.NONE());
+    }
+
+    private long sweepDue(long expiresUs) {
+        return roundUp(expiresUs / 1_000L);
+    }
+
+    /** A sweep due by `due` unless the mailbox has one pending already (one lookup). */
+    private void sweepBy(long due) {
+        if (sweepAt.get() == null) {
+            getHandle().registerTimer(due);
+            sweepAt.update(due);
+        }
+    }
+
+    /**
+     * The mailbox's sweep: forget the ids whose envelopes have expired, and come back when the
+     * next one does (rounded up to a step; at least one step on). A mailbox with no live id
+     * left keeps only its cursor.
+     */
+    @Override
+    public scala.collection.Iterator<Row> handleExpiredTimer(Row key, TimerValues timerValues,
+                                                             ExpiredTimerInfo expired) {
+        long nowMs = timerValues.getCurrentProcessingTimeInMs();
+        long nowUs = nowMs * 1_000L;
+        List<byte[]> gone = new ArrayList<>();
+        long next = Long.MAX_VALUE;
+        scala.collection.Iterator<scala.Tuple2<byte[], Long>> it = seen.iterator();
+        while (it.hasNext()) {
+            scala.Tuple2<byte[], Long> e = it.next();
+            if (e._2() <= nowUs) gone.add(e._1());
+            else next = Math.min(next, e._2());
+        }
+        for (byte[] id : gone) seen.removeKey(id);
+        if (next == Long.MAX_VALUE) {
+            sweepAt.clear();
+        } else {
+            long due = Math.max(sweepDue(next), nowMs + sweepStepMs);
+            getHandle().registerTimer(due);
+            sweepAt.update(due);
+        }
+        return scala.collection.Iterator.empty();
     }
 
     @Override
@@ -76,9 +140,11 @@ public final class MailboxState extends StatefulProcessorWithInitialState<Row, R
         Object eventId = seed.get(2);
         long value = seed.getLong(3);
         if (eventId == null) {
-            if (!cursor.exists() || cursor.get() < value) cursor.update(value);
+            Long had = cursor.get();
+            if (had == null || had < value) cursor.update(value);
         } else {
             seen.updateValue((byte[]) eventId, value);
+            sweepBy(sweepDue(value));
         }
     }
 
@@ -138,7 +204,9 @@ public final class MailboxState extends StatefulProcessorWithInitialState<Row, R
         long nowUs = nowMs * 1_000L;
         String protocol = key.getString(0);
         long limit = maxEnvelope.getOrDefault(protocol, Long.MAX_VALUE);
-        long last = cursor.exists() ? cursor.get() : firstCursor.getOrDefault(protocol, 1L) - 1;
+        Long had = cursor.get();      // null when absent: one lookup, not exists() then get()
+        long last = had != null ? had : firstCursor.getOrDefault(protocol, 1L) - 1;
+        long earliest = Long.MAX_VALUE;
         long start = last;
         HashSet<ByteBuffer> batch = new HashSet<>();
         List<Row> out = new ArrayList<>(rows.size());
@@ -156,7 +224,9 @@ public final class MailboxState extends StatefulProcessorWithInitialState<Row, R
             } else {
                 assigned = ++last;
                 // remembered until its clamped expiry (the inbox's), as the TTL clamp has it
-                seen.updateValue(eventId, Math.min(expires, micros(r.get(receivedAt)) + dedupWindowMs * 1_000L));
+                long until = Math.min(expires, micros(r.get(receivedAt)) + dedupWindowMs * 1_000L);
+                seen.updateValue(eventId, until);
+                earliest = Math.min(earliest, until);
             }
             Object[] values = new Object[width + 3];
             for (int i = 0; i < width; i++) values[i] = r.get(i);
@@ -165,7 +235,10 @@ public final class MailboxState extends StatefulProcessorWithInitialState<Row, R
             values[width + 2] = nowMs;
             out.add(RowFactory.create(values));
         }
-        if (last != start) cursor.update(last);
+        if (last != start) {
+            cursor.update(last);
+            sweepBy(sweepDue(earliest));
+        }
         return scala.jdk.javaapi.CollectionConverters.asScala(out.iterator());
     }
 
