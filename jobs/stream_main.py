@@ -24,7 +24,7 @@ from runtime.config import Settings
 from . import python_daemons, spark_cluster
 from .inbox_stream import start_inbox_stream
 from .stream_state import state_locations
-from .spark_session import get_spark
+from .spark_session import get_spark, stream_jvm_options
 
 log = logging.getLogger("relay.stream")
 
@@ -67,7 +67,7 @@ def run(settings: Settings, stop: threading.Event, *, available_now: bool = Fals
     master = settings.stream.master
     spark = get_spark(master, "relay-inbox-stream", secret=(
         spark_cluster.secret(settings.data_dir) if spark_cluster.is_standalone(master) else None),
-        jvm_options=settings.stream.jvm_options,
+        jvm_options=stream_jvm_options(settings.stream.state_store, settings.stream.jvm_options),
         extra={k: str(v) for k, v in settings.stream.spark_conf.items()})
     if on_spark_started:
         on_spark_started()

@@ -9,7 +9,8 @@ import stat
 
 from pyspark import SparkContext
 
-from jobs.spark_session import NATIVE_TRIM_INTERVAL_MS, driver_java_options, native_trim_options
+from jobs.spark_session import (NATIVE_TRIM_INTERVAL_MS, driver_java_options,
+                                native_trim_options, stream_jvm_options)
 
 
 def vm_option(name: str) -> str:
@@ -55,3 +56,14 @@ def test_driver_jvm_compiles_with_c1_only_unless_the_conf_says_otherwise(spark):
     opts = driver_java_options("relay", "-XX:TieredStopAtLevel=4").split()
     levels = [o for o in opts if o.startswith("-XX:TieredStopAtLevel=")]
     assert levels == ["-XX:TieredStopAtLevel=1", "-XX:TieredStopAtLevel=4"]
+
+
+def test_the_stateful_stream_compiles_with_c2_and_the_conf_still_wins():
+    """With its state in the state store the stream's JVM runs the processor's hot loop: the
+    full JIT, after C1's flag so it wins; `stream.jvm_options` after both."""
+    opts = driver_java_options("relay", stream_jvm_options(True, "-XX:TieredStopAtLevel=1"))
+    levels = [o for o in opts.split() if o.startswith("-XX:TieredStopAtLevel=")]
+    assert levels == ["-XX:TieredStopAtLevel=1", "-XX:TieredStopAtLevel=4",
+                      "-XX:TieredStopAtLevel=1"]
+    assert stream_jvm_options(False, "") == ""
+    assert stream_jvm_options(True, "") == "-XX:TieredStopAtLevel=4"
