@@ -6,9 +6,13 @@ ids, 50,000 mailboxes, 16-byte envelopes, 100,000 rows a micro-batch) until the 
 each size of live event ids, in a process of its own; then:
 
 - `stream_rss_mib`: the resident memory of that process's whole tree (the Python driver, the
-  JVM with its executors' RocksDB) once the state holds the size and the state store's
-  maintenance has run once with the query still running (20 s: it uploads the snapshot a
-  restart loads);
+  JVM with its executors' RocksDB) once the state holds the size, while the state store's
+  maintenance runs with the query still up (20 s: it uploads the snapshot a restart loads):
+  the median of 10 samples, 2 s apart (`stream_rss_mib_samples`), since the JVM's heap alone
+  moves by 100 MiB and more between collections;
+- `state_memory_mib`: RocksDB's own memory (block cache and memtables, Spark's
+  `memoryUsedBytes`), which the bounded budget caps;
+- `fill_last_batch`: where the last 100k-row batch of the fill spent its time, by part;
 - `restart_to_first_batch_s`: a new process on the same checkpoint, from its start to the end
   of its first micro-batch (one new file), the state restored from the checkpoint.
 
@@ -87,7 +91,7 @@ def _child(workdir: str, files: int, start: int) -> None:
     """Add `files` files from `start` on, run the stream over what is new, print figures."""
     t0 = time.perf_counter()
     from jobs.inbox_transform import StreamRules
-    from jobs.spark_session import get_spark
+    from jobs.spark_session import get_spark, stream_jvm_options
     from jobs.stream_state import decided
     from delta_tables.schema import LANDING_SOURCE
 
@@ -96,7 +100,10 @@ def _child(workdir: str, files: int, start: int) -> None:
     src.mkdir(exist_ok=True)
     _write_files(src, start, files)
     write_s = time.perf_counter() - t0
-    spark = get_spark("local[2]", "relay-bench-state")
+    # the JVM options of a stream with its state in the state store (the full JIT), then
+    # RELAY_BENCH_JVM_OPTIONS ("-XX:TieredStopAtLevel=1": C1 only, as on the driver path)
+    spark = get_spark("local[2]", "relay-bench-state", jvm_options=stream_jvm_options(
+        True, os.environ.get("RELAY_BENCH_JVM_OPTIONS", "")))
     rules = StreamRules(max_ttl_us=7 * 86400 * 10**6)
     first: list[float] = []
 
@@ -118,7 +125,12 @@ def _child(workdir: str, files: int, start: int) -> None:
         # stateStore.maintenanceInterval, as in a relay that stays up: keep the query running
         # while it does. (An availableNow query ends at once and unloads its state stores, so
         # nothing is uploaded and the restart replays every batch's changelog.)
-        time.sleep(20)
+        samples = []
+        for _ in range(10):              # the tree's RSS every 2 s of those 20: the JVM's
+            time.sleep(2)                # heap moves by 100 MiB and more between collections
+            samples.append(_tree_rss_mib(os.getpid()))
+    else:
+        samples = [_tree_rss_mib(os.getpid())]
     query.stop()
     progress = query.lastProgress or {}
     state = (progress.get("stateOperators") or [{}])[0]
@@ -128,7 +140,13 @@ def _child(workdir: str, files: int, start: int) -> None:
     shown = [p for p in query.recentProgress if p.get("numInputRows")]
     first_progress = shown[0] if shown else progress
     first_state = (first_progress.get("stateOperators") or [{}])[0]
-    out = {"rss_mib": round(_tree_rss_mib(os.getpid()), 1),
+    # and of the fill's last full batch, warm: where a batch's time goes once the JVM has
+    # compiled the path (the cost of each part of the stateful stage)
+    last_progress = shown[-1] if shown else progress
+    last_state = (last_progress.get("stateOperators") or [{}])[0]
+    samples.sort()
+    out = {"rss_mib": round(samples[len(samples) // 2], 1),
+           "rss_mib_samples": [round(x, 1) for x in samples],
            "first_batch_s": round(first[0], 2) if first else None,
            "rows": files * ROWS_PER_FILE, "run_s": round(run_s, 2),
            "rows_per_s": round(files * ROWS_PER_FILE / run_s),
@@ -138,18 +156,50 @@ def _child(workdir: str, files: int, start: int) -> None:
            "first_batch_state_metrics": {
                k: v for k, v in (first_state.get("customMetrics") or {}).items() if v},
            "first_batch_state_ms": {k: first_state.get(k) for k in (
-               "allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs")}}
+               "allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs")},
+           "last_batch": _parts(last_progress, last_state)}
     spark.stop()
     print("STATE-RESULT " + json.dumps(out), flush=True)
 
 
+def _parts(progress: dict, state: dict) -> dict:
+    """One batch's time by part, in ms: the whole batch (Spark's addBatch, wall time), and,
+    summed over the batch's tasks (2 run at once on `local[2]`), the stateful operator's work
+    on the rows (`allUpdatesTimeMs`: the processor with its encoders, sort and state calls), of
+    which RocksDB's gets and puts, and the state store's commit."""
+    metrics = state.get("customMetrics") or {}
+    d = progress.get("durationMs") or {}
+    return {"rows": progress.get("numInputRows"), "add_batch_ms": d.get("addBatch"),
+            "trigger_ms": d.get("triggerExecution"),
+            "operator_task_ms": state.get("allUpdatesTimeMs"),
+            "rocksdb_get_task_ms": metrics.get("rocksdbGetLatency"),
+            "rocksdb_put_task_ms": metrics.get("rocksdbPutLatency"),
+            "rocksdb_gets": metrics.get("rocksdbGetCount"),
+            "rocksdb_puts": metrics.get("rocksdbPutCount"),
+            "state_commit_task_ms": state.get("commitTimeMs")}
+
+
 def _run_child(workdir: Path, files: int, start: int) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "relay.bench.state", str(workdir), str(files),
-                           str(start)], capture_output=True, text=True, timeout=3600)
-    for line in proc.stdout.splitlines():
-        if line.startswith("STATE-RESULT "):
-            return json.loads(line[len("STATE-RESULT "):])
-    raise RuntimeError(f"bench --state child failed: {proc.stderr[-2000:]}")
+    """The child in a session of its own, killed whole once it has exited: its Spark JVM
+    has been seen to outlive it, holding the output pipe open (and this bench waiting)."""
+    import signal
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "relay.bench.state", str(workdir),
+                                 str(files), str(start)], stdout=out, stderr=err,
+                                text=True, start_new_session=True)
+        try:
+            proc.wait(timeout=3600)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out.seek(0)
+        err.seek(0)
+        for line in out.read().splitlines():
+            if line.startswith("STATE-RESULT "):
+                return json.loads(line[len("STATE-RESULT "):])
+        raise RuntimeError(f"bench --state child failed: {err.read()[-2000:]}")
 
 
 def measure(sizes: tuple[int, ...]) -> dict:
@@ -166,8 +216,10 @@ def measure(sizes: tuple[int, ...]) -> dict:
             have += ROWS_PER_FILE
             rows.append({"live_event_ids": size, "stream_rss_mib": fill["rss_mib"],
                          "restart_to_first_batch_s": restart["first_batch_s"],
+                         "stream_rss_mib_samples": fill["rss_mib_samples"],
                          "restart_rss_mib": restart["rss_mib"],
                          "fill_rows_per_s": fill["rows_per_s"],
+                         "fill_last_batch": fill["last_batch"],
                          "state_rows": fill["state_rows"],
                          "state_memory_mib": fill["state_memory_mib"],
                          "restart_batch_duration_ms": restart["first_batch_duration_ms"],
