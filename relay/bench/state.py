@@ -179,16 +179,16 @@ def _parts(progress: dict, state: dict) -> dict:
             "state_commit_task_ms": state.get("commitTimeMs")}
 
 
-def _run_child(workdir: Path, files: int, start: int) -> dict:
-    """The child in a session of its own, killed whole once it has exited: its Spark JVM
-    has been seen to outlive it, holding the output pipe open (and this bench waiting)."""
+def child_result(module_args: list[str], marker: str, timeout: float = 3600) -> dict:
+    """`python -m <module_args>` in a session of its own, killed whole once it has exited,
+    and the JSON it printed after `marker`: a Spark child's JVM has been seen to outlive its
+    Python, holding the output pipe open (and the bench waiting for ever)."""
     import signal
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "relay.bench.state", str(workdir),
-                                 str(files), str(start)], stdout=out, stderr=err,
+        proc = subprocess.Popen([sys.executable, "-m", *module_args], stdout=out, stderr=err,
                                 text=True, start_new_session=True)
         try:
-            proc.wait(timeout=3600)
+            proc.wait(timeout=timeout)
         finally:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -197,9 +197,14 @@ def _run_child(workdir: Path, files: int, start: int) -> dict:
         out.seek(0)
         err.seek(0)
         for line in out.read().splitlines():
-            if line.startswith("STATE-RESULT "):
-                return json.loads(line[len("STATE-RESULT "):])
-        raise RuntimeError(f"bench --state child failed: {err.read()[-2000:]}")
+            if line.startswith(marker):
+                return json.loads(line[len(marker):])
+        raise RuntimeError(f"{module_args[0]} child failed: {err.read()[-2000:]}")
+
+
+def _run_child(workdir: Path, files: int, start: int) -> dict:
+    return child_result(["relay.bench.state", str(workdir), str(files), str(start)],
+                        "STATE-RESULT ")
 
 
 def measure(sizes: tuple[int, ...]) -> dict:

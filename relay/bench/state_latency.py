@@ -11,27 +11,27 @@ line per process and the medians; nothing is written.
 from __future__ import annotations
 
 import json
+import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+from datetime import datetime, timedelta, timezone
+
+from .state import child_result
 
 COMMITS, ROWS, EVERY_S, LAST = 45, 10, 0.6, 30
+MARKER = "LATENCY-RESULT "
 
 
 def _one(path: str) -> dict:
+    import pyarrow as pa
+
     from delta_tables.group_commit import LandingTarget
     from delta_tables.layout import Layout
     from delta_tables.schema import LANDING, C
     from jobs.inbox_stream import start_inbox_stream
     from jobs.spark_session import get_spark, stream_jvm_options
-    import os
-    from datetime import datetime, timedelta, timezone
-
-    import pyarrow as pa
-
     from runtime import config
 
     state = path == "state"
@@ -65,13 +65,9 @@ def main(rounds: int = 2) -> dict:
     out: dict = {"runs": []}
     for _ in range(rounds):
         for path in ("driver", "state"):
-            proc = subprocess.run([sys.executable, "-m", "relay.bench.state_latency", "--one",
-                                   path], capture_output=True, text=True, timeout=600)
-            line = [x for x in proc.stdout.splitlines() if x.startswith("{")]
-            if not line:
-                raise RuntimeError(proc.stderr[-2000:])
-            out["runs"].append(json.loads(line[-1]))
-            print(line[-1], flush=True)
+            run = child_result(["relay.bench.state_latency", "--one", path], MARKER, 600)
+            out["runs"].append(run)
+            print(json.dumps(run), flush=True)
     for path in ("driver", "state"):
         out[f"{path}_add_batch_ms_p50"] = statistics.median(
             r["add_batch_ms_p50"] for r in out["runs"] if r["path"] == path)
@@ -80,6 +76,6 @@ def main(rounds: int = 2) -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
-        print(json.dumps(_one(sys.argv[2])), flush=True)
+        print(MARKER + json.dumps(_one(sys.argv[2])), flush=True)
     else:
         print(json.dumps(main(int(sys.argv[1]) if len(sys.argv) > 1 else 2)))

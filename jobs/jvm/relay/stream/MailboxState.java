@@ -83,9 +83,6 @@ public final class MailboxState extends StatefulProcessorWithInitialState<Row, R
         this.sweepStepMs = Math.max(1_000L, Math.min(60_000L, dedupWindowMs / 16));
     }
 
-    private long roundUp(long ms) {
-        return Math.floorDiv(ms + sweepStepMs - 1, sweepStepMs) * sweepStepMs;
-    }
 
     @Override
     public void init(OutputMode outputMode, TimeMode timeMode) {
@@ -94,8 +91,10 @@ public final class MailboxState extends StatefulProcessorWithInitialState<Row, R
         sweepAt = getHandle().getValueState("sweep_at", Encoders.LONG(), TTLConfig.NONE());
     }
 
+    /** When to sweep an id expiring at `expiresUs`: its expiry in ms, rounded up to a step. */
     private long sweepDue(long expiresUs) {
-        return roundUp(expiresUs / 1_000L);
+        long ms = expiresUs / 1_000L;
+        return Math.floorDiv(ms + sweepStepMs - 1, sweepStepMs) * sweepStepMs;
     }
 
     /** A sweep due by `due` unless the mailbox has one pending already (one lookup). */
