@@ -530,7 +530,7 @@ def start_inbox_stream(spark, settings, *, checkpoint: Path | None = None,
         spark_delta.configure_s3(spark, layout.s3)
     rules = StreamRules.from_conf(settings.stream,
                                   max_envelope={"trueseal": settings.trueseal.max_envelope})
-    in_spark = settings.stream.state_store
+    in_spark = settings.stream_state_in_spark
     sink = InboxSink(layout, rules, checkpoint, settings.stream.app_id, fsync=fsync,
                      start_versions=start_versions,
                      driver_read_max_bytes=settings.stream.driver_read_max_bytes,

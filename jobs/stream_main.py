@@ -67,7 +67,7 @@ def run(settings: Settings, stop: threading.Event, *, available_now: bool = Fals
     master = settings.stream.master
     spark = get_spark(master, "relay-inbox-stream", secret=(
         spark_cluster.secret(settings.data_dir) if spark_cluster.is_standalone(master) else None),
-        jvm_options=stream_jvm_options(settings.stream.state_store, settings.stream.jvm_options),
+        jvm_options=stream_jvm_options(settings.stream_state_in_spark, settings.stream.jvm_options),
         extra={k: str(v) for k, v in settings.stream.spark_conf.items()})
     if on_spark_started:
         on_spark_started()
@@ -86,6 +86,8 @@ def run(settings: Settings, stop: threading.Event, *, available_now: bool = Fals
             if ready:
                 metrics.announce(ready, exporter, settings.metrics.bind)(
                     {"checkpoint": str(settings.stream_checkpoint),
+                     # which path stream.state_store ("auto") chose
+                     "state": "state_store" if settings.stream_state_in_spark else "driver",
                      "spark": settings.stream.master})
         located: dict[int, str] = {}
         seen_batch = None

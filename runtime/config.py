@@ -17,7 +17,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 
 @dataclass
@@ -127,14 +127,16 @@ class IngressConf:
 
 @dataclass
 class StreamConf:
-    # Keep the dedup index and cursors in Spark's state store (a JVM transformWithState over
-    # RocksDB, checkpointed; jobs/stream_state.py) instead of the driver's memory, and the
-    # checkpoint beside the tables on S3 so that any host can take the stream over. Off by
-    # default until three costs are won back (docs/operating/stream-state.md): every batch is
-    # a Spark job (~0.3-0.5 s on 2 cores, where the driver path takes tens of ms), the shuffle
-    # carries envelopes into Spark's local directories (outside the ciphertext retention
-    # bound), and ~25k rows/s against the driver path's 100k. Set it on a new checkpoint.
-    state_store: bool = False
+    # Where the dedup index and cursors live. true: Spark's state store (a JVM
+    # transformWithState over RocksDB, checkpointed; jobs/stream_state.py), the checkpoint
+    # beside the tables on S3 so that any host can take the stream over, memory bounded
+    # however many live event ids. false: the driver's memory (~171 bytes per live id, rebuilt
+    # from the inbox at each start), the checkpoint on this host. "auto": true when the tables
+    # are on S3 (several hosts, and the scale the state store is for), false on a local disk,
+    # where a small batch costs ~25 ms against the state store's ~240 ms (Heya and cursor-sync
+    # replies wait for it; docs/operating/stream-state.md). A change of path needs a new
+    # checkpoint: on S3 tables it is a new one (s3a://<tables>/_checkpoints/inbox_stream).
+    state_store: bool | Literal["auto"] = "auto"
     # At most one micro-batch start per interval (batches run back to back under backlog).
     # A Heya or cursor-sync reply waits on average half of it for its batch to start: at
     # 100 messages/s, 60 ms measured HAVE p50 ~80 ms against ~100 ms at 100, for ~0.25 more
@@ -678,14 +680,25 @@ class Settings:
         return Path(self.data_dir).resolve()
 
     @property
+    def tables_on_s3(self) -> bool:
+        return bool(self.tables_dir) and self.tables_dir.startswith("s3://")
+
+    @property
+    def stream_state_in_spark(self) -> bool:
+        """`stream.state_store` resolved: "auto" is true with the tables on S3."""
+        if self.stream.state_store == "auto":
+            return self.tables_on_s3
+        return bool(self.stream.state_store)
+
+    @property
     def stream_checkpoint(self) -> Path | str:
-        """`stream.checkpoint_dir`, else with `stream.state_store` and the tables on S3 beside
-        them, `s3a://<tables>/_checkpoints/inbox_stream` (a stream started on any host takes
-        over from it), else `<data>/checkpoints/inbox_stream`."""
+        """`stream.checkpoint_dir`, else with the state in Spark (`stream_state_in_spark`) and
+        the tables on S3 beside them, `s3a://<tables>/_checkpoints/inbox_stream` (a stream
+        started on any host takes over from it), else `<data>/checkpoints/inbox_stream`."""
         if self.stream.checkpoint_dir:
             return self.stream.checkpoint_dir if "://" in self.stream.checkpoint_dir \
                 else Path(self.stream.checkpoint_dir)
-        if self.stream.state_store and self.tables_dir and self.tables_dir.startswith("s3://"):
+        if self.stream_state_in_spark and self.tables_on_s3:
             return "s3a://" + self.tables_dir[len("s3://"):].rstrip("/") + \
                 "/_checkpoints/inbox_stream"
         return self.data_path / "checkpoints" / "inbox_stream"
@@ -890,7 +903,12 @@ def validate(data: dict[str, Any], sources: dict[str, str] | None = None) -> "Se
     except pydantic.ValidationError as e:
         errs = e.errors(include_url=False)
         first = errs[0]
-        dotted = ".".join(str(p) for p in first["loc"] if not isinstance(p, int))
+        parts = [str(p) for p in first["loc"] if not isinstance(p, int)]
+        known = {d for d, _, _ in leaves()}
+        # a union's member names its branch after the setting ("state_store.bool"): cut it
+        cut = next((n for n in range(1, len(parts) + 1) if ".".join(parts[:n]) in known),
+                   len(parts))
+        dotted = ".".join(parts[:cut])
         more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
         try:
             want = f"must be {allowed(dotted)} ({_readable(first)})"
@@ -995,8 +1013,14 @@ def _range(dotted: str) -> tuple[float | None, float | None, str]:
     return 0, None, ">= 0"
 
 
+# Settings that take one of a few words beside true/false: what a person is told.
+CHOICES: dict[str, str] = {"stream.state_store": 'true, false or "auto"'}
+
+
 def allowed(dotted: str) -> str:
     """What a setting accepts, for a person: the error line and the reference page."""
+    if dotted in CHOICES:
+        return CHOICES[dotted]
     default = _default(dotted)
     if isinstance(default, bool):
         return "true or false"

@@ -83,6 +83,10 @@ def test_every_setting_has_an_environment_variable_and_old_names_still_work():
      "setting push.webpush.allow_private_endpoints = 'maybe' (from "
      "RELAY_PUSH__WEBPUSH__ALLOW_PRIVATE_ENDPOINTS): must be true or false (input should be a "
      "valid boolean, unable to interpret input)"),
+    ({"RELAY_STREAM__STATE_STORE": "maybe"},
+     "setting stream.state_store = 'maybe' (from RELAY_STREAM__STATE_STORE): must be true, "
+     "false or \"auto\" (input should be a valid boolean, unable to interpret input) (and 1 "
+     "more)"),
     ({"RELAY_PUSH__WINDOW": "1"},
      "unknown setting in the environment: RELAY_PUSH__WINDOW (settings are "
      "RELAY_<SECTION>__<KEY>, docs/reference/settings.md)"),
@@ -115,3 +119,21 @@ def test_a_pepper_period_under_a_second_cannot_divide_by_zero():
     s = config.load(None, env={"RELAY_PPP__DISCOVERY_PEPPER_ROTATION_HOURS": str(1 / 3600)})
     rotation = max(1, round(s.ppp.discovery_pepper_rotation_hours * 3600))   # ingress/ppp_app.py
     assert rotation == 1 and D.pepper_id(10.5, rotation) == 10
+
+
+@pytest.mark.parametrize("value, tables, in_spark, checkpoint", [
+    ("auto", None, False, "{data}/checkpoints/inbox_stream"),
+    ("auto", "s3://bucket/relay", True, "s3a://bucket/relay/_checkpoints/inbox_stream"),
+    ("true", None, True, "{data}/checkpoints/inbox_stream"),
+    ("false", "s3://bucket/relay", False, "{data}/checkpoints/inbox_stream"),
+])
+def test_the_stream_state_goes_to_spark_with_the_tables_on_s3(tmp_path, value, tables, in_spark,
+                                                              checkpoint):
+    """`stream.state_store = "auto"` (the default): the state store and a checkpoint any host
+    takes over from where the tables are shared (S3), the driver's low-latency path on a
+    local disk; true and false choose either way."""
+    env = {"RELAY_STREAM__STATE_STORE": value, **({"RELAY_TABLES_DIR": tables} if tables else {})}
+    s = config.load(None, env=env, data_dir=str(tmp_path))
+    assert config.Settings().stream.state_store == "auto"
+    assert s.stream_state_in_spark is in_spark
+    assert str(s.stream_checkpoint) == checkpoint.format(data=tmp_path.resolve())
