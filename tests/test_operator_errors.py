@@ -102,7 +102,7 @@ def s3_auth():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p",
+    proc = subprocess.Popen([sys.executable, "-m", "relay.bench.moto_server", "-H", "127.0.0.1", "-p",
                              str(port)], env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

@@ -32,7 +32,7 @@ def s3_server(timeout: float = 30.0, request_log=None, host: str = "127.0.0.1"):
     port = _free_port()
     out = open(request_log, "ab") if request_log else subprocess.DEVNULL
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", host,
+        proc = subprocess.Popen([sys.executable, "-m", "relay.bench.moto_server", "-H", host,
                                  "-p", str(port)], stdout=out, stderr=out,
                                 start_new_session=True)
     finally:
