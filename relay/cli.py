@@ -301,7 +301,7 @@ def cmd_up(args) -> None:
     from . import up
     settings = _settings(args)
     logs.setup("up")
-    if settings.tables_dir.startswith("s3://"):
+    if settings.tables_on_s3:
         # the object store is reachable, the bucket there, the credentials good: or one line
         # and exit 2 here, before any role starts (runtime/operator_errors.py)
         from delta_tables.layout import Layout

@@ -681,6 +681,7 @@ class Settings:
 
     @property
     def tables_on_s3(self) -> bool:
+        """`tables_dir` is an S3 location (`s3://bucket/prefix`), shared by every host."""
         return bool(self.tables_dir) and self.tables_dir.startswith("s3://")
 
     @property
