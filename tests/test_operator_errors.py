@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from relay.bench.s3_server import BUCKET, s3_server
+from relay.bench.s3_server import BUCKET, moto_command, s3_server
 
 RELAY = [sys.executable, "-m", "relay"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,8 +102,8 @@ def s3_auth():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "relay.bench.moto_server", "-H", "127.0.0.1", "-p",
-                             str(port)], env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
+    proc = subprocess.Popen(moto_command("127.0.0.1", port),
+                            env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     try:

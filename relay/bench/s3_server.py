@@ -23,6 +23,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def moto_command(host: str, port: int) -> list[str]:
+    """moto's server mode through relay.bench.moto_server (its HTTP fix), on host:port."""
+    return [sys.executable, "-m", "relay.bench.moto_server", "-H", host, "-p", str(port)]
+
+
 @contextmanager
 def s3_server(timeout: float = 30.0, request_log=None, host: str = "127.0.0.1"):
     """Yields the endpoint URL; the bucket exists; the credentials are in os.environ (and
@@ -32,8 +37,7 @@ def s3_server(timeout: float = 30.0, request_log=None, host: str = "127.0.0.1"):
     port = _free_port()
     out = open(request_log, "ab") if request_log else subprocess.DEVNULL
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "relay.bench.moto_server", "-H", host,
-                                 "-p", str(port)], stdout=out, stderr=out,
+        proc = subprocess.Popen(moto_command(host, port), stdout=out, stderr=out,
                                 start_new_session=True)
     finally:
         if request_log:
